@@ -1,0 +1,160 @@
+"""Reverse-mode automatic differentiation.
+
+A differentiable op is a ``Function`` subclass whose ``forward`` computes on backend
+arrays and whose ``backward`` maps the output gradient to one gradient per forward
+argument (``None`` for arguments that need none).  ``Function.apply`` wraps the
+result in a Tensor and links it to its inputs; ``backward`` walks that graph in
+reverse topological order without recursion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+_state = threading.local()
+
+
+def is_grad_enabled() -> bool:
+    return getattr(_state, "enabled", True)
+
+
+@contextlib.contextmanager
+def set_grad_enabled(mode: bool) -> Iterator[None]:
+    previous = is_grad_enabled()
+    _state.enabled = mode
+    try:
+        yield
+    finally:
+        _state.enabled = previous
+
+
+def no_grad() -> contextlib.AbstractContextManager:
+    """Context manager (and decorator) that records no graph."""
+    return _NoGrad()
+
+
+class _NoGrad(contextlib.ContextDecorator):
+    def __enter__(self) -> None:
+        self.previous = is_grad_enabled()
+        _state.enabled = False
+
+    def __exit__(self, *exc: Any) -> None:
+        _state.enabled = self.previous
+
+
+class Function:
+    """Base class of differentiable ops.  Subclasses define forward and backward.
+
+    Inside both, ``self.backend`` is the backend serving the inputs' device; only
+    its methods touch arrays, so every op flows through one protocol.
+    """
+
+    backend: Any
+    inputs: tuple
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{type(self).__name__} defines no forward")
+
+    def backward(self, grad: Any) -> tuple:
+        raise TypeError(f"{type(self).__name__} is not differentiable")
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> "Tensor":
+        device = None
+        requires_grad = False
+        arrays = []
+        for arg in args:
+            if isinstance(arg, Tensor):
+                if device is None:
+                    device = arg.device
+                elif arg.device != device:
+                    raise ValueError(f"{cls.__name__}: inputs are on different devices ({device} and {arg.device})")
+                requires_grad = requires_grad or arg.requires_grad
+                arrays.append(arg.data)
+            else:
+                arrays.append(arg)
+        fn = cls.__new__(cls)
+        fn.backend = backend_for(device or backends.default_device)
+        out = fn.forward(*arrays, **kwargs)
+        result = Tensor._wrap(out, fn.backend.device)
+        if requires_grad and is_grad_enabled():
+            fn.inputs = args
+            result.requires_grad = True
+            result._ctx = fn
+        return result
+
+
+def backward(root: "Tensor", gradient: Any = None) -> None:
+    """Accumulate d root / d leaf into every leaf's ``.grad``."""
+    if not root.requires_grad:
+        raise RuntimeError("backward: the tensor does not require grad and has no graph")
+    backend = root.backend
+    if gradient is None:
+        if root.data.size != 1:
+            raise ValueError(f"backward: gradient must be given for a non-scalar output of shape {root.shape}")
+        grad = backend.full(root.shape, 1, root.dtype)
+    else:
+        grad = gradient.data if isinstance(gradient, Tensor) else backend.array(gradient, root.dtype)
+        if tuple(grad.shape) != root.shape:
+            raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match output shape {root.shape}")
+    grads: dict[int, Any] = {id(root): grad}
+    for node in _topological_order(root):
+        g = grads.pop(id(node), None)
+        if g is None:
+            continue
+        fn = node._ctx
+        if fn is None:
+            _accumulate_leaf(node, g)
+            continue
+        if node._retains_grad:
+            _accumulate_leaf(node, g)
+        for parent, pg in zip(fn.inputs, fn.backward(g)):
+            if pg is None or not isinstance(parent, Tensor) or not parent.requires_grad:
+                continue
+            if pg.dtype != parent.dtype:
+                pg = parent.backend.astype(pg, parent.dtype)
+            key = id(parent)
+            if key in grads:
+                grads[key] = parent.backend.binary("add", grads[key], pg)
+            else:
+                grads[key] = pg
+
+
+def _accumulate_leaf(leaf: "Tensor", g: Any) -> None:
+    """Add into an existing grad buffer in place (optimizers may own that buffer)."""
+    if leaf.grad is None:
+        leaf.grad = Tensor._wrap(leaf.backend.copy(g), leaf.device)  # own memory, never shared
+    else:
+        leaf.backend.add_(leaf.grad.data, g)
+
+
+def _topological_order(root: "Tensor") -> list["Tensor"]:
+    """Tensors reachable from root, each after every tensor that depends on it."""
+    order: list[Tensor] = []
+    visited: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        if node._ctx is not None:
+            for parent in node._ctx.inputs:
+                if isinstance(parent, Tensor) and parent.requires_grad and id(parent) not in visited:
+                    stack.append((parent, False))
+    order.reverse()
+    return order
+
+
+from . import backends  # noqa: E402  (bound last: backends and tensor import this module)
+from .backends import backend_for  # noqa: E402
+from .tensor import Tensor  # noqa: E402

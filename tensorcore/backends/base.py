@@ -1,0 +1,192 @@
+"""The backend protocol: what every backend must provide.
+
+A backend is one object that holds kernels and nothing else (no autograd, no
+caching policy).  Arrays are the backend's native arrays (``numpy.ndarray`` on the
+CPU, ``cupy.ndarray`` on the GPU); images are NCHW.  Every method returns a new
+array unless its name ends in ``_`` (then it writes into its first argument).
+
+The protocol has two halves:
+
+* **primitives** (allocation, elementwise, reductions, movement, indexing): small and
+  generic; the NumPy backend writes them against ``self.xp`` so a backend whose
+  array module mimics NumPy (CuPy) inherits them;
+* **fused ops** (matmul, convolution, pooling, upsampling, softmax, normalisation,
+  bias+activation, attention, embedding backward, optimizer updates, RNG): the hot
+  kernels.  The NumPy backend holds the reference implementation of each; the Numba
+  and CuPy backends override the ones they make faster.
+
+Conventions for the fused ops
+-----------------------------
+``act`` names an activation: ``"none" | "relu" | "gelu" | "gelu_tanh" | "silu" |
+"sigmoid" | "tanh"``.  Convolution geometry is given as ``(sh, sw)`` stride,
+``(ph, pw)`` padding, ``(dh, dw)`` dilation and ``groups``.  Backward kernels take
+the forward's inputs (or saved outputs) explicitly, so a backend keeps no state
+between forward and backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+Array = Any  # numpy.ndarray | cupy.ndarray
+Shape = tuple[int, ...]
+Axes = tuple[int, ...] | None
+Pair = tuple[int, int]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str  # "numpy" | "numba" | "cupy"
+    device: str  # "cpu" | "cuda"
+    xp: Any  # the NumPy-like array module
+
+    # ----- allocation and transfer -------------------------------------------------
+    def array(self, obj: Any, dtype: Any = None) -> Array: ...
+    def empty(self, shape: Shape, dtype: Any) -> Array: ...
+    def zeros(self, shape: Shape, dtype: Any) -> Array: ...
+    def full(self, shape: Shape, value: Any, dtype: Any) -> Array: ...
+    def arange(self, start: float, stop: float, step: float, dtype: Any) -> Array: ...
+    def linspace(self, start: float, stop: float, num: int, dtype: Any) -> Array: ...
+    def eye(self, n: int, m: int, dtype: Any) -> Array: ...
+    def to_numpy(self, a: Array) -> Any: ...
+    def from_numpy(self, a: Any) -> Array: ...
+    def astype(self, a: Array, dtype: Any) -> Array: ...
+    def copy(self, a: Array) -> Array: ...
+    def copy_(self, dst: Array, src: Array) -> None: ...
+    def add_(self, dst: Array, src: Array) -> None: ...
+
+    # ----- elementwise -------------------------------------------------------------
+    def unary(self, op: str, a: Array) -> Array:
+        """op in: neg abs sign exp log log1p sqrt rsqrt sin cos tanh sigmoid relu
+        erf gelu gelu_tanh silu softplus floor ceil round logical_not isnan isinf."""
+    def binary(self, op: str, a: Array, b: Array) -> Array:
+        """op in: add sub mul div pow maximum minimum eq ne lt le gt ge
+        logical_and logical_or floordiv mod.  Broadcasts like NumPy."""
+    def where(self, cond: Array, a: Array, b: Array) -> Array: ...
+    def clip(self, a: Array, lo: float | None, hi: float | None) -> Array: ...
+    def leaky_relu(self, a: Array, slope: float) -> Array: ...
+    def activation_grad(self, act: str, x: Array, grad: Array) -> Array:
+        """d act(x)/dx * grad for the activations listed in the module doc."""
+
+    # ----- reductions --------------------------------------------------------------
+    def reduce(self, op: str, a: Array, axes: Axes, keepdims: bool) -> Array:
+        """op in: sum max min prod any all."""
+    def arg_reduce(self, op: str, a: Array, axis: int | None, keepdims: bool) -> Array:
+        """op in: argmax argmin (int64 result)."""
+
+    # ----- movement and indexing ---------------------------------------------------
+    def reshape(self, a: Array, shape: Shape) -> Array: ...
+    def transpose(self, a: Array, axes: Sequence[int]) -> Array: ...
+    def broadcast_to(self, a: Array, shape: Shape) -> Array: ...
+    def concatenate(self, arrays: Sequence[Array], axis: int) -> Array: ...
+    def stack(self, arrays: Sequence[Array], axis: int) -> Array: ...
+    def pad(self, a: Array, widths: Sequence[Pair], value: float) -> Array: ...
+    def flip(self, a: Array, axes: Sequence[int]) -> Array: ...
+    def getitem(self, a: Array, index: Any) -> Array: ...
+    def setitem_(self, a: Array, index: Any, value: Array) -> None: ...
+    def index_add_(self, dst: Array, index: Any, value: Array) -> None:
+        """dst[index] += value with repeated indices accumulated (scatter-add)."""
+
+    # ----- linear algebra ----------------------------------------------------------
+    def matmul(self, a: Array, b: Array) -> Array:
+        """Batched, broadcasting matrix product (NumPy ``@`` semantics)."""
+
+    # ----- convolution (NCHW, weight [Cout, Cin/groups, kh, kw]) -------------------
+    def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,
+               dilation: Pair, groups: int) -> Array: ...
+    def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
+                          padding: Pair, dilation: Pair, groups: int) -> Array:
+        """Gradient of conv2d w.r.t. its input; also the forward of conv_transpose2d."""
+    def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
+                           padding: Pair, dilation: Pair, groups: int) -> Array: ...
+
+    # ----- pooling and resampling --------------------------------------------------
+    def max_pool2d(self, x: Array, kernel: Pair, stride: Pair,
+                   padding: Pair) -> tuple[Array, Array]:
+        """Returns (out, argmax) where argmax is the flat index into each H*W plane."""
+    def max_pool2d_backward(self, grad: Array, argmax: Array, x_shape: Shape) -> Array: ...
+    def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
+        """Zero padding counted in the divisor (PyTorch's count_include_pad=True)."""
+    def avg_pool2d_backward(self, grad: Array, x_shape: Shape, kernel: Pair,
+                            stride: Pair, padding: Pair) -> Array: ...
+    def upsample_nearest2d(self, x: Array, out_hw: Pair) -> Array: ...
+    def upsample_nearest2d_backward(self, grad: Array, x_shape: Shape) -> Array: ...
+    def upsample_bilinear2d(self, x: Array, out_hw: Pair, align_corners: bool) -> Array: ...
+    def upsample_bilinear2d_backward(self, grad: Array, x_shape: Shape,
+                                     align_corners: bool) -> Array: ...
+
+    # ----- softmax family (over the last axis) -------------------------------------
+    def softmax(self, x: Array) -> Array: ...
+    def softmax_backward(self, grad: Array, y: Array) -> Array: ...
+    def log_softmax(self, x: Array) -> Array: ...
+    def log_softmax_backward(self, grad: Array, y: Array) -> Array: ...
+    def cross_entropy(self, logits: Array, target: Array, ignore_index: int,
+                      label_smoothing: float) -> tuple[Array, Array]:
+        """logits [N, C], target int [N].  Returns (per-row loss [N] with ignored
+        rows 0, log_softmax [N, C]) -- the second is reused by the backward."""
+    def cross_entropy_backward(self, grad_rows: Array, logp: Array, target: Array,
+                               ignore_index: int, label_smoothing: float) -> Array:
+        """grad_rows [N] (d loss / d per-row loss) -> d logits [N, C]."""
+
+    # ----- normalisation -----------------------------------------------------------
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None,
+                   n_norm: int, eps: float) -> tuple[Array, Array, Array]:
+        """Normalise over the last ``n_norm`` axes; returns (y, mean, rstd) with
+        mean/rstd shaped [rows]."""
+    def layer_norm_backward(self, grad: Array, x: Array, weight: Array | None,
+                            mean: Array, rstd: Array, n_norm: int
+                            ) -> tuple[Array, Array | None, Array | None]: ...
+    def group_norm(self, x: Array, weight: Array | None, bias: Array | None,
+                   groups: int, eps: float, act: str = "none"
+                   ) -> tuple[Array, Array, Array]:
+        """x [N, C, *]; returns (act(y), mean, rstd), mean/rstd shaped [N, groups]."""
+    def group_norm_backward(self, grad: Array, x: Array, weight: Array | None,
+                            bias: Array | None, mean: Array, rstd: Array, groups: int,
+                            act: str = "none"
+                            ) -> tuple[Array, Array | None, Array | None]: ...
+    def batch_norm(self, x: Array, weight: Array | None, bias: Array | None,
+                   running_mean: Array | None, running_var: Array | None,
+                   training: bool, momentum: float, eps: float
+                   ) -> tuple[Array, Array, Array]:
+        """x [N, C, *].  Training: batch statistics, running stats updated in place
+        (unbiased variance, as PyTorch).  Returns (y, mean[C], rstd[C])."""
+    def batch_norm_backward(self, grad: Array, x: Array, weight: Array | None,
+                            mean: Array, rstd: Array, training: bool
+                            ) -> tuple[Array, Array | None, Array | None]: ...
+
+    # ----- fused elementwise -------------------------------------------------------
+    def bias_act(self, x: Array, bias: Array | None, act: str, axis: int) -> Array:
+        """act(x + bias) where bias is 1-D and lies along ``axis`` of x."""
+    def bias_act_backward(self, grad: Array, x: Array, bias: Array | None, act: str,
+                          axis: int) -> tuple[Array, Array | None]: ...
+
+    # ----- attention ([B, H, L, D]) ------------------------------------------------
+    def attention(self, q: Array, k: Array, v: Array, mask: Array | None,
+                  causal: bool, scale: float) -> tuple[Array, Array]:
+        """softmax(q kᵀ * scale + mask) v.  ``mask`` is additive (float, -inf
+        where masked) and broadcasts to [B, H, Lq, Lk].  Returns (out, probs)."""
+    def attention_backward(self, grad: Array, q: Array, k: Array, v: Array,
+                           probs: Array, scale: float) -> tuple[Array, Array, Array]: ...
+
+    # ----- embedding ---------------------------------------------------------------
+    def embedding_backward(self, grad: Array, indices: Array, num_embeddings: int
+                           ) -> Array:
+        """Scatter-add rows of grad [*, D] into a [num_embeddings, D] array."""
+
+    # ----- RNG (a backend generator object per tc.Generator) -----------------------
+    def rng(self, seed: int) -> Any: ...
+    def uniform(self, rng: Any, shape: Shape, low: float, high: float, dtype: Any) -> Array: ...
+    def normal(self, rng: Any, shape: Shape, mean: float, std: float, dtype: Any) -> Array: ...
+    def integers(self, rng: Any, shape: Shape, low: int, high: int, dtype: Any) -> Array: ...
+
+    # ----- optimizer updates (flat 1-D buffers, in place) --------------------------
+    def sgd_update_(self, p: Array, g: Array, buf: Array | None, lr: Array,
+                    momentum: float, dampening: float, nesterov: bool,
+                    weight_decay: float, first_step: Array) -> None:
+        """``lr`` and ``first_step`` are 1-element device arrays, so no host
+        round trip is needed per step."""
+    def adam_update_(self, p: Array, g: Array, m: Array, v: Array, vmax: Array | None,
+                     lr: Array, step: Array, beta1: float, beta2: float, eps: float,
+                     weight_decay: float, decoupled: bool) -> None:
+        """Adam (decoupled=False) / AdamW (True); ``step`` is a 1-element device
+        array holding the (already incremented) step count; ``vmax`` enables amsgrad."""

@@ -1,0 +1,133 @@
+"""Tensor creation: from data, constants, ranges, and ``*_like`` forms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .backends import backend_for, default_device_name
+from .tensor import Tensor
+
+
+def _device(device: str | None) -> str:
+    return device or default_device_name()
+
+
+def _shape(shape: tuple) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], tuple | list):
+        shape = tuple(shape[0])
+    if any(not isinstance(n, int | np.integer) or n < 0 for n in shape):
+        raise ValueError(f"shape must be non-negative ints, got {shape}")
+    return tuple(int(n) for n in shape)
+
+
+def tensor(data: Any, dtype: Any = None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    """A new tensor copied from data (nested lists, scalars, arrays, tensors).
+
+    Python floats become float32 and Python ints int64, as in PyTorch; arrays keep
+    their dtype unless ``dtype`` is given.
+    """
+    device = _device(device)
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    keeps_dtype = hasattr(data, "dtype")
+    array = np.array(data.get() if hasattr(data, "get") else data, dtype=None if dtype is None else dtypes.as_dtype(dtype))
+    if dtype is None and not keeps_dtype and array.dtype == np.float64:
+        array = array.astype(dtypes.default_float)
+    if array.dtype not in dtypes.SUPPORTED:
+        raise TypeError(f"tensor: dtype {array.dtype} of the data is not supported")
+    return Tensor(backend_for(device).from_numpy(array), device, requires_grad)
+
+
+def as_tensor(data: Any, dtype: Any = None, device: str | None = None) -> Tensor:
+    """Like ``tensor`` but a Tensor of the right dtype and device is returned as is."""
+    if isinstance(data, Tensor) and (dtype is None or data.dtype == dtypes.as_dtype(dtype)) and (device is None or data.device == device):
+        return data
+    return tensor(data, dtype, device)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A CPU tensor sharing memory with ``array``."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy: expected a numpy.ndarray, got {type(array).__name__}")
+    if array.dtype not in dtypes.SUPPORTED:
+        raise TypeError(f"from_numpy: dtype {array.dtype} is not supported")
+    return Tensor(array, "cpu")
+
+
+def _filled(shape: tuple, value: Any, dtype: Any, device: str | None, requires_grad: bool) -> Tensor:
+    device = _device(device)
+    data = backend_for(device).full(_shape(shape), value, dtypes.as_dtype(dtype))
+    return Tensor(data, device, requires_grad)
+
+
+def zeros(*shape: Any, dtype: Any = dtypes.float32, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    return _filled(shape, 0, dtype, device, requires_grad)
+
+
+def ones(*shape: Any, dtype: Any = dtypes.float32, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    return _filled(shape, 1, dtype, device, requires_grad)
+
+
+def full(shape: Any, fill_value: Any, dtype: Any = None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    if dtype is None:
+        dtype = dtypes.bool_ if isinstance(fill_value, bool) else dtypes.int64 if isinstance(fill_value, int) else dtypes.float32
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return _filled(shape, fill_value, dtype, device, requires_grad)
+
+
+def empty(*shape: Any, dtype: Any = dtypes.float32, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    device = _device(device)
+    return Tensor(backend_for(device).empty(_shape(shape), dtypes.as_dtype(dtype)), device, requires_grad)
+
+
+def zeros_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    return zeros(*t.shape, dtype=dtype or t.dtype, device=t.device, requires_grad=requires_grad)
+
+
+def ones_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    return ones(*t.shape, dtype=dtype or t.dtype, device=t.device, requires_grad=requires_grad)
+
+
+def full_like(t: Tensor, fill_value: Any, dtype: Any = None) -> Tensor:
+    return full(t.shape, fill_value, dtype=dtype or t.dtype, device=t.device)
+
+
+def empty_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return empty(*t.shape, dtype=dtype or t.dtype, device=t.device)
+
+
+def arange(start: float, end: float | None = None, step: float = 1, dtype: Any = None, device: str | None = None) -> Tensor:
+    """Values from start (inclusive) to end (exclusive); int64 for int arguments."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("arange: step must not be zero")
+    if dtype is None:
+        dtype = dtypes.int64 if all(isinstance(v, int) for v in (start, end, step)) else dtypes.float32
+    device = _device(device)
+    return Tensor(backend_for(device).arange(start, end, step, dtypes.as_dtype(dtype)), device)
+
+
+def linspace(start: float, end: float, steps: int, dtype: Any = dtypes.float32, device: str | None = None) -> Tensor:
+    if steps < 0:
+        raise ValueError(f"linspace: steps must be non-negative, got {steps}")
+    device = _device(device)
+    return Tensor(backend_for(device).linspace(start, end, steps, dtypes.as_dtype(dtype)), device)
+
+
+def eye(n: int, m: int | None = None, dtype: Any = dtypes.float32, device: str | None = None) -> Tensor:
+    device = _device(device)
+    return Tensor(backend_for(device).eye(n, n if m is None else m, dtypes.as_dtype(dtype)), device)
+
+
+def from_dlpack(obj: Any) -> Tensor:
+    """Zero-copy import of a DLPack-capable array (torch, cupy, jax, numpy)."""
+    device_type, _ = obj.__dlpack_device__()
+    if device_type == 1:  # kDLCPU
+        return Tensor(np.from_dlpack(obj), "cpu")
+    if device_type == 2:  # kDLCUDA
+        return Tensor(backend_for("cuda").xp.from_dlpack(obj), "cuda")
+    raise ValueError(f"from_dlpack: unsupported DLPack device type {device_type}")

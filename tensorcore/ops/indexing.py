@@ -1,0 +1,106 @@
+"""Indexing: ``x[index]`` (gather, scatter-add backward) and ``x[index] = value``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import autograd
+from ..autograd import Function
+from ..tensor import Tensor, as_tensor_like
+from .shape_utils import unbroadcast
+
+
+class GetItem(Function):
+    def forward(self, x, index):
+        self.shape, self.dtype, self.index = x.shape, x.dtype, index
+        return self.backend.getitem(x, index)
+
+    def backward(self, g):
+        be = self.backend
+        grad = be.zeros(self.shape, self.dtype)
+        if _is_advanced(self.index):
+            be.index_add_(grad, self.index, g)  # repeated indices accumulate
+        else:
+            be.setitem_(grad, self.index, g)
+        return grad, None
+
+
+class SetItem(Function):
+    """out = x with out[index] = value (the functional form of an in-place write)."""
+
+    def forward(self, x, value, index):
+        self.index, self.value_shape = index, tuple(getattr(value, "shape", ()))
+        out = self.backend.copy(x)
+        self.backend.setitem_(out, index, value)
+        return out
+
+    def backward(self, g):
+        be = self.backend
+        grad_x = be.copy(g)
+        be.setitem_(grad_x, self.index, be.zeros((), g.dtype))
+        grad_value = unbroadcast(be, be.getitem(g, self.index), self.value_shape)
+        return grad_x, grad_value, None
+
+
+def _is_advanced(index: tuple) -> bool:
+    return any(hasattr(i, "shape") and i.ndim >= 0 and not isinstance(i, slice) for i in index)
+
+
+def _convert_index(x: Tensor, index: Any) -> tuple:
+    """Tensors and lists inside an index become backend arrays on x's device."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    out = []
+    for i in index:
+        if isinstance(i, Tensor):
+            if i.device != x.device:
+                raise ValueError(f"getitem: index tensor is on {i.device}, indexed tensor on {x.device}")
+            if i.dtype.kind not in "iub":
+                raise TypeError(f"getitem: index tensors must be integer or bool, got {i.dtype}")
+            out.append(i.data)
+        elif isinstance(i, list):
+            out.append(x.backend.array(i))
+        elif i is None or i is Ellipsis or isinstance(i, int | slice):
+            out.append(i)
+        else:
+            raise TypeError(f"getitem: unsupported index element {i!r} of type {type(i).__name__}")
+    _check_bounds(x, out)
+    return tuple(out)
+
+
+def _check_bounds(x: Tensor, index: list) -> None:
+    """Raise IndexError for an out-of-range integer before any kernel runs."""
+    dim = 0
+    for pos, i in enumerate(index):
+        if i is None:
+            continue
+        if i is Ellipsis:
+            dim = x.ndim - sum(1 for j in index[pos + 1:] if j is not None and j is not Ellipsis)
+            continue
+        if dim >= x.ndim:
+            raise IndexError(f"getitem: too many indices for a tensor of shape {x.shape}")
+        if isinstance(i, int) and not -x.shape[dim] <= i < x.shape[dim]:
+            raise IndexError(f"getitem: index {i} is out of range for axis {dim} of size {x.shape[dim]}")
+        dim += i.ndim if hasattr(i, "dtype") and i.dtype == bool else 1
+
+
+def getitem(x: Tensor, index: Any) -> Tensor:
+    return GetItem.apply(x, _convert_index(x, index))
+
+
+def setitem(x: Tensor, index: Any, value: Any) -> None:
+    """Write ``value`` into ``x[index]``; recorded in the graph when gradients flow."""
+    index = _convert_index(x, index)
+    value = as_tensor_like(value, x, "setitem")
+    if value.device != x.device:
+        raise ValueError(f"setitem: value is on {value.device}, tensor on {x.device}")
+    tracked = autograd.is_grad_enabled() and (x.requires_grad or value.requires_grad)
+    if not tracked:
+        x.backend.setitem_(x.data, index, x.backend.astype(value.data, x.dtype))
+        return
+    if x.requires_grad and x.is_leaf:
+        raise RuntimeError("setitem: a leaf tensor that requires grad cannot be modified in place")
+    previous = Tensor._wrap(x.data, x.device)
+    previous.requires_grad, previous._ctx = x.requires_grad, x._ctx
+    out = SetItem.apply(previous, value.to(dtype=x.dtype), index)
+    x.data, x._ctx, x.requires_grad = out.data, out._ctx, True

@@ -1,0 +1,37 @@
+"""Shape helpers shared by the ops: axis normalisation and broadcast reduction."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+def unbroadcast(backend: Any, grad: Any, shape: tuple[int, ...]) -> Any:
+    """Sum a broadcast gradient back down to the input's ``shape``."""
+    if tuple(grad.shape) == tuple(shape):
+        return grad
+    extra = grad.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1)
+    if axes:
+        grad = backend.reduce("sum", grad, axes, True)
+    return backend.reshape(grad, tuple(shape))
+
+
+def normalize_axis(axis: int, ndim: int, op: str) -> int:
+    """A valid non-negative axis for a tensor of ``ndim`` dims, or a ValueError."""
+    if not isinstance(axis, int):
+        raise TypeError(f"{op}: axis must be an int, got {type(axis).__name__}")
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ValueError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dims")
+    return axis % max(ndim, 1)
+
+
+def normalize_axes(axes: int | Iterable[int] | None, ndim: int, op: str) -> tuple[int, ...]:
+    """All axes (None) or the given ones, non-negative, unique and sorted."""
+    if axes is None:
+        return tuple(range(ndim))
+    if isinstance(axes, int):
+        axes = (axes,)
+    out = tuple(sorted(normalize_axis(a, ndim, op) for a in axes))
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: repeated axis in {tuple(axes)}")
+    return out

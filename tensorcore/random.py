@@ -1,0 +1,102 @@
+"""Random numbers: ``tc.manual_seed`` and ``tc.Generator`` (same seed -> same numbers)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from . import dtypes
+from .backends import backend_for, default_device_name
+
+
+class Generator:
+    """A seeded stream of random numbers on one device."""
+
+    def __init__(self, device: str = "cpu", seed: int | None = None) -> None:
+        self.device = device
+        self._lock = threading.Lock()
+        self.manual_seed(_default_seed[0] if seed is None else seed)
+
+    def manual_seed(self, seed: int) -> "Generator":
+        if not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"manual_seed: seed must be a non-negative int, got {seed!r}")
+        self.seed = seed
+        self._state = backend_for(self.device).rng(seed)
+        return self
+
+    def initial_seed(self) -> int:
+        return self.seed
+
+    def draw(self, kind: str, shape: tuple[int, ...], a: float, b: float, dtype: Any) -> Any:
+        """Backend array of ``kind`` in (uniform, normal, integers) with parameters a, b."""
+        with self._lock:
+            return getattr(backend_for(self.device), kind)(self._state, shape, a, b, dtype)
+
+
+_default: dict[str, Generator] = {}
+_default_seed = [0x5EED]
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the default generator of every device (and those created later)."""
+    Generator("cpu", seed)  # validates the seed before any state changes
+    _default_seed[0] = seed
+    for generator in _default.values():
+        generator.manual_seed(seed)
+
+
+def default_generator(device: str) -> Generator:
+    if device not in _default:
+        _default[device] = Generator(device, _default_seed[0])
+    return _default[device]
+
+
+def _generator(device: str, generator: Generator | None) -> Generator:
+    if generator is None:
+        return default_generator(device)
+    if generator.device != device:
+        raise ValueError(f"random: generator is on {generator.device}, requested device {device}")
+    return generator
+
+
+def _random(kind: str, shape: tuple, a: float, b: float, dtype: Any, device: str | None,
+            generator: Generator | None, requires_grad: bool = False) -> "Tensor":
+    device = device or default_device_name()
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else tuple(shape)
+    if any(not isinstance(n, int) or n < 0 for n in shape):
+        raise ValueError(f"{kind}: shape must be non-negative ints, got {shape}")
+    data = _generator(device, generator).draw(kind, shape, a, b, dtypes.as_dtype(dtype))
+    return Tensor(data, device, requires_grad)
+
+
+def rand(*shape: Any, dtype: Any = dtypes.float32, device: str | None = None,
+         generator: Generator | None = None, requires_grad: bool = False) -> "Tensor":
+    """Uniform on [0, 1)."""
+    return _random("uniform", shape, 0.0, 1.0, dtype, device, generator, requires_grad)
+
+
+def randn(*shape: Any, dtype: Any = dtypes.float32, device: str | None = None,
+          generator: Generator | None = None, requires_grad: bool = False) -> "Tensor":
+    """Standard normal."""
+    return _random("normal", shape, 0.0, 1.0, dtype, device, generator, requires_grad)
+
+
+def randint(low: int, high: int | None = None, size: tuple[int, ...] = (), dtype: Any = dtypes.int64,
+            device: str | None = None, generator: Generator | None = None) -> "Tensor":
+    """Integers uniform on [low, high) (``randint(high, size=...)`` also works)."""
+    if high is None:
+        low, high = 0, low
+    if high <= low:
+        raise ValueError(f"randint: high ({high}) must be greater than low ({low})")
+    return _random("integers", size, low, high, dtype, device, generator)
+
+
+def rand_like(t: "Tensor", dtype: Any = None, generator: Generator | None = None) -> "Tensor":
+    return rand(*t.shape, dtype=dtype or t.dtype, device=t.device, generator=generator)
+
+
+def randn_like(t: "Tensor", dtype: Any = None, generator: Generator | None = None) -> "Tensor":
+    return randn(*t.shape, dtype=dtype or t.dtype, device=t.device, generator=generator)
+
+
+from .tensor import Tensor  # noqa: E402

@@ -1,0 +1,32 @@
+"""Every setting tensorcore reads from the environment, read in one place.
+
+``TENSORCORE_BACKEND``   numpy | numba | cupy (default: numba if it imports, else numpy)
+``TENSORCORE_CACHE_DIR`` where compiled plans are cached (default ~/.cache/tensorcore)
+``DEBUG``                1: print each op with backend, shapes and time; 2: also plans
+Matmul precision ("highest" | "high") is a runtime setting, as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+VALID_BACKENDS = ("numpy", "numba", "cupy")
+VALID_PRECISIONS = ("highest", "high")
+
+backend_name: str | None = os.environ.get("TENSORCORE_BACKEND") or None
+cache_dir = Path(os.environ.get("TENSORCORE_CACHE_DIR", Path.home() / ".cache" / "tensorcore"))
+debug_level = int(os.environ.get("DEBUG", "0") or 0)
+matmul_precision = "highest"
+
+
+def set_matmul_precision(precision: str) -> None:
+    """'highest' keeps float32 GEMM/conv exact; 'high' allows TF32 on the GPU."""
+    global matmul_precision
+    if precision not in VALID_PRECISIONS:
+        raise ValueError(f"set_matmul_precision: expected one of {VALID_PRECISIONS}, got {precision!r}")
+    matmul_precision = precision
+
+
+def get_matmul_precision() -> str:
+    return matmul_precision
