@@ -250,6 +250,18 @@ class Tensor:
     def __and__(self, o: Any) -> "Tensor": return ops.compare("logical_and", self, o)
     def __or__(self, o: Any) -> "Tensor": return ops.compare("logical_or", self, o)
 
+    # in-place arithmetic writes into this tensor's memory (views see it), as in PyTorch
+    def __iadd__(self, o: Any) -> "Tensor": return self._assign(ops.add(self, o))
+    def __isub__(self, o: Any) -> "Tensor": return self._assign(ops.sub(self, o))
+    def __imul__(self, o: Any) -> "Tensor": return self._assign(ops.mul(self, o))
+    def __itruediv__(self, o: Any) -> "Tensor": return self._assign(ops.div(self, o))
+
+    def _assign(self, value: "Tensor") -> "Tensor":
+        if value.shape != self.shape:
+            raise ValueError(f"in-place op: result shape {value.shape} does not match the tensor's {self.shape}")
+        ops.setitem(self, Ellipsis, value)
+        return self
+
     def __getitem__(self, index: Any) -> "Tensor": return ops.getitem(self, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
