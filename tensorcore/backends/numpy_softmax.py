@@ -1,0 +1,114 @@
+"""Softmax family over the last axis, cross-entropy, and scaled dot-product attention.
+
+All reductions subtract the row maximum first, so large logits never overflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Array = Any
+
+
+class NumpySoftmaxKernels:
+    """softmax, log_softmax, cross_entropy and attention for any NumPy-like ``xp``."""
+
+    xp: Any
+
+    def softmax(self, x: Array) -> Array:
+        xp = self.xp
+        e = xp.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def softmax_backward(self, grad: Array, y: Array) -> Array:
+        """y is the softmax output: dx = y * (grad - sum(grad * y))."""
+        return y * (grad - (grad * y).sum(axis=-1, keepdims=True))
+
+    def log_softmax(self, x: Array) -> Array:
+        xp = self.xp
+        shifted = x - x.max(axis=-1, keepdims=True)
+        return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+
+    def log_softmax_backward(self, grad: Array, y: Array) -> Array:
+        """y is the log_softmax output: dx = grad - exp(y) * sum(grad)."""
+        return grad - self.xp.exp(y) * grad.sum(axis=-1, keepdims=True)
+
+    def _check_targets(self, op: str, logits_shape: tuple, target: Array) -> None:
+        if len(logits_shape) != 2 or target.shape != logits_shape[:1]:
+            raise ValueError(f"{op}: expected logits [N, C] and target [N], got "
+                             f"{tuple(logits_shape)} and {tuple(target.shape)}")
+        if target.dtype.kind not in "iu":
+            raise TypeError(f"{op}: target must hold integer class indices, got "
+                            f"{target.dtype}")
+        if logits_shape[1] < 1:
+            raise ValueError(f"{op}: logits need at least one class")
+
+    def _target_mask(self, target: Array, ignore_index: int,
+                     classes: int) -> tuple[Array, Array]:
+        """(keep [N] bool, one_hot [N, C] bool); ignored rows have an all-False row."""
+        xp = self.xp
+        keep = target != ignore_index
+        one_hot = (target[:, None] == xp.arange(classes)[None, :]) & keep[:, None]
+        return keep, one_hot
+
+    def cross_entropy(self, logits: Array, target: Array, ignore_index: int,
+                      label_smoothing: float) -> tuple[Array, Array]:
+        """Per-row loss [N] as torch.nn.functional.cross_entropy(reduction='none'):
+        (1 - eps) * -logp[target] + eps / C * -sum(logp), 0 on ignored rows.
+        Also returns log_softmax(logits) for the backward."""
+        xp = self.xp
+        self._check_targets("cross_entropy", logits.shape, target)
+        classes = logits.shape[1]
+        logp = self.log_softmax(logits)
+        keep, one_hot = self._target_mask(target, ignore_index, classes)
+        nll = -xp.where(one_hot, logp, 0).sum(axis=1)
+        loss = (1.0 - label_smoothing) * nll
+        if label_smoothing:
+            smooth = -logp.sum(axis=1)
+            loss = loss + (label_smoothing / classes) * xp.where(keep, smooth, 0)
+        return loss.astype(logp.dtype, copy=False), logp
+
+    def cross_entropy_backward(self, grad_rows: Array, logp: Array, target: Array,
+                               ignore_index: int, label_smoothing: float) -> Array:
+        """d logits = grad_rows * (softmax - (1 - eps) * one_hot - eps / C), 0 on
+        ignored rows."""
+        xp = self.xp
+        self._check_targets("cross_entropy_backward", logp.shape, target)
+        classes = logp.shape[1]
+        keep, one_hot = self._target_mask(target, ignore_index, classes)
+        target_weight = (1.0 - label_smoothing) * one_hot.astype(logp.dtype)
+        d = xp.exp(logp) - target_weight - label_smoothing / classes
+        scale = xp.where(keep, grad_rows, 0)[:, None]
+        return (scale * d).astype(logp.dtype, copy=False)
+
+    def attention(self, q: Array, k: Array, v: Array, mask: Array | None,
+                  causal: bool, scale: float) -> tuple[Array, Array]:
+        """softmax(q kᵀ * scale + mask) v over [B, H, L, D]; returns (out, probs).
+
+        ``causal`` masks key j for query i when j > i (PyTorch's ``is_causal``: the
+        lower triangle of a [Lq, Lk] matrix of ones is kept)."""
+        xp = self.xp
+        fits = (q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+                and q.shape[3] == k.shape[3] and k.shape[2] == v.shape[2])
+        if not fits:
+            raise ValueError(f"attention: expected q [B, H, Lq, D], k [B, H, Lk, D], "
+                             f"v [B, H, Lk, Dv], got {q.shape}, {k.shape}, {v.shape}")
+        scores = xp.matmul(q, k.swapaxes(-1, -2)) * scale
+        if mask is not None:
+            scores = scores + mask.astype(scores.dtype, copy=False)
+        if causal:
+            lq, lk = scores.shape[-2:]
+            above = xp.arange(lk)[None, :] > xp.arange(lq)[:, None]
+            scores = xp.where(above, -xp.inf, scores)
+        probs = self.softmax(scores)
+        return xp.matmul(probs, v), probs
+
+    def attention_backward(self, grad: Array, q: Array, k: Array, v: Array,
+                           probs: Array, scale: float) -> tuple[Array, Array, Array]:
+        """(dq, dk, dv) of ``attention`` given its saved probabilities."""
+        xp = self.xp
+        dv = xp.matmul(probs.swapaxes(-1, -2), grad)
+        dscores = self.softmax_backward(xp.matmul(grad, v.swapaxes(-1, -2)), probs) * scale
+        dq = xp.matmul(dscores, k)
+        dk = xp.matmul(dscores.swapaxes(-1, -2), q)
+        return dq, dk, dv
