@@ -63,6 +63,11 @@ class Function:
     def backward(self, grad: Any) -> tuple:
         raise TypeError(f"{type(self).__name__} is not differentiable")
 
+    def needs_grad(self, position: int) -> bool:
+        """Whether forward argument ``position`` wants a gradient (skip the work if not)."""
+        arg = self.inputs[position]
+        return isinstance(arg, Tensor) and arg.requires_grad
+
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> "Tensor":
         device = None
@@ -103,16 +108,17 @@ def backward(root: "Tensor", gradient: Any = None) -> None:
         if tuple(grad.shape) != root.shape:
             raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match output shape {root.shape}")
     grads: dict[int, Any] = {id(root): grad}
+    handed_out: set[int] = {id(grad)}  # arrays a leaf may not keep without copying
     for node in _topological_order(root):
         g = grads.pop(id(node), None)
         if g is None:
             continue
         fn = node._ctx
         if fn is None:
-            _accumulate_leaf(node, g)
+            _accumulate_leaf(node, g, handed_out)
             continue
         if node._retains_grad:
-            _accumulate_leaf(node, g)
+            _accumulate_leaf(node, g, handed_out)
         for parent, pg in zip(fn.inputs, fn.backward(g)):
             if pg is None or not isinstance(parent, Tensor) or not parent.requires_grad:
                 continue
@@ -125,12 +131,20 @@ def backward(root: "Tensor", gradient: Any = None) -> None:
                 grads[key] = pg
 
 
-def _accumulate_leaf(leaf: "Tensor", g: Any) -> None:
-    """Add into an existing grad buffer in place (optimizers may own that buffer)."""
-    if leaf.grad is None:
-        leaf.grad = Tensor._wrap(leaf.backend.copy(g), leaf.device)  # own memory, never shared
-    else:
+def _accumulate_leaf(leaf: "Tensor", g: Any, handed_out: set[int]) -> None:
+    """Add into an existing grad buffer in place (optimizers may own that buffer).
+
+    A new ``.grad`` must own its memory: views, and arrays already given to another
+    leaf or to the caller, are copied; a fresh array is kept as it is.
+    """
+    if leaf.grad is not None:
         leaf.backend.add_(leaf.grad.data, g)
+        return
+    flags = getattr(g, "flags", None)
+    if id(g) in handed_out or flags is None or not (flags.owndata and flags.c_contiguous and flags.writeable):
+        g = leaf.backend.copy(g)
+    handed_out.add(id(g))
+    leaf.grad = Tensor._wrap(g, leaf.device)
 
 
 def _topological_order(root: "Tensor") -> list["Tensor"]:

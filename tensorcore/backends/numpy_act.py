@@ -32,10 +32,8 @@ class NumpyActivationKernels:
     xp: Any
 
     def _stable_sigmoid(self, x: Array) -> Array:
-        """1 / (1 + exp(-x)) without overflow: exp is only taken of -|x|."""
-        xp = self.xp
-        e = xp.exp(-xp.abs(x))
-        return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        """1 / (1 + exp(-x)) without overflow, as 0.5 * (1 + tanh(x / 2))."""
+        return 0.5 * (1.0 + self.xp.tanh(0.5 * x))
 
     def apply_activation(self, act: str, x: Array) -> Array:
         """act(x) for an activation named in ``ACTIVATIONS``."""
@@ -63,7 +61,7 @@ class NumpyActivationKernels:
         if act == "none":
             return grad
         if act == "relu":
-            return xp.where(x > 0, grad, 0).astype(grad.dtype, copy=False)
+            return grad * (x > 0)  # a mask product: several times faster than where
         if act == "gelu":
             cdf = 0.5 * (1.0 + erf(xp, x * _SQRT_HALF))
             pdf = _INV_SQRT_2PI * xp.exp(-0.5 * x * x)

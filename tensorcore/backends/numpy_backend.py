@@ -84,7 +84,7 @@ class NumpyPrimitives:
         if op == "rsqrt":
             return 1 / xp.sqrt(a)
         if op == "sigmoid":
-            return _sigmoid(xp, a)
+            return self.bias_act(a, None, "sigmoid", 0)
         if op == "relu":
             return xp.maximum(a, a.dtype.type(0))
         if op == "erf":
@@ -160,12 +160,6 @@ class NumpyPrimitives:
 
     def integers(self, rng, shape, low, high, dtype):
         return self.from_numpy(rng.integers(low, high, size=shape).astype(dtype))
-
-
-def _sigmoid(xp, a):
-    """Overflow-free logistic function: exp of a non-positive number only."""
-    e = xp.exp(-xp.abs(a))
-    return xp.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
 
 
 class NumpyBackend(NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):

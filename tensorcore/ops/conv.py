@@ -31,8 +31,8 @@ class Conv2d(Function):
 
     def backward(self, g):
         be = self.backend
-        grad_x = be.conv2d_grad_input(g, self.w, self.x.shape, *self.geometry)
-        grad_w = be.conv2d_grad_weight(g, self.x, self.w.shape, *self.geometry)
+        grad_x = be.conv2d_grad_input(g, self.w, self.x.shape, *self.geometry) if self.needs_grad(0) else None
+        grad_w = be.conv2d_grad_weight(g, self.x, self.w.shape, *self.geometry) if self.needs_grad(1) else None
         grad_b = be.reduce("sum", g, (0, 2, 3), False) if self.has_bias else None
         return grad_x, grad_w, grad_b, None, None, None, None
 
@@ -48,8 +48,8 @@ class ConvTranspose2d(Function):
 
     def backward(self, g):
         be = self.backend
-        grad_x = be.conv2d(g, self.w, *self.geometry)
-        grad_w = be.conv2d_grad_weight(self.x, g, self.w.shape, *self.geometry)
+        grad_x = be.conv2d(g, self.w, *self.geometry) if self.needs_grad(0) else None
+        grad_w = be.conv2d_grad_weight(self.x, g, self.w.shape, *self.geometry) if self.needs_grad(1) else None
         grad_b = be.reduce("sum", g, (0, 2, 3), False) if self.has_bias else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
 

@@ -39,8 +39,9 @@ class Mul(Function):
 
     def backward(self, g):
         be = self.backend
-        return (unbroadcast(be, be.binary("mul", g, self.b), _shape(self.a)),
-                unbroadcast(be, be.binary("mul", g, self.a), _shape(self.b)))
+        grad_a = unbroadcast(be, be.binary("mul", g, self.b), _shape(self.a)) if self.needs_grad(0) else None
+        grad_b = unbroadcast(be, be.binary("mul", g, self.a), _shape(self.b)) if self.needs_grad(1) else None
+        return grad_a, grad_b
 
 
 class Div(Function):

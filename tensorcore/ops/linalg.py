@@ -24,9 +24,12 @@ class MatMul(Function):
 
     def backward(self, g):
         be = self.backend
-        grad_a = be.matmul(g, _swap_last(be, self.b))
-        grad_b = be.matmul(_swap_last(be, self.a), g)
-        return unbroadcast(be, grad_a, self.a.shape), unbroadcast(be, grad_b, self.b.shape)
+        grad_a = grad_b = None
+        if self.needs_grad(0):
+            grad_a = unbroadcast(be, be.matmul(g, _swap_last(be, self.b)), self.a.shape)
+        if self.needs_grad(1):
+            grad_b = unbroadcast(be, be.matmul(_swap_last(be, self.a), g), self.b.shape)
+        return grad_a, grad_b
 
 
 def matmul(a: Any, b: Any) -> Tensor:

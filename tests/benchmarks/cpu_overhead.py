@@ -1,0 +1,102 @@
+"""Per-op overhead and a small MLP step: tensorcore (numpy backend) vs PyTorch CPU.
+
+    TENSORCORE_BACKEND=numpy python tests/benchmarks/cpu_overhead.py
+
+Prints microseconds per call (median of repeated timings) and the ratio to torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+import tensorcore as tc
+import tensorcore.functional as F
+
+
+def median_time(fn: Callable[[], object], repeat: int, number: int) -> float:
+    """Median seconds per call over ``repeat`` timings of ``number`` calls."""
+    fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number)
+    return statistics.median(samples)
+
+
+def tensorcore_cases() -> dict[str, Callable[[], object]]:
+    a, b = tc.randn(4), tc.randn(4)
+    ga, gb = tc.randn(4, requires_grad=True), tc.randn(4, requires_grad=True)
+    rng = np.random.default_rng(0)
+    x = tc.tensor(rng.standard_normal((256, 784), dtype=np.float32))
+    y = tc.tensor(rng.integers(0, 10, 256))
+    sizes = [(784, 512), (512, 512), (512, 10)]
+    weights = [(tc.randn(i, o) * (1 / i) ** 0.5).requires_grad_() for i, o in sizes]
+    biases = [tc.zeros(o, requires_grad=True) for _, o in sizes]
+
+    def tiny_fwd_bwd() -> None:
+        (ga * gb + ga).sum().backward()
+
+    def mlp_step() -> None:
+        h = x
+        for i, (w, bias) in enumerate(zip(weights, biases)):
+            h = h @ w + bias
+            if i < 2:
+                h = F.relu(h)
+        F.cross_entropy(h, y).backward()
+        with tc.no_grad():
+            for p in weights + biases:
+                p -= 0.01 * p.grad
+                p.grad = None
+
+    return {"tiny add (per op)": lambda: a + b, "tiny (a*b+a).sum() fwd+bwd": tiny_fwd_bwd, "MLP 784-512-512-10 b256 SGD step": mlp_step}
+
+
+def torch_cases(torch) -> dict[str, Callable[[], object]]:
+    a, b = torch.randn(4), torch.randn(4)
+    ga, gb = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    x, y = torch.randn(256, 784), torch.randint(0, 10, (256,))
+    model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def tiny_fwd_bwd() -> None:
+        (ga * gb + ga).sum().backward()
+
+    def mlp_step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return {"tiny add (per op)": lambda: a + b, "tiny (a*b+a).sum() fwd+bwd": tiny_fwd_bwd, "MLP 784-512-512-10 b256 SGD step": mlp_step}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    ours = tensorcore_cases()
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        theirs = torch_cases(torch)
+    except ImportError:
+        theirs = {}
+    print(f"backend={tc.get_backend().name}  torch={'yes' if theirs else 'not installed'}")
+    print(f"{'work':34s} {'tensorcore':>12s} {'torch':>12s} {'ratio':>7s}")
+    for name, fn in ours.items():
+        number = 2000 if "tiny" in name else 10
+        t_ours = median_time(fn, 7, number)
+        t_theirs = median_time(theirs[name], 7, number) if name in theirs else float("nan")
+        print(f"{name:34s} {t_ours * 1e6:10.1f}us {t_theirs * 1e6:10.1f}us {t_ours / t_theirs:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
