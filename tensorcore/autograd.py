@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
@@ -85,13 +86,26 @@ class Function:
                 arrays.append(arg)
         fn = cls.__new__(cls)
         fn.backend = backend_for(device or backends.default_device)
-        out = fn.forward(*arrays, **kwargs)
+        if settings.debug_level:
+            out = _debug_forward(fn, arrays, kwargs)
+        else:
+            out = fn.forward(*arrays, **kwargs)
         result = Tensor._wrap(out, fn.backend.device)
         if requires_grad and is_grad_enabled():
             fn.inputs = args
             result.requires_grad = True
             result._ctx = fn
         return result
+
+
+def _debug_forward(fn: Function, arrays: list, kwargs: dict) -> Any:
+    """DEBUG=1: print each op with its backend, input shapes and wall time."""
+    start = time.perf_counter()
+    out = fn.forward(*arrays, **kwargs)
+    shapes = [tuple(a.shape) for a in arrays if hasattr(a, "shape")]
+    print(f"[tensorcore] {type(fn).__name__:<16} {fn.backend.name:<6} {shapes} -> {tuple(out.shape)} "
+          f"{(time.perf_counter() - start) * 1e6:.1f} us")
+    return out
 
 
 def backward(root: "Tensor", gradient: Any = None) -> None:
@@ -169,6 +183,6 @@ def _topological_order(root: "Tensor") -> list["Tensor"]:
     return order
 
 
-from . import backends  # noqa: E402  (bound last: backends and tensor import this module)
+from . import backends, settings  # noqa: E402  (bound last: backends and tensor import this module)
 from .backends import backend_for  # noqa: E402
 from .tensor import Tensor  # noqa: E402
