@@ -1,0 +1,76 @@
+"""Shared test setup: hypothesis profiles, the ``backend`` fixture, GPU skipping, torch.
+
+* ``CI`` set in the environment selects the ``ci`` hypothesis profile (few examples,
+  derandomized so a failure reproduces); otherwise the ``dev`` profile runs.
+* ``backend`` runs a test once per available backend, inside ``tc.use_backend(name)``.
+* Tests marked ``gpu`` are skipped unless CuPy and a GPU work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import tensorcore as tc
+
+# The backend fixture only selects a backend, so reusing it across examples is safe.
+_SHARED = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=8, derandomize=True, print_blob=True, **_SHARED)
+settings.register_profile("dev", max_examples=25, **_SHARED)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+_BACKENDS_DIR = Path(tc.__file__).parent / "backends"
+
+
+def _numba_available() -> bool:
+    return importlib.util.find_spec("numba") is not None and (_BACKENDS_DIR / "numba_backend.py").exists()
+
+
+def _gpu_available() -> bool:
+    if importlib.util.find_spec("cupy") is None or not (_BACKENDS_DIR / "cupy_backend.py").exists():
+        return False
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # any CUDA driver/runtime failure means: no usable GPU
+        return False
+
+
+GPU_AVAILABLE = _gpu_available()
+CPU_BACKENDS = ["numpy"] + (["numba"] if _numba_available() else [])
+BACKENDS = [pytest.param(name) for name in CPU_BACKENDS] + [pytest.param("cupy", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The name of the backend under test, made the default for the test's duration."""
+    with tc.use_backend(request.param):
+        yield request.param
+
+
+@pytest.fixture(scope="session")
+def torch() -> ModuleType | None:
+    """The torch module when it is importable (an extra oracle), else None."""
+    return _import_torch()
+
+
+def _import_torch() -> ModuleType | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if GPU_AVAILABLE:
+        return
+    skip = pytest.mark.skip(reason="needs CuPy and an NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
