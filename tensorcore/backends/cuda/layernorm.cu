@@ -1,0 +1,149 @@
+// LayerNorm over the last axis of a contiguous [rows, cols] array, forward and backward.
+//
+// Bound: memory.  Launch (forward and the dx backward): 256-thread blocks, `tpr`
+// threads per row (32 = one warp per row for cols <= 1024, 256 = one block per row
+// beyond).  Forward: one read computing Welford statistics (merged across threads with
+// Chan's formula), a second read (from L2) writing y.  Backward dx: one read of
+// (g, x) for the two row sums, a second writing dx.  The parameter gradients use
+// layer_norm_params_kernel: blocks of (32, 8) threads, 32 columns by 8 row lanes, each
+// blockIdx.y a chunk of rows, writing acc-typed partials that the host sums over chunks.
+#include "common.cuh"
+
+template <typename A> __device__ __forceinline__ void group_welford(Welford<A>& w, int tpr, A* scratch) {
+    if (tpr == 32) warp_welford(w);
+    else block_welford(w, scratch);
+}
+
+template <typename A> __device__ __forceinline__ A group_sum2(A v, int tpr, A* scratch) {
+    if (tpr == 32) return warp_sum(v);
+    return block_sum(v, scratch);
+}
+
+// y = (x - mean) * rstd * w + b; mean / rstd (acc type) per row.  w, b may be null.
+template <typename T>
+__global__ void layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                      const T* __restrict__ b, T* __restrict__ y,
+                                      acc_t<T>* __restrict__ mean, acc_t<T>* __restrict__ rstd,
+                                      long long rows, long long cols, double eps,
+                                      long long tpr_, long long vec) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[96];
+    int tpr = (int)tpr_;
+    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+    int t = threadIdx.x % tpr;
+    bool live = row < rows;
+    const T* xr = x + (live ? row : 0) * cols;
+    long long n = live ? cols : 0;
+    const int P = Pack<T>::N;
+    Welford<A> st{(A)0, (A)0, (A)0};
+    long long done = 0;
+    if (vec) {
+        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+        for (long long i = t; i < n / P; i += tpr) {
+            Pack<T> p = xp[i];
+#pragma unroll
+            for (int k = 0; k < P; ++k) st.push(load_acc(p.v[k]));
+        }
+        done = (n / P) * P;
+    }
+    for (long long j = done + t; j < n; j += tpr) st.push(load_acc(xr[j]));
+    group_welford(st, tpr, scratch);
+    if (!live) return;
+    A mu = st.mean;
+    A rs = m_rsqrt(st.m2 / (A)cols + (A)eps);
+    if (t == 0) {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+    T* yr = y + row * cols;
+    done = 0;
+    if (vec) {
+        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+        Pack<T>* yp = reinterpret_cast<Pack<T>*>(yr);
+        for (long long i = t; i < cols / P; i += tpr) {
+            Pack<T> p = xp[i];
+#pragma unroll
+            for (int k = 0; k < P; ++k) {
+                long long j = i * P + k;
+                A v = (load_acc(p.v[k]) - mu) * rs;
+                if (w) v *= load_acc(w[j]);
+                if (b) v += load_acc(b[j]);
+                p.v[k] = store_as<T>(v);
+            }
+            yp[i] = p;
+        }
+        done = (cols / P) * P;
+    }
+    for (long long j = done + t; j < cols; j += tpr) {
+        A v = (load_acc(xr[j]) - mu) * rs;
+        if (w) v *= load_acc(w[j]);
+        if (b) v += load_acc(b[j]);
+        yr[j] = store_as<T>(v);
+    }
+}
+
+// dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),  gw = g * w.
+template <typename T>
+__global__ void layer_norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x,
+                                      const T* __restrict__ w, const acc_t<T>* __restrict__ mean,
+                                      const acc_t<T>* __restrict__ rstd, T* __restrict__ dx,
+                                      long long rows, long long cols, long long tpr_) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[32];
+    int tpr = (int)tpr_;
+    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+    int t = threadIdx.x % tpr;
+    bool live = row < rows;
+    long long r = live ? row : 0;
+    long long base = r * cols;
+    A mu = mean[r], rs = rstd[r];
+    A s1 = (A)0, s2 = (A)0;
+    if (live)
+        for (long long j = t; j < cols; j += tpr) {
+            A gw = load_acc(g[base + j]) * (w ? load_acc(w[j]) : (A)1);
+            s1 += gw;
+            s2 += gw * (load_acc(x[base + j]) - mu) * rs;
+        }
+    s1 = group_sum2(s1, tpr, scratch);
+    s2 = group_sum2(s2, tpr, scratch);
+    if (!live) return;
+    A inv_n = (A)1 / (A)cols;
+    for (long long j = t; j < cols; j += tpr) {
+        A gw = load_acc(g[base + j]) * (w ? load_acc(w[j]) : (A)1);
+        A xh = (load_acc(x[base + j]) - mu) * rs;
+        dx[base + j] = store_as<T>(rs * (gw - s1 * inv_n - xh * s2 * inv_n));
+    }
+}
+
+// Partials of dw = sum_rows g * xhat and db = sum_rows g over a chunk of rows:
+// dw_part / db_part are [chunks, cols] in the acc type.
+template <typename T>
+__global__ void layer_norm_params_kernel(const T* __restrict__ g, const T* __restrict__ x,
+                                         const acc_t<T>* __restrict__ mean,
+                                         const acc_t<T>* __restrict__ rstd,
+                                         acc_t<T>* __restrict__ dw_part, acc_t<T>* __restrict__ db_part,
+                                         long long rows, long long cols, long long rows_per_chunk) {
+    typedef acc_t<T> A;
+    __shared__ A tw[8][33], tb[8][33];
+    long long col = (long long)blockIdx.x * 32 + threadIdx.x;
+    long long r0 = (long long)blockIdx.y * rows_per_chunk;
+    long long r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    A sw = (A)0, sb = (A)0;
+    if (col < cols)
+        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
+            A gv = load_acc(g[r * cols + col]);
+            sw += gv * (load_acc(x[r * cols + col]) - mean[r]) * rstd[r];
+            sb += gv;
+        }
+    tw[threadIdx.y][threadIdx.x] = sw;
+    tb[threadIdx.y][threadIdx.x] = sb;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        for (int k = 1; k < 8; ++k) {
+            sw += tw[k][threadIdx.x];
+            sb += tb[k][threadIdx.x];
+        }
+        dw_part[(long long)blockIdx.y * cols + col] = sw;
+        db_part[(long long)blockIdx.y * cols + col] = sb;
+    }
+}

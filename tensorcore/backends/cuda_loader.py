@@ -1,0 +1,103 @@
+"""Compile the CUDA sources in ``backends/cuda`` once per process and hand out kernels.
+
+Each ``.cu`` file holds one kernel family.  Kernels templated on ``typename T`` are
+instantiated per storage type through NVRTC name expressions (``softmax_fwd_kernel<float>``);
+plain kernels are used as they are.  The shared header ``common.cuh`` is pasted into
+the source before compiling, so CuPy's on-disk cache (keyed on the source text) sees
+header edits too.  CuPy is imported only when a kernel is first requested.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+CUDA_DIR = Path(__file__).with_name("cuda")
+HEADER = "common.cuh"
+OPTIONS = ("-std=c++17",)
+THREADS = 256
+BLOCKS_PER_SM = 8
+
+# NumPy dtype name -> the C storage type the kernels are instantiated for.
+C_TYPES = {"float32": "float", "float64": "double", "float16": "half_t", "bfloat16": "bf16_t"}
+
+_KERNEL = re.compile(r"(template\s*<\s*typename\s+T\s*>\s*)?__global__\s+void\s+(\w+)\s*\(")
+
+
+def kernel_names(filename: str) -> list[tuple[str, bool]]:
+    """(name, is_templated) of every ``__global__`` kernel in a source file."""
+    text = (CUDA_DIR / filename).read_text()
+    return [(m.group(2), m.group(1) is not None) for m in _KERNEL.finditer(text)]
+
+
+def name_expressions(filename: str, ctype: str | None) -> list[str]:
+    """The names to instantiate: templated kernels for ``ctype``, or the plain ones."""
+    names = kernel_names(filename)
+    if ctype is None:
+        return [name for name, templated in names if not templated]
+    return [f"{name}<{ctype}>" for name, templated in names if templated]
+
+
+def source(filename: str) -> str:
+    """The file's text with ``#include "common.cuh"`` replaced by the header itself."""
+    header = (CUDA_DIR / HEADER).read_text().replace("#pragma once", "")
+    return (CUDA_DIR / filename).read_text().replace(f'#include "{HEADER}"', header)
+
+
+@functools.lru_cache(maxsize=None)
+def _module(filename: str, ctype: str | None) -> Any:
+    import cupy
+
+    return cupy.RawModule(code=source(filename), options=OPTIONS,
+                          name_expressions=name_expressions(filename, ctype))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(filename: str, name: str, dtype: Any = None) -> Any:
+    """The ``cupy.RawKernel`` ``name`` of ``filename``, instantiated for ``dtype``
+    (a NumPy dtype for templated kernels, ``None`` for plain ones)."""
+    if dtype is None:
+        return _module(filename, None).get_function(name)
+    ctype = ctype_of(dtype)
+    return _module(filename, ctype).get_function(f"{name}<{ctype}>")
+
+
+def ctype_of(dtype: Any) -> str:
+    import numpy
+
+    key = numpy.dtype(dtype).name
+    if key not in C_TYPES:
+        raise TypeError(f"no CUDA kernel instantiation for dtype {key}; "
+                        f"supported: {', '.join(C_TYPES)}")
+    return C_TYPES[key]
+
+
+def supports(dtype: Any) -> bool:
+    """Whether the templated kernels are instantiated for ``dtype``."""
+    import numpy
+
+    try:
+        return numpy.dtype(dtype).name in C_TYPES
+    except TypeError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def grid_for(work: int, threads: int = THREADS) -> int:
+    """Blocks for a grid-stride loop over ``work`` items: enough to cover the work,
+    capped at a few blocks per SM."""
+    return max(1, min(-(-work // threads), sm_count() * BLOCKS_PER_SM))
+
+
+def launch(filename: str, name: str, dtype: Any, work: int, args: tuple,
+           threads: int = THREADS) -> None:
+    """Launch a 1-D grid-stride kernel over ``work`` items on the current stream."""
+    kernel(filename, name, dtype)((grid_for(work, threads),), (threads,), args)

@@ -1,0 +1,68 @@
+"""Small helpers shared by the CuPy kernel mixins: dtype checks, layout, launch shapes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cupy
+import numpy
+
+from . import cuda_loader
+
+NULL = numpy.uint64(0)  # a null pointer argument for optional kernel inputs
+INT32_LIMIT = 2**31 - 1
+
+
+def has_kernels(*arrays: Any) -> bool:
+    """True when every argument is a non-empty CuPy array of one dtype our templated
+    kernels are instantiated for (and small enough for 32-bit channel arithmetic)."""
+    first = arrays[0]
+    for a in arrays:
+        if not isinstance(a, cupy.ndarray) or a.dtype != first.dtype:
+            return False
+    return (cuda_loader.supports(first.dtype) and 0 < first.size <= INT32_LIMIT)
+
+
+def contiguous(a: Any) -> Any:
+    return cupy.ascontiguousarray(a)
+
+
+def ptr(a: Any | None) -> Any:
+    """The array itself, or a null pointer for an optional argument left out."""
+    return NULL if a is None else a
+
+
+def pack_width(dtype: Any) -> int:
+    return 16 // numpy.dtype(dtype).itemsize
+
+
+def aligned(*arrays: Any) -> bool:
+    """Whether 16-byte pack loads are legal on every (contiguous) array given."""
+    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+
+
+def acc_dtype(dtype: Any) -> Any:
+    """The accumulation dtype the kernels use for ``dtype``."""
+    return numpy.float64 if numpy.dtype(dtype) == numpy.float64 else numpy.float32
+
+
+def row_threads(cols: int) -> int:
+    """Threads that share one row: a warp up to 1024 columns, a block beyond."""
+    if cols <= 1024:
+        return 32
+    return 256 if cols <= 16384 else 1024
+
+
+def row_launch(rows: int, cols: int) -> tuple[tuple[int], tuple[int], int]:
+    """(grid, block, threads per row) for a row kernel."""
+    tpr = row_threads(cols)
+    block = max(256, tpr)
+    return (math.ceil(rows / (block // tpr)),), (block,), tpr
+
+
+def as_rows(x: Any) -> tuple[Any, int, int]:
+    """x as a contiguous array with (rows, cols) over its last axis."""
+    x = contiguous(x)
+    cols = x.shape[-1] if x.ndim else 1
+    return x, (x.size // cols if cols else 0), cols

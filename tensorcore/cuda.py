@@ -1,0 +1,45 @@
+"""``tc.cuda``: device queries and the CuPy memory pool.
+
+CuPy is imported only when one of these is called, so CPU-only installs never load it.
+"""
+
+from __future__ import annotations
+
+
+def is_available() -> bool:
+    """Whether CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, or no device
+        return False
+
+
+def memory_allocated() -> int:
+    """Bytes held by live arrays in CuPy's default memory pool."""
+    import cupy
+
+    return int(cupy.get_default_memory_pool().used_bytes())
+
+
+def memory_reserved() -> int:
+    """Bytes the pool holds from the driver (live arrays plus cached free blocks)."""
+    import cupy
+
+    return int(cupy.get_default_memory_pool().total_bytes())
+
+
+def empty_cache() -> None:
+    """Return the pool's cached free blocks (device and pinned host) to the driver."""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def synchronize() -> None:
+    """Wait for all work queued on the current device."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()

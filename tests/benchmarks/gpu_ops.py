@@ -1,0 +1,166 @@
+"""GPU op benchmark: the tensorcore CuPy backend next to PyTorch, in one run.
+
+    PYTHONPATH=. python3 tests/benchmarks/gpu_ops.py
+
+Times are medians of CUDA-event timings after warm-up; inputs are random (never
+zeros).  Prints one table: ms for each side, the speed ratio (torch time / tensorcore
+time, > 1 means tensorcore is faster), and the effective bandwidth (bytes each input
+read once + each output written once) or TFLOP/s.  No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import cupy as cp
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tensorcore import settings
+from tensorcore.backends.cupy_backend import CupyBackend
+
+GPU = CupyBackend()
+
+
+def median_ms(fn, iters: int = 40, warmup: int = 5) -> float:
+    """Median of per-call CUDA-event times (the events go on CuPy's current stream,
+    which is the legacy default stream that PyTorch also uses here)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def randn_pair(*shape, dtype=np.float32):
+    """The same random values as a CuPy array and a torch tensor."""
+    a = cp.random.standard_normal(shape, dtype=np.float32).astype(dtype)
+    return a, torch.from_dlpack(a.copy())
+
+
+ROWS: list[tuple] = []
+
+
+def row(name: str, tc_ms: float, torch_ms: float, unit: str, amount: float) -> None:
+    """amount: bytes (unit GB/s) or flops (unit TFLOP/s) of one call."""
+    scale = 1e9 if unit == "GB/s" else 1e12
+    ROWS.append((name, tc_ms, torch_ms, torch_ms / tc_ms,
+                 amount / (tc_ms * 1e-3) / scale, amount / (torch_ms * 1e-3) / scale, unit))
+
+
+def bench_copy_and_fused() -> float:
+    n = 64 * 2**20
+    x, tx = randn_pair(8, 128, 256, 256)
+    y, ty = cp.empty_like(x), torch.empty_like(tx)
+    copy_ms = median_ms(lambda: cp.cuda.runtime.memcpyAsync(y.data.ptr, x.data.ptr, x.nbytes,
+                                                            cp.cuda.runtime.memcpyDeviceToDevice,
+                                                            cp.cuda.get_current_stream().ptr))
+    torch_copy = median_ms(lambda: ty.copy_(tx))
+    row("device copy 64M f32", copy_ms, torch_copy, "GB/s", 8 * n)
+    a, ta = randn_pair(128)
+    b, tb = randn_pair(128)
+    ta4, tb4 = ta.view(1, -1, 1, 1), tb.view(1, -1, 1, 1)
+    fused = median_ms(lambda: GPU.affine_act(x, a, b, "silu", 1))
+    eager = median_ms(lambda: F.silu(tx * ta4 + tb4))
+    row("silu(x*a+b) 64M f32", fused, eager, "GB/s", 8 * n)
+    return 8 * n / (copy_ms * 1e-3) / 1e9
+
+
+def bench_rows() -> None:
+    x, tx = randn_pair(4096, 4096)
+    nbytes = 2 * x.nbytes
+    row("softmax 4096x4096", median_ms(lambda: GPU.softmax(x)),
+        median_ms(lambda: torch.softmax(tx, -1)), "GB/s", nbytes)
+    w, tw = randn_pair(4096)
+    b, tb = randn_pair(4096)
+    row("layer_norm 4096x4096", median_ms(lambda: GPU.layer_norm(x, w, b, 1, 1e-5)),
+        median_ms(lambda: F.layer_norm(tx, (4096,), tw, tb, 1e-5)), "GB/s", nbytes)
+    g, tg = randn_pair(8, 256, 64, 64)
+    gw, tgw = randn_pair(256)
+    gb, tgb = randn_pair(256)
+    row("group_norm [8,256,64,64] G=32", median_ms(lambda: GPU.group_norm(g, gw, gb, 32, 1e-5)),
+        median_ms(lambda: F.group_norm(tg, 32, tgw, tgb, 1e-5)), "GB/s", 2 * g.nbytes)
+    row("group_norm+silu [8,256,64,64]",
+        median_ms(lambda: GPU.group_norm(g, gw, gb, 32, 1e-5, "silu")),
+        median_ms(lambda: F.silu(F.group_norm(tg, 32, tgw, tgb, 1e-5))), "GB/s", 2 * g.nbytes)
+
+
+def bench_conv() -> None:
+    settings.set_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    x, tx = randn_pair(8, 128, 64, 64)
+    w, tw = randn_pair(128, 128, 3, 3)
+    g, tg = randn_pair(8, 128, 64, 64)
+    flops = 2 * 8 * 128 * 64 * 64 * 128 * 9
+    geo = ((1, 1), (1, 1), (1, 1), 1)
+    row("conv3x3 fwd TF32", median_ms(lambda: GPU.conv2d(x, w, *geo)),
+        median_ms(lambda: F.conv2d(tx, tw, padding=1)), "TFLOP/s", flops)
+
+    def tc_step():
+        GPU.conv2d(x, w, *geo)
+        GPU.conv2d_grad_input(g, w, x.shape, *geo)
+        GPU.conv2d_grad_weight(g, x, w.shape, *geo)
+
+    def torch_step():
+        F.conv2d(tx, tw, padding=1)
+        torch.ops.aten.convolution_backward(tg, tx, tw, None, [1, 1], [1, 1], [1, 1], False,
+                                            [0, 0], 1, [True, True, False])
+
+    row("conv3x3 fwd+bwd TF32", median_ms(tc_step), median_ms(torch_step), "TFLOP/s", 3 * flops)
+    settings.set_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def bench_matmul() -> None:
+    n = 4096
+    for dtype, label in ((np.float32, "fp32"), (np.float16, "fp16")):
+        a, ta = randn_pair(n, n, dtype=dtype)
+        b, tb = randn_pair(n, n, dtype=dtype)
+        row(f"matmul 4096^3 {label}", median_ms(lambda: GPU.matmul(a, b), iters=20),
+            median_ms(lambda: ta @ tb, iters=20), "TFLOP/s", 2 * n**3)
+
+
+def bench_launch() -> tuple[float, float]:
+    """Host microseconds per tiny op (1-element add), no synchronization inside."""
+    x, tx = randn_pair(1)
+    results = []
+    for fn in (lambda: GPU.binary("add", x, x), lambda: tx + tx):
+        for _ in range(200):
+            fn()
+        cp.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(5000):
+            fn()
+        results.append((time.perf_counter() - start) / 5000 * 1e6)
+        cp.cuda.Device().synchronize()
+    return results[0], results[1]
+
+
+def main() -> None:
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
+          f"CuPy {cp.__version__}, torch {torch.__version__}")
+    copy_bw = bench_copy_and_fused()
+    bench_rows()
+    bench_conv()
+    bench_matmul()
+    tc_us, torch_us = bench_launch()
+    fused_bw = ROWS[1][4]
+    print(f"\n{'work':32s} {'tc ms':>9s} {'torch ms':>9s} {'speed':>7s} "
+          f"{'tc':>9s} {'torch':>9s} unit")
+    for name, tms, pms, ratio, tv, pv, unit in ROWS:
+        print(f"{name:32s} {tms:9.4f} {pms:9.4f} {ratio:6.2f}x {tv:9.1f} {pv:9.1f} {unit}")
+    print(f"{'fused op / copy bandwidth':32s} {fused_bw / copy_bw * 100:.1f}%")
+    print(f"{'eager launch, host us per op':32s} tensorcore {tc_us:.2f}  torch {torch_us:.2f}")
+
+
+if __name__ == "__main__":
+    main()

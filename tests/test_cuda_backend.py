@@ -1,0 +1,343 @@
+"""The CuPy backend's RawKernels against the NumPy backend (float64 references).
+
+Awkward sizes on purpose: odd widths, size-1 dims, rows longer than 1024 columns
+(block-per-row paths), widths that are not a multiple of the 16-byte pack.  Also:
+a cuBLAS GEMM and a RawKernel captured in a CUDA graph and replayed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+from tensorcore.backends.cupy_backend import CupyBackend  # noqa: E402
+from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
+
+GPU, REF = CupyBackend(), NumpyBackend()
+RNG = np.random.default_rng(0)
+TOL = {np.float32: dict(rtol=2e-4, atol=2e-5), np.float64: dict(rtol=1e-9, atol=1e-11),
+       np.float16: dict(rtol=2e-2, atol=2e-3)}
+ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]
+
+
+def rand(*shape, scale=1.0):
+    return RNG.standard_normal(shape) * scale
+
+
+def on_gpu(a, dtype=np.float32):
+    return cp.asarray(np.asarray(a).astype(dtype))
+
+
+def check(got, want, dtype=np.float32):
+    got = cp.asnumpy(got).astype(np.float64)
+    np.testing.assert_allclose(got, np.asarray(want, dtype=np.float64), **TOL[dtype])
+
+
+# ----- elementwise ------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["neg", "abs", "sign", "exp", "log1p", "sqrt", "rsqrt", "sin",
+                                "cos", "tanh", "sigmoid", "relu", "erf", "gelu", "gelu_tanh",
+                                "silu", "softplus", "floor", "ceil", "round"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unary(op, dtype):
+    x = rand(3, 1, 517)
+    if op in ("log1p", "sqrt", "rsqrt"):
+        x = np.abs(x) + 0.1
+    check(GPU.unary(op, on_gpu(x, dtype)), REF.unary(op, x), dtype)
+
+
+def test_unary_half_and_unaligned_view():
+    x = rand(1001)
+    check(GPU.unary("silu", on_gpu(x, np.float16)), REF.unary("silu", x.astype(np.float16)),
+          np.float16)
+    g = on_gpu(x)[1:]  # 4-byte offset: not 16-byte aligned, scalar path
+    check(GPU.unary("exp", g), np.exp(x[1:]))
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "minimum", "pow"])
+@pytest.mark.parametrize("shapes", [((7, 33), (7, 33)), ((7, 33), (1,)), ((), (5, 3)),
+                                    ((4, 1, 5), (1, 3, 5)), ((2, 3, 1, 6, 1), (3, 5, 6, 7))])
+def test_binary_broadcast(op, shapes):
+    a, b = rand(*shapes[0]), rand(*shapes[1])
+    if op == "pow":
+        a = np.abs(a) + 0.5
+    check(GPU.binary(op, on_gpu(a), on_gpu(b)), REF.binary(op, a, b))
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("shape, axis", [((2, 5, 3, 3), 1), ((3, 1027), -1), ((8, 16, 4), 1)])
+def test_bias_act_and_backward(act, shape, axis):
+    x, g = rand(*shape), rand(*shape)
+    bias = rand(shape[axis])
+    check(GPU.bias_act(on_gpu(x), on_gpu(bias), act, axis), REF.bias_act(x, bias, act, axis))
+    dx, db = GPU.bias_act_backward(on_gpu(g), on_gpu(x), on_gpu(bias), act, axis)
+    rdx, rdb = REF.bias_act_backward(g, x, bias, act, axis)
+    check(dx, rdx)
+    check(db, rdb)
+    check(GPU.activation_grad(act, on_gpu(x), on_gpu(g)), REF.activation_grad(act, x, g))
+
+
+def test_affine_act():
+    x, a, b = rand(2, 6, 5, 8), rand(6), rand(6)
+    want = REF.bias_act(x * a.reshape(1, 6, 1, 1), b, "silu", 1)
+    check(GPU.affine_act(on_gpu(x), on_gpu(a), on_gpu(b), "silu", 1), want)
+
+
+# ----- reductions -------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("shape, axes", [((5, 3000), (1,)), ((300, 7), (0,)), ((4, 6, 33), (0, 2)),
+                                         ((1, 70001), None), ((3, 1, 5), (1,)), ((2, 3, 4), (0, 1)),
+                                         ((9, 5, 2, 3), (1, 3))])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reduce(op, shape, axes, keepdims):
+    x = rand(*shape)
+    got = GPU.reduce(op, on_gpu(x, np.float64), axes, keepdims)
+    want = REF.reduce(op, x, axes, keepdims)
+    assert got.shape == want.shape
+    check(got, want, np.float64)
+
+
+def test_reduce_half_accumulates_in_float():
+    x = np.abs(rand(4, 5000)).astype(np.float16)
+    check(GPU.reduce("sum", cp.asarray(x), (1,), False), x.astype(np.float64).sum(1), np.float16)
+
+
+# ----- softmax family ---------------------------------------------------------------
+@pytest.mark.parametrize("cols", [1, 7, 32, 1024, 1025, 3001])
+def test_softmax_family(cols):
+    x, g = rand(5, cols, scale=3.0), rand(5, cols)
+    for fwd, bwd in (("softmax", "softmax_backward"), ("log_softmax", "log_softmax_backward")):
+        y = getattr(GPU, fwd)(on_gpu(x))
+        ry = getattr(REF, fwd)(x)
+        check(y, ry)
+        check(getattr(GPU, bwd)(on_gpu(g), y), getattr(REF, bwd)(g, ry))
+
+
+@pytest.mark.parametrize("cols", [3, 1500])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy(cols, smoothing):
+    n = 9
+    x, target = rand(n, cols, scale=2.0), RNG.integers(0, cols, n)
+    target[2] = -100
+    gr = rand(n)
+    loss, logp = GPU.cross_entropy(on_gpu(x), cp.asarray(target), -100, smoothing)
+    rloss, rlogp = REF.cross_entropy(x, target, -100, smoothing)
+    check(loss, rloss)
+    check(logp, rlogp)
+    got = GPU.cross_entropy_backward(on_gpu(gr), logp, cp.asarray(target), -100, smoothing)
+    check(got, REF.cross_entropy_backward(gr, rlogp, target, -100, smoothing))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_attention(causal, with_mask):
+    q, k, v = rand(2, 3, 5, 8), rand(2, 3, 7, 8), rand(2, 3, 7, 6)
+    mask = np.where(RNG.random((1, 1, 5, 7)) < 0.2, -np.inf, 0.0) if with_mask else None
+    if mask is not None:
+        mask[..., 0] = 0.0  # every row keeps one key
+    out, probs = GPU.attention(on_gpu(q), on_gpu(k), on_gpu(v),
+                               None if mask is None else on_gpu(mask), causal, 0.3)
+    rout, rprobs = REF.attention(q, k, v, mask, causal, 0.3)
+    check(out, rout)
+    check(probs, rprobs)
+    g = rand(*rout.shape)
+    for got, want in zip(GPU.attention_backward(on_gpu(g), on_gpu(q), on_gpu(k), on_gpu(v),
+                                                probs, 0.3),
+                         REF.attention_backward(g, q, k, v, rprobs, 0.3)):
+        check(got, want)
+
+
+# ----- normalisation ----------------------------------------------------------------
+@pytest.mark.parametrize("shape, n_norm", [((6, 33), 1), ((3, 2, 1500), 1), ((4, 3, 5), 2),
+                                           ((1, 1), 1)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm(shape, n_norm, affine):
+    x, g = rand(*shape, scale=2.0) + 1.0, rand(*shape)
+    w = rand(*shape[-n_norm:]) if affine else None
+    b = rand(*shape[-n_norm:]) if affine else None
+    opt = (lambda a: None if a is None else on_gpu(a))
+    y, mean, rstd = GPU.layer_norm(on_gpu(x), opt(w), opt(b), n_norm, 1e-5)
+    ry, rmean, rrstd = REF.layer_norm(x, w, b, n_norm, 1e-5)
+    check(y, ry)
+    check(mean, rmean)
+    check(rstd, rrstd)
+    got = GPU.layer_norm_backward(on_gpu(g), on_gpu(x), opt(w), mean, rstd, n_norm)
+    want = REF.layer_norm_backward(g, x, w, rmean, rrstd, n_norm)
+    for a, b_ in zip(got, want):
+        assert (a is None) == (b_ is None)
+        if a is not None:
+            check(a, b_)
+
+
+@pytest.mark.parametrize("shape, groups", [((2, 6, 5, 3), 3), ((1, 8, 65, 63), 2),
+                                           ((3, 4, 1), 4), ((1, 32, 40, 40), 32)])
+@pytest.mark.parametrize("act", ["none", "silu"])
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm(shape, groups, act, affine):
+    x, g = rand(*shape) * 2 + 0.5, rand(*shape)
+    w = rand(shape[1]) if affine else None
+    b = rand(shape[1]) if affine else None
+    opt = (lambda a: None if a is None else on_gpu(a))
+    y, mean, rstd = GPU.group_norm(on_gpu(x), opt(w), opt(b), groups, 1e-5, act)
+    ry, rmean, rrstd = REF.group_norm(x, w, b, groups, 1e-5, act)
+    check(y, ry)
+    check(mean, rmean)
+    check(rstd, rrstd)
+    got = GPU.group_norm_backward(on_gpu(g), on_gpu(x), opt(w), opt(b), mean, rstd, groups, act)
+    want = REF.group_norm_backward(g, x, w, b, rmean, rrstd, groups, act)
+    for a, b_ in zip(got, want):
+        assert (a is None) == (b_ is None)
+        if a is not None:
+            check(a, b_)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (2, 5), (3, 2, 33, 1)])
+def test_batch_norm(training, shape):
+    x, g = rand(*shape) + 1.0, rand(*shape)
+    c = shape[1]
+    w, b = rand(c), rand(c)
+    rm, rv = rand(c), np.abs(rand(c)) + 0.5
+    grm, grv = on_gpu(rm), on_gpu(rv)
+    y, mean, rstd = GPU.batch_norm(on_gpu(x), on_gpu(w), on_gpu(b), grm, grv, training, 0.1, 1e-5)
+    ry, rmean, rrstd = REF.batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5)
+    check(y, ry)
+    check(mean, rmean)
+    check(rstd, rrstd)
+    check(grm, rm)
+    check(grv, rv)
+    got = GPU.batch_norm_backward(on_gpu(g), on_gpu(x), on_gpu(w), mean, rstd, training)
+    for a, b_ in zip(got, REF.batch_norm_backward(g, x, w, rmean, rrstd, training)):
+        check(a, b_)
+
+
+# ----- convolution (im2col + GEMM) ----------------------------------------------------
+@pytest.mark.parametrize("geom", [
+    ((2, 3, 9, 7), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ((1, 4, 10, 11), (6, 2, 3, 2), (2, 1), (1, 0), (1, 2), 2),
+    ((3, 5, 6, 6), (7, 5, 1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ((2, 4, 8, 8), (4, 1, 3, 3), (2, 2), (1, 1), (1, 1), 4),
+])
+def test_conv2d_and_grads(geom):
+    xs, ws, stride, padding, dilation, groups = geom
+    x, w = rand(*xs), rand(*ws)
+    y = GPU.conv2d(on_gpu(x), on_gpu(w), stride, padding, dilation, groups)
+    ry = REF.conv2d(x, w, stride, padding, dilation, groups)
+    check(y, ry)
+    g = rand(*ry.shape)
+    check(GPU.conv2d_grad_input(on_gpu(g), on_gpu(w), xs, stride, padding, dilation, groups),
+          REF.conv2d_grad_input(g, w, xs, stride, padding, dilation, groups))
+    check(GPU.conv2d_grad_weight(on_gpu(g), on_gpu(x), ws, stride, padding, dilation, groups),
+          REF.conv2d_grad_weight(g, x, ws, stride, padding, dilation, groups))
+
+
+# ----- pooling and resampling -------------------------------------------------------
+@pytest.mark.parametrize("kernel, stride, padding", [((2, 2), (2, 2), (0, 0)),
+                                                     ((3, 3), (2, 1), (1, 1)),
+                                                     ((3, 2), (1, 2), (1, 0))])
+def test_pooling(kernel, stride, padding):
+    x = rand(2, 3, 9, 8)
+    y, arg = GPU.max_pool2d(on_gpu(x), kernel, stride, padding)
+    ry, rarg = REF.max_pool2d(x, kernel, stride, padding)
+    check(y, ry)
+    np.testing.assert_array_equal(cp.asnumpy(arg), rarg)
+    g = rand(*ry.shape)
+    check(GPU.max_pool2d_backward(on_gpu(g), arg, x.shape),
+          REF.max_pool2d_backward(g, rarg, x.shape))
+    check(GPU.avg_pool2d(on_gpu(x), kernel, stride, padding),
+          REF.avg_pool2d(x, kernel, stride, padding))
+    check(GPU.avg_pool2d_backward(on_gpu(g), x.shape, kernel, stride, padding),
+          REF.avg_pool2d_backward(g, x.shape, kernel, stride, padding))
+
+
+@pytest.mark.parametrize("in_hw, out_hw", [((4, 5), (8, 10)), ((21, 7), (133, 3)), ((1, 3), (4, 4))])
+@pytest.mark.parametrize("align", [False, True])
+def test_upsample(in_hw, out_hw, align):
+    x = rand(2, 3, *in_hw)
+    g = rand(2, 3, *out_hw)
+    check(GPU.upsample_nearest2d(on_gpu(x), out_hw), REF.upsample_nearest2d(x, out_hw))
+    check(GPU.upsample_nearest2d_backward(on_gpu(g), x.shape),
+          REF.upsample_nearest2d_backward(g, x.shape))
+    check(GPU.upsample_bilinear2d(on_gpu(x), out_hw, align),
+          REF.upsample_bilinear2d(x, out_hw, align))
+    check(GPU.upsample_bilinear2d_backward(on_gpu(g), x.shape, align),
+          REF.upsample_bilinear2d_backward(g, x.shape, align))
+
+
+def test_embedding_backward():
+    idx = RNG.integers(0, 11, (4, 33))
+    g = rand(4, 33, 19)
+    check(GPU.embedding_backward(on_gpu(g), cp.asarray(idx), 11), REF.embedding_backward(g, idx, 11))
+
+
+# ----- matmul ----------------------------------------------------------------------------
+@pytest.mark.parametrize("sa, sb", [((33, 17), (17, 5)), ((3, 1, 7, 4), (2, 4, 9)), ((5,), (5, 3)),
+                                    ((4, 6), (6,)), ((2, 1, 3), (2, 3, 1025))])
+def test_matmul(sa, sb):
+    a, b = rand(*sa), rand(*sb)
+    check(GPU.matmul(on_gpu(a, np.float64), on_gpu(b, np.float64)), REF.matmul(a, b), np.float64)
+    check(GPU.matmul(on_gpu(a), on_gpu(b)), REF.matmul(a, b))
+
+
+def test_matmul_transposed_views_and_half():
+    a, b = rand(40, 24), rand(56, 40)
+    got = GPU.matmul(on_gpu(a).T, on_gpu(b).T)  # both stored transposed: no copy
+    check(got, a.T @ b.T)
+    h = GPU.matmul(on_gpu(a, np.float16).T, on_gpu(b, np.float16).T)
+    assert h.dtype == np.float16
+    check(h, a.astype(np.float16).astype(np.float64).T @ b.astype(np.float16).astype(np.float64).T,
+          np.float16)
+
+
+# ----- RNG -----------------------------------------------------------------------------
+def test_rng_moments_and_advance():
+    gen = GPU.rng(123)
+    u1 = cp.asnumpy(GPU.uniform(gen, (1001, 999), -1.0, 3.0, np.float32))
+    u2 = cp.asnumpy(GPU.uniform(gen, (1001, 999), -1.0, 3.0, np.float32))
+    assert u1.min() >= -1.0 and u1.max() < 3.0 and abs(u1.mean() - 1.0) < 0.01
+    assert not np.array_equal(u1, u2)
+    z = cp.asnumpy(GPU.normal(GPU.rng(7), (2_000_001,), 2.0, 0.5, np.float64))
+    assert abs(z.mean() - 2.0) < 2e-3 and abs(z.std() - 0.5) < 2e-3
+    assert np.array_equal(z, cp.asnumpy(GPU.normal(GPU.rng(7), (2_000_001,), 2.0, 0.5, np.float64)))
+    i = cp.asnumpy(GPU.integers(GPU.rng(1), (10_000,), -3, 4, np.int32))
+    assert i.dtype == np.int32 and set(np.unique(i)) == set(range(-3, 4))
+
+
+# ----- CUDA graph capture of cuBLAS GEMM + RawKernels --------------------------------------
+def test_graph_capture_gemm_and_rawkernel_replays():
+    a, b = on_gpu(rand(129, 65)), on_gpu(rand(65, 257))
+    bias = on_gpu(rand(257))
+    gen = GPU.rng(5)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        GPU.bias_act(GPU.matmul(a, b), bias, "silu", 1)  # warm: compile, handle, pool
+        GPU.uniform(gen, (16,), 0.0, 1.0, np.float32)
+        stream.synchronize()
+        stream.begin_capture()
+        y = GPU.bias_act(GPU.matmul(a, b), bias, "silu", 1)
+        noise = GPU.uniform(gen, (16,), 0.0, 1.0, np.float32)
+        graph = stream.end_capture()
+        draws = []
+        for _ in range(2):
+            a[...] = on_gpu(rand(129, 65))
+            graph.launch(stream)
+            stream.synchronize()
+            want = REF.bias_act(cp.asnumpy(a).astype(np.float64) @ cp.asnumpy(b), cp.asnumpy(bias),
+                                "silu", 1)
+            check(y, want)
+            draws.append(cp.asnumpy(noise).copy())
+    assert not np.array_equal(draws[0], draws[1])  # RNG advances on every replay
+
+
+def test_memory_helpers():
+    from tensorcore import cuda
+
+    assert cuda.is_available()
+    before = cuda.memory_allocated()
+    x = cp.empty(1 << 20, dtype=np.float32)
+    assert cuda.memory_allocated() >= before + x.nbytes
+    del x
+    cuda.empty_cache()
+    assert cuda.memory_allocated() == before
