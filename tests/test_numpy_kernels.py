@@ -454,6 +454,15 @@ def test_upsample_matches_torch_on_many_sizes():
                                        xt.grad.numpy(), atol=1e-12)
 
 
+@needs_torch
+def test_upsample_nearest2d_rounds_like_torch_in_float32():
+    # e.g. 21 -> 133 rows: float32 puts output row 95 on input row 14, not the exact 15
+    for h, ho in itertools.product(range(1, 26), range(1, 140)):
+        x = np.arange(h, dtype=np.float32).reshape(1, 1, h, 1)
+        ref = F.interpolate(torch.from_numpy(x), size=(ho, 1), mode="nearest").numpy()
+        np.testing.assert_array_equal(k.upsample_nearest2d(x, (ho, 1)), ref)
+
+
 def test_upsample_keeps_float32():
     x = np.ones((1, 1, 3, 3), dtype=np.float32)
     assert k.upsample_nearest2d(x, (6, 6)).dtype == np.float32
@@ -729,3 +738,67 @@ def test_embedding_backward_accumulates_repeated_indices():
     np.testing.assert_allclose(out, ref, rtol=1e-6)
     with pytest.raises(ValueError, match="embedding_backward"):
         k.embedding_backward(g, idx[:, :2], 5)
+
+
+# ----- the same kernels on CuPy ---------------------------------------------------------
+def run_every_kernel(kern, to) -> dict[str, np.ndarray]:
+    """Call every kernel once on fixed float64 data moved with ``to``; the results come
+    back as NumPy arrays keyed by name."""
+    rng = np.random.default_rng(21)
+    x, w = to(rand(rng, 2, 4, 7, 6)), to(rand(rng, 6, 2, 3, 3))
+    geom = ((2, 1), (1, 1), (1, 2), 2)
+    y = kern.conv2d(x, w, *geom)
+    pooled, argmax = kern.max_pool2d(x, (3, 3), (2, 2), (1, 1))
+    logits, target = to(rand(rng, 5, 4)), to(np.array([0, 3, -100, 1, 2]))
+    loss, logp = kern.cross_entropy(logits, target, -100, 0.1)
+    c4 = to(rand(rng, 4))
+    gn, gmean, grstd = kern.group_norm(x, c4, c4, 2, 1e-5, "gelu")
+    ln, lmean, lrstd = kern.layer_norm(x, None, None, 2, 1e-5)
+    bn, bmean, brstd = kern.batch_norm(x, c4, c4, to(np.zeros(4)), to(np.ones(4)), True,
+                                       0.1, 1e-5)
+    q = to(rand(rng, 1, 2, 3, 4))
+    att, probs = kern.attention(q, q, q, None, True, 0.5)
+    nearest = kern.upsample_nearest2d(x, (13, 9))
+    return {name: np.asarray(a.get() if hasattr(a, "get") else a) for name, a in {
+        "conv": y,
+        "conv_dx": kern.conv2d_grad_input(y, w, x.shape, *geom),
+        "conv_dw": kern.conv2d_grad_weight(y, x, w.shape, *geom),
+        "max_pool": pooled, "argmax": argmax,
+        "max_pool_dx": kern.max_pool2d_backward(pooled, argmax, x.shape),
+        "avg_pool": kern.avg_pool2d(x, (2, 2), (2, 2), (1, 0)),
+        "avg_pool_dx": kern.avg_pool2d_backward(pooled, x.shape, (3, 3), (2, 2), (1, 1)),
+        "nearest": nearest, "nearest_dx": kern.upsample_nearest2d_backward(nearest, x.shape),
+        "bilinear": kern.upsample_bilinear2d(x, (5, 11), False),
+        "bilinear_dx": kern.upsample_bilinear2d_backward(nearest, x.shape, True),
+        "softmax": kern.softmax(x), "log_softmax_dx": kern.log_softmax_backward(x, x),
+        "ce": loss, "ce_dx": kern.cross_entropy_backward(loss, logp, target, -100, 0.1),
+        "group_norm": gn,
+        "group_norm_dx": kern.group_norm_backward(x, x, c4, c4, gmean, grstd, 2, "gelu")[0],
+        "layer_norm": ln,
+        "layer_norm_dx": kern.layer_norm_backward(x, x, None, lmean, lrstd, 2)[0],
+        "batch_norm": bn,
+        "batch_norm_dx": kern.batch_norm_backward(x, x, c4, bmean, brstd, True)[0],
+        "bias_act": kern.bias_act(x, c4, "silu", 1),
+        "bias_act_db": kern.bias_act_backward(x, x, c4, "gelu_tanh", 1)[1],
+        "attention": att, "attention_dq": kern.attention_backward(att, q, q, q, probs, 0.5)[0],
+        "embedding_dx": kern.embedding_backward(to(rand(rng, 2, 3, 4)),
+                                                to(np.array([[1, 0, 1], [4, 1, 0]])), 5),
+    }.items()}
+
+
+@pytest.mark.gpu
+def test_every_kernel_runs_on_cupy_like_on_numpy():
+    cp = pytest.importorskip("cupy")
+    try:
+        cp.cuda.runtime.getDeviceCount()
+    except cp.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+
+    class CupyK(NumpyNNKernels):
+        xp = cp
+
+    on_cpu = run_every_kernel(k, lambda a: a)
+    on_gpu = run_every_kernel(CupyK(), cp.asarray)
+    for name, expected in on_cpu.items():
+        np.testing.assert_allclose(on_gpu[name], expected, rtol=1e-10, atol=1e-12,
+                                   err_msg=name)

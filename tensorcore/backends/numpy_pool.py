@@ -60,16 +60,18 @@ class NumpyPoolKernels:
         best = xp.full((n, c, ho, wo), -xp.inf, dtype=x.dtype)
         first_inside = (xp.maximum(xp.arange(ho) * sh - ph, 0)[:, None] * w
                         + xp.maximum(xp.arange(wo) * sw - pw, 0)[None, :])
-        argmax = xp.broadcast_to(first_inside.astype(xp.int64), best.shape)
+        argmax = xp.empty(best.shape, dtype=xp.int64)
+        argmax[...] = first_inside
         for i in range(kernel[0]):
             rows = window_slice(i, 1, sh, ho)
             for j in range(kernel[1]):
                 v = xpad[:, :, rows, window_slice(j, 1, sw, wo)]
-                take = (v > best) | xp.isnan(v)
-                best = xp.where(take, v, best)
+                take = v > best
+                take |= xp.isnan(v)
+                xp.copyto(best, v, where=take)
                 tap = self._tap_plane_index((ho, wo), stride, padding, (i, j), w)
-                argmax = xp.where(take, tap, argmax)
-        return best, xp.ascontiguousarray(argmax)
+                xp.copyto(argmax, xp.broadcast_to(tap, argmax.shape), where=take)
+        return best, argmax
 
     def max_pool2d_backward(self, grad: Array, argmax: Array, x_shape: Shape) -> Array:
         """Route each output gradient to the input position its argmax names.

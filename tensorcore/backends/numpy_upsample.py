@@ -29,8 +29,11 @@ class NumpyUpsampleKernels:
     xp: Any
 
     def _nearest_source(self, in_size: int, out_size: int) -> Array:
-        """Input index read by each output index: min(floor(d * in/out), in - 1),
-        evaluated in float32 exactly as PyTorch does, so rounding agrees too."""
+        """Input index read by each output index: min(floor(d * in/out), in - 1).
+
+        Evaluated in float32 like PyTorch's ``nearest_idx``, so rounding agrees too
+        (95 * 21/133 gives 14 there, not the exact 15).
+        """
         xp = self.xp
         scale = xp.float32(in_size) / xp.float32(out_size)
         src = xp.floor(xp.arange(out_size, dtype=xp.float32) * scale).astype(xp.int64)
@@ -75,8 +78,10 @@ class NumpyUpsampleKernels:
         """Sum the gradients of every output that copied a given input."""
         _check_image("upsample_nearest2d_backward", x_shape)
         ho, wo = grad.shape[2], grad.shape[3]
-        a_h = self._one_hot(self._nearest_source(x_shape[2], ho), x_shape[2], grad.dtype)
-        a_w = self._one_hot(self._nearest_source(x_shape[3], wo), x_shape[3], grad.dtype)
+        rows = self._nearest_source(x_shape[2], ho)
+        cols = self._nearest_source(x_shape[3], wo)
+        a_h = self._one_hot(rows, x_shape[2], grad.dtype)
+        a_w = self._one_hot(cols, x_shape[3], grad.dtype)
         return self._apply_separable(a_h.T, grad, a_w.T)
 
     def upsample_bilinear2d(self, x: Array, out_hw: Pair, align_corners: bool) -> Array:

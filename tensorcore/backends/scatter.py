@@ -1,8 +1,8 @@
 """Scatter-add (``dst[index] += values`` with repeated indices accumulated) for NumPy
 and CuPy.
 
-NumPy spells it ``numpy.add.at``; CuPy's ufuncs have no ``at`` and use
-``cupyx.scatter_add`` instead.  This is the one place that tells them apart.
+NumPy and CuPy 13+ spell it ``add.at``; older CuPy only has ``cupyx.scatter_add``
+(deprecated since).  This is the one place that tells them apart.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ Array = Any
 
 def scatter_add(xp: Any, dst: Array, index: Any, values: Array) -> None:
     """In place: ``dst[index] += values``, accumulating where ``index`` repeats."""
-    if xp.__name__ == "cupy":
-        import cupyx
+    add_at = getattr(xp.add, "at", None)
+    if add_at is not None:
+        add_at(dst, index, values)
+        return
+    import cupyx
 
-        cupyx.scatter_add(dst, index, values)
-    else:
-        xp.add.at(dst, index, values)
+    cupyx.scatter_add(dst, index, values)
