@@ -1,0 +1,378 @@
+"""Module: the base class of every layer.
+
+A Module owns parameters, buffers and submodules, registered by plain attribute
+assignment (``self.weight = Parameter(...)``, ``self.block = Linear(...)``).  It knows
+how to walk that tree (``named_parameters``, ``named_modules`` ...), how to export and
+import its values (``state_dict`` / ``load_state_dict``, ``save`` / ``load``), and it
+counts structural changes in ``structure_version`` so a compiled plan keyed on it is
+rebuilt when a parameter or a submodule is added, removed or replaced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
+
+import tensorcore as tc
+from tensorcore import Tensor
+
+from . import serialization
+from .parameter import Parameter
+
+_version_counter = itertools.count(1)
+_version_lock = threading.Lock()
+
+
+def _next_version() -> int:
+    with _version_lock:
+        return next(_version_counter)
+
+
+class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict(strict=False)`` skipped."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+class Module:
+    """Base class of layers; subclasses set attributes in ``__init__`` and define ``forward``."""
+
+    training: bool
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_parents", weakref.WeakSet())
+        object.__setattr__(self, "_version", _next_version())
+        object.__setattr__(self, "training", True)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{type(self).__name__} defines no forward()")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    # ----- structure version -----------------------------------------------------------
+    @property
+    def structure_version(self) -> int:
+        """Changes whenever a parameter, buffer or submodule anywhere in this tree is
+        added, removed or replaced (values changing in place do not count)."""
+        return self._version
+
+    def _structure_changed(self) -> None:
+        """Give this module and every module containing it a new, never-seen version."""
+        version = _next_version()
+        pending, seen = [self], set()
+        while pending:
+            module = pending.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            object.__setattr__(module, "_version", version)
+            pending.extend(module._parents)
+
+    # ----- registration ----------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_parameters" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning {name!r}")
+        if isinstance(value, Parameter):
+            self._register("_parameters", name, value)
+        elif isinstance(value, Module):
+            self._register("_modules", name, value)
+        elif name in self._buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"{type(self).__name__}.{name} is a buffer; assign a Tensor or None, got {type(value).__name__}")
+            self._register("_buffers", name, value)
+        elif name in self._parameters or name in self._modules:
+            if value is not None:
+                kind = "parameter" if name in self._parameters else "submodule"
+                raise TypeError(f"{type(self).__name__}.{name} is a {kind}; assign a {'Parameter' if kind == 'parameter' else 'Module'} or None, got {type(value).__name__}")
+            self._register("_parameters" if name in self._parameters else "_modules", name, None)
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        for store in ("_parameters", "_buffers", "_modules"):
+            values = self.__dict__.get(store)
+            if values is not None and name in values:
+                return values[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        for store in ("_parameters", "_buffers", "_modules"):
+            values = self.__dict__[store]
+            if name in values:
+                self._unlink(values.pop(name))
+                self._non_persistent.discard(name)
+                self._structure_changed()
+                return
+        object.__delattr__(self, name)
+
+    def _register(self, store: str, name: str, value: Any) -> None:
+        """Put ``value`` under ``name`` in one store, dropping it from the others."""
+        if "." in name or not name:
+            raise ValueError(f"{type(self).__name__}: invalid attribute name {name!r}")
+        values = self.__dict__[store]
+        if name in values and values[name] is value:
+            return
+        replaced = [self.__dict__[other].pop(name) for other in ("_parameters", "_buffers", "_modules")
+                    if other != store and name in self.__dict__[other]]
+        replaced.append(values.get(name))
+        self.__dict__.pop(name, None)
+        values[name] = value  # a replacement keeps its place in the order
+        if isinstance(value, Module):
+            value._parents.add(self)
+        for old in replaced:
+            self._unlink(old)
+        self._structure_changed()
+
+    def _unlink(self, old: Any) -> None:
+        """Forget being ``old``'s parent unless it is still registered under another name."""
+        if isinstance(old, Module) and not any(m is old for m in self._modules.values()):
+            old._parents.discard(self)
+
+    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        """A tensor that belongs to the module's state but is not trained (e.g. running stats).
+
+        Non-persistent buffers move with ``to()`` but are left out of ``state_dict``.
+        """
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"register_buffer: {name!r} must be a Tensor or None, got {type(tensor).__name__}")
+        if name in self._parameters or name in self._modules:
+            raise KeyError(f"register_buffer: {name!r} is already a parameter or submodule")
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+        self._register("_buffers", name, tensor)
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"register_parameter: {name!r} must be a Parameter or None, got {type(param).__name__}")
+        self._register("_parameters", name, param)
+
+    def add_module(self, name: str, module: "Module | None") -> None:
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"add_module: {name!r} must be a Module or None, got {type(module).__name__}")
+        self._register("_modules", name, module)
+
+    # ----- walking the tree ------------------------------------------------------------
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        """(dotted name, module) for this module and every descendant, each once."""
+        seen: set[int] = set()
+        stack: list[tuple[str, Module]] = [(prefix, self)]
+        while stack:
+            name, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            yield name, module
+            children = [(f"{name}.{child_name}" if name else child_name, child)
+                        for child_name, child in module._modules.items() if child is not None]
+            stack.extend(reversed(children))
+
+    def modules(self) -> Iterator["Module"]:
+        return (module for _, module in self.named_modules())
+
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        return ((name, m) for name, m in self._modules.items() if m is not None)
+
+    def children(self) -> Iterator["Module"]:
+        return (m for _, m in self.named_children())
+
+    def _named_members(self, store: str, prefix: str, recurse: bool) -> Iterator[tuple[str, Any]]:
+        seen: set[int] = set()
+        modules = self.named_modules(prefix) if recurse else iter([(prefix, self)])
+        for module_name, module in modules:
+            for name, value in module.__dict__[store].items():
+                if value is None or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                yield (f"{module_name}.{name}" if module_name else name), value
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
+        return self._named_members("_parameters", prefix, recurse)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        return (p for _, p in self.named_parameters(recurse=recurse))
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
+        return self._named_members("_buffers", prefix, recurse)
+
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        return (b for _, b in self.named_buffers(recurse=recurse))
+
+    def apply(self, fn: Callable[["Module"], None]) -> "Module":
+        """Call ``fn`` on every submodule (children first) and then on self."""
+        for module in reversed(list(self.modules())):
+            fn(module)
+        return self
+
+    # ----- modes and gradients ---------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        for module in self.modules():
+            object.__setattr__(module, "training", bool(mode))
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.parameters():
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                with tc.no_grad():
+                    p.grad.zero_()
+
+    # ----- device and dtype ------------------------------------------------------------
+    def to(self, device: Any = None, dtype: Any = None) -> "Module":
+        """Move every parameter and buffer to ``device`` and/or cast floating ones to ``dtype``.
+
+        Parameters keep their identity (their data is swapped), so references held
+        elsewhere stay valid.  ``to(tc.float64)`` is accepted as a dtype-only call.
+        """
+        if device is not None and not isinstance(device, str):
+            device, dtype = None, device
+        moved = False
+        for module in self.modules():
+            for name, p in module._parameters.items():
+                if p is not None:
+                    moved |= _move_parameter(p, device, dtype)
+            for name, b in module._buffers.items():
+                if b is not None:
+                    new = _moved(b, device, dtype)
+                    if new is not b:
+                        module._buffers[name] = new
+                        moved = True
+        if moved:
+            self._structure_changed()
+        return self
+
+    def cpu(self) -> "Module": return self.to("cpu")
+    def cuda(self) -> "Module": return self.to("cuda")
+    def float(self) -> "Module": return self.to(dtype=tc.float32)
+    def double(self) -> "Module": return self.to(dtype=tc.float64)
+    def half(self) -> "Module": return self.to(dtype=tc.float16)
+
+    # ----- state -----------------------------------------------------------------------
+    def state_dict(self) -> "OrderedDict[str, Tensor]":
+        """Every parameter and persistent buffer by dotted name, detached (sharing memory)."""
+        state: OrderedDict[str, Tensor] = OrderedDict()
+        for module_name, module in self.named_modules():
+            dot = f"{module_name}." if module_name else ""
+            for name, p in module._parameters.items():
+                if p is not None:
+                    state[dot + name] = p.detach()
+            for name, b in module._buffers.items():
+                if b is not None and name not in module._non_persistent:
+                    state[dot + name] = b.detach()
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> IncompatibleKeys:
+        """Copy values into the parameters and buffers, in place and all or nothing.
+
+        Values may be Tensors or array-likes and are cast to each target's dtype.
+        With ``strict``, missing and unexpected keys raise; a wrong shape always raises.
+        Every check runs before the first copy, so a failure leaves the module as it was.
+        """
+        targets = self.state_dict()
+        missing = [k for k in targets if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in targets]
+        problems = []
+        if strict and missing:
+            problems.append(f"missing keys: {', '.join(missing)}")
+        if strict and unexpected:
+            problems.append(f"unexpected keys: {', '.join(unexpected)}")
+        staged: list[tuple[Tensor, Tensor]] = []
+        wrong_shape = []
+        for key, target in targets.items():
+            if key not in state_dict:
+                continue
+            value = _as_tensor(state_dict[key], target, key)
+            if value.shape != target.shape:
+                wrong_shape.append(f"{key} (expected {target.shape}, got {value.shape})")
+                continue
+            staged.append((target, value.to(target.device, dtype=target.dtype)))
+        if wrong_shape:
+            problems.append(f"wrong shapes: {', '.join(wrong_shape)}")
+        if problems:
+            raise ValueError(f"load_state_dict for {type(self).__name__}: " + "; ".join(problems))
+        with tc.no_grad():
+            for target, value in staged:
+                target.copy_(value)
+        return IncompatibleKeys(missing, unexpected)
+
+    def save(self, path: str) -> None:
+        """Write ``state_dict()`` to ``path`` as safetensors, atomically (all or nothing)."""
+        serialization.save_file({k: v.numpy() for k, v in self.state_dict().items()}, path)
+
+    def load(self, path: str, strict: bool = True) -> IncompatibleKeys:
+        """Load a safetensors file written by ``save`` (or by torch/safetensors)."""
+        return self.load_state_dict(serialization.load_file(path), strict=strict)
+
+    # ----- printing --------------------------------------------------------------------
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"({name}): " + repr(child).replace("\n", "\n  ") for name, child in self.named_children()]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        if not lines:
+            return head + ")"
+        return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_parents"]  # weak links are rebuilt by the containing module
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_parents", weakref.WeakSet())
+        for child in self._modules.values():
+            if child is not None:
+                child._parents.add(self)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
+
+
+def _moved(t: Tensor, device: str | None, dtype: Any) -> Tensor:
+    """``t`` on ``device`` with floating values cast to ``dtype`` (``t`` itself if unchanged)."""
+    cast = dtype if dtype is not None and t.dtype.kind == "f" and tc.dtypes.as_dtype(dtype) != t.dtype else None
+    if device in (None, t.device) and cast is None:
+        return t
+    return t.detach().to(device, dtype=cast)
+
+
+def _move_parameter(p: Parameter, device: str | None, dtype: Any) -> bool:
+    new = _moved(p, device, dtype)
+    if new is p:
+        return False
+    p.data, p.device = new.data, new.device
+    if p.grad is not None:
+        p.grad = _moved(p.grad, device, dtype)
+    return True
+
+
+def _as_tensor(value: Any, like: Tensor, key: str) -> Tensor:
+    if isinstance(value, Tensor):
+        return value.detach()
+    try:
+        return tc.tensor(value, device="cpu", dtype=like.dtype)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"load_state_dict: value for {key!r} is not array-like ({type(value).__name__})") from exc
