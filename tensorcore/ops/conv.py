@@ -6,6 +6,7 @@ from typing import Any
 
 from ..autograd import Function
 from ..tensor import Tensor
+from .movement import pad
 
 Pair = tuple[int, int]
 
@@ -98,6 +99,11 @@ def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
     if bias is not None and bias.shape != (cout_g * groups,):
         raise ValueError(f"{op}: bias must have shape ({cout_g * groups},), got {bias.shape}")
     out_shape = (x.shape[0], cout_g * groups) + out_hw
+    # output_padding >= stride (allowed when the dilation is larger) makes conv2d of the output
+    # longer than x; its adjoint then takes x zero-padded to that length
+    extra_h, extra_w = (o // s for o, s in zip(output_padding, stride))
+    if extra_h or extra_w:
+        x = pad(x, (0, extra_w, 0, extra_h))
     return ConvTranspose2d.apply(x, weight, bias, out_shape, stride, padding, dilation, groups)
 
 
