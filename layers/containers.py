@@ -38,6 +38,14 @@ class Sequential(Module):
             return Sequential(OrderedDict(items[index]))
         return items[_checked_index(index, len(items), "Sequential")][1]
 
+    def __setitem__(self, index: int, module: Module) -> None:
+        names = list(self._modules)
+        self.add_module(names[_checked_index(index, len(names), "Sequential")], module)
+
+    def __delitem__(self, index: int) -> None:
+        names = list(self._modules)
+        delattr(self, names[_checked_index(index, len(names), "Sequential")])
+
     def __len__(self) -> int:
         return len(self._modules)
 

@@ -20,7 +20,7 @@ from safetensors.numpy import save as _encode
 def save_file(arrays: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
     """Write ``arrays`` (name -> host array) to ``path`` atomically."""
     path = os.fspath(path)
-    payload = _encode({name: np.ascontiguousarray(a) for name, a in arrays.items()})
+    payload = _encode({name: a if a.flags.c_contiguous else np.copy(a, order="C") for name, a in arrays.items()})
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=directory)
     try:
