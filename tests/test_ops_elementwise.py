@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 import tensorcore as tc
 import tensorcore.functional as F
+import nn_reference as ref
 from op_harness import broadcast_shapes, check_op, load_torch, shapes
 
 torch = load_torch()
@@ -107,22 +107,6 @@ def test_clip(backend, data, bounds):
              torch_op=lambda x: torch.clamp(x, lo, hi))
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf, otypes=[np.float64])(x)
-
-
-def _np_gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
-
-
-def _np_gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def _np_sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-x))
-
-
 # name: (tensorcore op, float64 reference, torch op, value range)
 UNARY = {
     "neg": (lambda x: -x, np.negative, lambda x: -x, (-2, 2)),
@@ -135,16 +119,16 @@ UNARY = {
     "sin": (tc.sin, np.sin, lambda x: torch.sin(x), (-3, 3)),
     "cos": (tc.cos, np.cos, lambda x: torch.cos(x), (-3, 3)),
     "tanh": (tc.tanh, np.tanh, lambda x: torch.tanh(x), (-3, 3)),
-    "sigmoid": (tc.sigmoid, _np_sigmoid, lambda x: torch.sigmoid(x), (-4, 4)),
+    "sigmoid": (tc.sigmoid, ref.sigmoid, lambda x: torch.sigmoid(x), (-4, 4)),
     "relu": (tc.relu, lambda x: np.maximum(x, 0), lambda x: torch.relu(x), (-2, 2)),
     "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), lambda x: np.where(x > 0, x, 0.1 * x),
                    lambda x: TF.leaky_relu(x, 0.1), (-2, 2)),
-    "gelu": (F.gelu, _np_gelu, lambda x: TF.gelu(x), (-3, 3)),
-    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), _np_gelu_tanh,
+    "gelu": (F.gelu, ref.ACTIVATIONS["gelu"], lambda x: TF.gelu(x), (-3, 3)),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), ref.ACTIVATIONS["gelu_tanh"],
                   lambda x: TF.gelu(x, approximate="tanh"), (-3, 3)),
-    "silu": (F.silu, lambda x: x * _np_sigmoid(x), lambda x: TF.silu(x), (-4, 4)),
+    "silu": (F.silu, lambda x: x * ref.sigmoid(x), lambda x: TF.silu(x), (-4, 4)),
     "softplus": (F.softplus, lambda x: np.log1p(np.exp(x)), lambda x: TF.softplus(x), (-4, 4)),
-    "erf": (tc.ops.erf, _erf, lambda x: torch.erf(x), (-2.5, 2.5)),
+    "erf": (tc.ops.erf, ref.erf, lambda x: torch.erf(x), (-2.5, 2.5)),
 }
 
 
