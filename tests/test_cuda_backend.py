@@ -172,7 +172,7 @@ def test_layer_norm(shape, n_norm, affine):
 
 
 @pytest.mark.parametrize("shape, groups", [((2, 6, 5, 3), 3), ((1, 8, 65, 63), 2),
-                                           ((3, 4, 1), 4), ((1, 32, 40, 40), 32)])
+                                           ((3, 8, 1), 4), ((1, 32, 40, 40), 32)])
 @pytest.mark.parametrize("act", ["none", "silu"])
 @pytest.mark.parametrize("affine", [True, False])
 def test_group_norm(shape, groups, act, affine):

@@ -61,16 +61,13 @@ class CupyElementwiseKernels:
         return out
 
     def binary(self, op: str, a, b):
-        if op not in BINARY_OPS or not has_kernels(a, b):
+        code = BINARY_OPS.get(op)
+        if code is None or not has_kernels(a, b):
             return super().binary(op, a, b)
-        shape = numpy.broadcast_shapes(a.shape, b.shape)
-        code = BINARY_OPS[op]
+        shape = a.shape if a.shape == b.shape else numpy.broadcast_shapes(a.shape, b.shape)
         out = cupy.empty(shape, dtype=a.dtype)
         n = out.size
-        if n == 0:
-            return out
-        same = a.shape == b.shape == shape
-        if same and a.flags.c_contiguous and b.flags.c_contiguous:
+        if a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous:
             if aligned(a, b, out):
                 launch(EW, "binary_vec_kernel", a.dtype, _packed_work(n, True, a.dtype),
                        (a, b, out, n, code))

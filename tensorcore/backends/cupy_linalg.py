@@ -16,7 +16,7 @@ import numpy
 
 from . import cublas
 from .cuda_loader import kernel, launch
-from .cupy_util import contiguous, has_kernels, ptr, row_launch
+from .cupy_util import INT32_LIMIT, contiguous, has_kernels, ptr, row_launch
 
 CONV = "im2col.cu"
 SOFTMAX = "softmax.cu"
@@ -87,8 +87,14 @@ class CupyLinalgKernels:
         return out
 
     # ----- convolution -------------------------------------------------------------
-    def _conv_ok(self, *arrays) -> bool:
-        return has_kernels(*arrays) and cublas.supports(arrays[0].dtype)
+    def _conv_ok(self, x_shape, w_shape, *arrays) -> bool:
+        """Kernels and cuBLAS cover the dtype, and the im2col / col2im thread counts
+        (N * C * max(H*W, Ho*Wo), bounded by the padded image) fit 32-bit indices."""
+        n, c, h, w = (tuple(x_shape) + (1, 1, 1, 1))[:4]
+        kh, kw = (tuple(w_shape) + (1, 1, 1, 1))[2:4]
+        padded = n * c * (h + 2 * kh) * (w + 2 * kw)
+        return (has_kernels(*arrays) and cublas.supports(arrays[0].dtype)
+                and padded <= INT32_LIMIT)
 
     @staticmethod
     def _is_pointwise(w_shape, stride, padding, dilation) -> bool:
@@ -108,7 +114,7 @@ class CupyLinalgKernels:
         return col
 
     def conv2d(self, x, w, stride, padding, dilation, groups):
-        if not self._conv_ok(x, w):
+        if not self._conv_ok(x.shape, w.shape, x, w):
             return super().conv2d(x, w, stride, padding, dilation, groups)
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
         x, w = contiguous(x), contiguous(w)
@@ -123,7 +129,7 @@ class CupyLinalgKernels:
         return out
 
     def conv2d_grad_input(self, grad, w, x_shape, stride, padding, dilation, groups):
-        if not self._conv_ok(grad, w):
+        if not self._conv_ok(x_shape, w.shape, grad, w):
             return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
         ho, wo = self._conv_geometry("conv2d_grad_input", x_shape, w.shape, stride, padding,
                                      dilation, groups)
@@ -145,7 +151,7 @@ class CupyLinalgKernels:
         return dx
 
     def conv2d_grad_weight(self, grad, x, w_shape, stride, padding, dilation, groups):
-        if not self._conv_ok(grad, x):
+        if not self._conv_ok(x.shape, w_shape, grad, x):
             return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
         ho, wo = self._conv_geometry("conv2d_grad_weight", x.shape, w_shape, stride, padding,
                                      dilation, groups)

@@ -19,9 +19,9 @@ def has_kernels(*arrays: Any) -> bool:
     kernels are instantiated for (and small enough for 32-bit channel arithmetic)."""
     first = arrays[0]
     for a in arrays:
-        if not isinstance(a, cupy.ndarray) or a.dtype != first.dtype:
+        if type(a) is not cupy.ndarray or a.dtype != first.dtype:
             return False
-    return (cuda_loader.supports(first.dtype) and 0 < first.size <= INT32_LIMIT)
+    return first.dtype.name in cuda_loader.C_TYPES and 0 < first.size <= INT32_LIMIT
 
 
 def contiguous(a: Any) -> Any:

@@ -228,3 +228,40 @@ template <typename H> __device__ __forceinline__ void atomic_add_16(H* p, float 
 }
 __device__ __forceinline__ void atomic_add_acc(half_t* p, float v) { atomic_add_16(p, v); }
 __device__ __forceinline__ void atomic_add_acc(bf16_t* p, float v) { atomic_add_16(p, v); }
+
+// ----- a row held in registers ----------------------------------------------------------
+// Rows up to tpr * ROW_PACKS packs are loaded once, all loads in flight together, and
+// every later pass over the row reads registers (indices are compile-time constants).
+#define ROW_PACKS 8
+
+template <typename T>
+__device__ __forceinline__ void load_row(const T* __restrict__ xr, long long npack, int t, int tpr,
+                                         Pack<T> (&buf)[ROW_PACKS]) {
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k)
+        if (t + (long long)k * tpr < npack) buf[k] = xp[t + (long long)k * tpr];
+}
+
+// Sum / max over each group of `tpr` consecutive threads (32, or the whole block);
+// `scratch` holds 32 values.
+template <typename A> __device__ __forceinline__ A group_sum_of(A v, int tpr, A* scratch) {
+    if (tpr == 32) return warp_sum(v);
+    return block_sum(v, scratch);
+}
+
+template <typename A> __device__ __forceinline__ A warp_max(A v) {
+    for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <typename A> __device__ __forceinline__ A group_max_of(A v, int tpr, A* scratch) {
+    v = warp_max(v);
+    if (tpr == 32) return v;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : neg_inf<A>();
+    return warp_max(v);
+}

@@ -5,8 +5,11 @@
 // Bound: memory.  Launch: 1-D grid-stride loops, 256 threads per block, grid capped
 // at a few blocks per SM (the host sizes it for the device's SM count).  When every
 // pointer is 16-byte aligned and `vec` is set, each thread moves whole 16-byte packs
-// (float4 for float32); the tail past the last whole pack is done element by element.
+// (float4 for float32), UNROLL packs loaded before any is used so enough bytes are in
+// flight; the tail past the last whole pack is done element by element.
 #include "common.cuh"
+
+#define UNROLL 4
 
 // Unary op codes, shared with cupy_backend.UNARY_OPS.
 enum Unary {
@@ -62,7 +65,6 @@ template <typename A> __device__ __forceinline__ A binary_op(int op, A a, A b) {
 template <typename T>
 __global__ void unary_kernel(const T* __restrict__ x, T* __restrict__ y, long long n,
                              long long op, long long vec) {
-    typedef acc_t<T> A;
     const int P = Pack<T>::N;
     long long stride = (long long)gridDim.x * blockDim.x;
     long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -71,11 +73,19 @@ __global__ void unary_kernel(const T* __restrict__ x, T* __restrict__ y, long lo
         long long npack = n / P;
         const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
         Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
-        for (long long i = start; i < npack; i += stride) {
-            Pack<T> p = xp[i];
+        for (long long base = start; base < npack; base += UNROLL * stride) {
+            Pack<T> p[UNROLL];
 #pragma unroll
-            for (int k = 0; k < P; ++k) p.v[k] = store_as<T>(unary_op((int)op, load_acc(p.v[k])));
-            yp[i] = p;
+            for (int u = 0; u < UNROLL; ++u)
+                if (base + u * stride < npack) p[u] = xp[base + u * stride];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (base + u * stride >= npack) break;
+#pragma unroll
+                for (int k = 0; k < P; ++k)
+                    p[u].v[k] = store_as<T>(unary_op((int)op, load_acc(p[u].v[k])));
+                yp[base + u * stride] = p[u];
+            }
         }
         done = npack * P;
     }
@@ -105,12 +115,22 @@ __global__ void binary_vec_kernel(const T* __restrict__ a, const T* __restrict__
     const Pack<T>* ap = reinterpret_cast<const Pack<T>*>(a);
     const Pack<T>* bp = reinterpret_cast<const Pack<T>*>(b);
     Pack<T>* op_ = reinterpret_cast<Pack<T>*>(out);
-    for (long long i = start; i < npack; i += stride) {
-        Pack<T> pa = ap[i], pb = bp[i];
+    for (long long base = start; base < npack; base += UNROLL * stride) {
+        Pack<T> pa[UNROLL], pb[UNROLL];
 #pragma unroll
-        for (int k = 0; k < P; ++k)
-            pa.v[k] = store_as<T>(binary_op((int)op, load_acc(pa.v[k]), load_acc(pb.v[k])));
-        op_[i] = pa;
+        for (int u = 0; u < UNROLL; ++u)
+            if (base + u * stride < npack) {
+                pa[u] = ap[base + u * stride];
+                pb[u] = bp[base + u * stride];
+            }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (base + u * stride >= npack) break;
+#pragma unroll
+            for (int k = 0; k < P; ++k)
+                pa[u].v[k] = store_as<T>(binary_op((int)op, load_acc(pa[u].v[k]), load_acc(pb[u].v[k])));
+            op_[base + u * stride] = pa[u];
+        }
     }
     for (long long i = npack * P + start; i < n; i += stride)
         out[i] = store_as<T>(binary_op((int)op, load_acc(a[i]), load_acc(b[i])));
@@ -154,15 +174,23 @@ __global__ void affine_act_kernel(const T* __restrict__ x, const T* __restrict__
         long long npack = n / P;
         const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
         Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
-        for (long long i = start; i < npack; i += stride) {
-            unsigned int c = (unsigned int)(((unsigned long long)(i * P) / uinner) % uC);
-            A s = scale ? load_acc(scale[c]) : (A)1;
-            A b = bias ? load_acc(bias[c]) : (A)0;
-            Pack<T> p = xp[i];
+        for (long long base = start; base < npack; base += UNROLL * stride) {
+            Pack<T> p[UNROLL];
 #pragma unroll
-            for (int k = 0; k < P; ++k)
-                p.v[k] = store_as<T>(act_fwd((int)act, load_acc(p.v[k]) * s + b));
-            yp[i] = p;
+            for (int u = 0; u < UNROLL; ++u)
+                if (base + u * stride < npack) p[u] = xp[base + u * stride];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                long long i = base + u * stride;
+                if (i >= npack) break;
+                unsigned int c = (unsigned int)(((unsigned long long)(i * P) / uinner) % uC);
+                A s = scale ? load_acc(scale[c]) : (A)1;
+                A b = bias ? load_acc(bias[c]) : (A)0;
+#pragma unroll
+                for (int k = 0; k < P; ++k)
+                    p[u].v[k] = store_as<T>(act_fwd((int)act, load_acc(p[u].v[k]) * s + b));
+                yp[i] = p[u];
+            }
         }
         done = npack * P;
     }

@@ -4,7 +4,8 @@
 // col layout per image: [C * kh * kw, OH * OW] (row = (c, ki, kj), column = (oy, ox)),
 // images stacked: col is [N, C * kh * kw, OH * OW].
 //
-// Bound: memory (col is kh*kw times the input).  Launch: 1-D grid-stride, 256 threads.
+// Bound: memory (col is kh*kw times the input).  Launch: 1-D grid-stride, 256 threads;
+// thread indices are decomposed with 32-bit arithmetic (the host keeps them < 2^32).
 //   im2col_kernel: one thread per (n, c, oy, ox); it loops over the kh*kw taps, so the
 //     index arithmetic is done once per kh*kw stores; consecutive threads write
 //     consecutive ox (coalesced).
@@ -20,11 +21,13 @@ __global__ void im2col_kernel(const T* __restrict__ x, T* __restrict__ col, long
     long long total = N * C * OH * OW;
     long long stride = (long long)gridDim.x * blockDim.x;
     long long ohw = OH * OW, taps = kh * kw;
+    unsigned int uOW = (unsigned int)OW, uOH = (unsigned int)OH, uC = (unsigned int)C;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long ox = i % OW, r = i / OW;
-        long long oy = r % OH;
-        r /= OH;  // r = n * C + c
-        long long n = r / C, c = r - n * C;
+        unsigned int ui = (unsigned int)i;  // the host keeps total below 2^32
+        long long ox = ui % uOW, r = ui / uOW;
+        long long oy = (unsigned int)r % uOH;
+        r = (unsigned int)r / uOH;  // r = n * C + c
+        long long n = (unsigned int)r / uC, c = r - n * C;
         const T* xp = x + r * H * W;
         T* cp = col + (n * C * taps + c * taps) * ohw + oy * OW + ox;
         long long y0 = oy * sh - ph, x0 = ox * sw - pw;
@@ -50,11 +53,13 @@ __global__ void col2im_kernel(const T* __restrict__ col, T* __restrict__ x, long
     long long total = N * C * H * W;
     long long stride = (long long)gridDim.x * blockDim.x;
     long long ohw = OH * OW, taps = kh * kw;
+    unsigned int uW = (unsigned int)W, uH = (unsigned int)H, uC = (unsigned int)C;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long xx = i % W, r = i / W;
-        long long yy = r % H;
-        r /= H;
-        long long n = r / C, c = r - n * C;
+        unsigned int ui = (unsigned int)i;  // the host keeps total below 2^32
+        long long xx = ui % uW, r = ui / uW;
+        long long yy = (unsigned int)r % uH;
+        r = (unsigned int)r / uH;
+        long long n = (unsigned int)r / uC, c = r - n * C;
         const T* cp = col + (n * C * taps + c * taps) * ohw;
         A acc = (A)0;
         for (long long ki = 0; ki < kh; ++ki) {

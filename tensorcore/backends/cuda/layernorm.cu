@@ -1,9 +1,11 @@
 // LayerNorm over the last axis of a contiguous [rows, cols] array, forward and backward.
 //
 // Bound: memory.  Launch (forward and the dx backward): 256-thread blocks, `tpr`
-// threads per row (32 = one warp per row for cols <= 1024, 256 = one block per row
-// beyond).  Forward: one read computing Welford statistics (merged across threads with
-// Chan's formula), a second read (from L2) writing y.  Backward dx: one read of
+// threads per row (32 = one warp per row for cols <= 1024, a block per row beyond).
+// Forward: rows that fit in registers (tpr * ROW_PACKS packs) are read once and
+// normalised with an exact two-pass mean / variance; longer rows use one read computing
+// Welford statistics (merged across threads with Chan's formula) and a second read
+// (from L2) writing y.  Backward dx: one read of
 // (g, x) for the two row sums, a second writing dx.  The parameter gradients use
 // layer_norm_params_kernel: blocks of (32, 8) threads, 32 columns by 8 row lanes, each
 // blockIdx.y a chunk of rows, writing acc-typed partials that the host sums over chunks.
@@ -14,9 +16,56 @@ template <typename A> __device__ __forceinline__ void group_welford(Welford<A>& 
     else block_welford(w, scratch);
 }
 
-template <typename A> __device__ __forceinline__ A group_sum2(A v, int tpr, A* scratch) {
-    if (tpr == 32) return warp_sum(v);
-    return block_sum(v, scratch);
+// Register-cached row (cols a multiple of the pack, at most tpr * ROW_PACKS packs): one
+// read, exact two-pass mean and variance from registers, one write.
+template <typename T>
+__device__ __forceinline__ void layer_norm_row_cached(
+        const T* __restrict__ xr, const T* __restrict__ w, const T* __restrict__ b,
+        T* __restrict__ yr, acc_t<T>* mean, acc_t<T>* rstd, long long cols, bool live, int t,
+        int tpr, double eps, acc_t<T>* scratch) {
+    typedef acc_t<T> A;
+    const int P = Pack<T>::N;
+    long long npack = live ? cols / P : 0;
+    Pack<T> buf[ROW_PACKS];
+    load_row(xr, npack, t, tpr, buf);
+    A s = (A)0;
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k)
+        if (t + (long long)k * tpr < npack)
+#pragma unroll
+            for (int e = 0; e < P; ++e) s += load_acc(buf[k].v[e]);
+    A mu = group_sum_of(s, tpr, scratch) / (A)cols;
+    A q = (A)0;
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k)
+        if (t + (long long)k * tpr < npack)
+#pragma unroll
+            for (int e = 0; e < P; ++e) {
+                A d = load_acc(buf[k].v[e]) - mu;
+                q += d * d;
+            }
+    A rs = m_rsqrt(group_sum_of(q, tpr, scratch) / (A)cols + (A)eps);
+    if (!live) return;
+    if (t == 0) {
+        *mean = mu;
+        *rstd = rs;
+    }
+    Pack<T>* yp = reinterpret_cast<Pack<T>*>(yr);
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k) {
+        long long i = t + (long long)k * tpr;
+        if (i < npack) {
+#pragma unroll
+            for (int e = 0; e < P; ++e) {
+                long long j = i * P + e;
+                A v = (load_acc(buf[k].v[e]) - mu) * rs;
+                if (w) v *= load_acc(w[j]);
+                if (b) v += load_acc(b[j]);
+                buf[k].v[e] = store_as<T>(v);
+            }
+            yp[i] = buf[k];
+        }
+    }
 }
 
 // y = (x - mean) * rstd * w + b; mean / rstd (acc type) per row.  w, b may be null.
@@ -33,6 +82,12 @@ __global__ void layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restri
     int t = threadIdx.x % tpr;
     bool live = row < rows;
     const T* xr = x + (live ? row : 0) * cols;
+    if (vec && cols <= (long long)tpr * Pack<T>::N * ROW_PACKS) {
+        long long r = live ? row : 0;
+        layer_norm_row_cached(xr, w, b, y + r * cols, mean + r, rstd + r, cols, live, t, tpr,
+                              eps, scratch);
+        return;
+    }
     long long n = live ? cols : 0;
     const int P = Pack<T>::N;
     Welford<A> st{(A)0, (A)0, (A)0};
@@ -104,8 +159,8 @@ __global__ void layer_norm_bwd_kernel(const T* __restrict__ g, const T* __restri
             s1 += gw;
             s2 += gw * (load_acc(x[base + j]) - mu) * rs;
         }
-    s1 = group_sum2(s1, tpr, scratch);
-    s2 = group_sum2(s2, tpr, scratch);
+    s1 = group_sum_of(s1, tpr, scratch);
+    s2 = group_sum_of(s2, tpr, scratch);
     if (!live) return;
     A inv_n = (A)1 / (A)cols;
     for (long long j = t; j < cols; j += tpr) {

@@ -4,9 +4,10 @@
 //
 // Bound: memory.  Launch: 256-thread blocks; `tpr` threads cooperate on one row:
 // tpr = 32 (one warp per row, 8 rows per block) for cols <= 1024, tpr = 256 (one block
-// per row) beyond.  Forward passes: one read computing the running max and the sum of
-// exp relative to it (online softmax, merged across threads), then a second read --
-// served from L2 for rows of this size -- that writes the output.
+// per row) beyond.  Forward: a row that fits in registers (tpr * ROW_PACKS packs) is read
+// once, max and sum come from registers, then it is written; longer rows take one read
+// computing the running max and the sum of exp relative to it (online softmax, merged
+// across threads) and a second read -- served from L2 -- that writes the output.
 #include "common.cuh"
 
 // Online (max, sum of exp(x - max)) state.
@@ -58,17 +59,6 @@ template <typename A> __device__ __forceinline__ void group_maxsum(MaxSum<A>& st
     }
 }
 
-template <typename A> __device__ __forceinline__ A group_sum(A v, int tpr, A* scratch) {
-    v = warp_sum(v);
-    if (tpr == 32) return v;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < nwarps ? scratch[lane] : (A)0;
-    return warp_sum(v);
-}
-
 // Row max/sum state of x[row, :] * scale + mask, where the mask is optional.
 // The row layout and the packed path are shared by every forward kernel here.
 template <typename T>
@@ -92,6 +82,47 @@ __device__ __forceinline__ MaxSum<acc_t<T>> row_maxsum(const T* __restrict__ xr,
     return st;
 }
 
+// Register-cached softmax of one row (cols a multiple of the pack, at most
+// tpr * ROW_PACKS packs): one read, max and sum from registers, one write.
+template <typename T>
+__device__ __forceinline__ void softmax_row_cached(const T* __restrict__ xr, T* __restrict__ yr,
+                                                   long long cols, bool live, bool log, int t,
+                                                   int tpr, acc_t<T>* scratch) {
+    typedef acc_t<T> A;
+    const int P = Pack<T>::N;
+    long long npack = live ? cols / P : 0;
+    Pack<T> buf[ROW_PACKS];
+    load_row(xr, npack, t, tpr, buf);
+    A m = neg_inf<A>();
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k)
+        if (t + (long long)k * tpr < npack)
+#pragma unroll
+            for (int e = 0; e < P; ++e) m = nan_max(m, load_acc(buf[k].v[e]));
+    m = group_max_of(m, tpr, scratch);
+    A s = (A)0;
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k)
+        if (t + (long long)k * tpr < npack)
+#pragma unroll
+            for (int e = 0; e < P; ++e) s += m_exp(load_acc(buf[k].v[e]) - m);
+    s = group_sum_of(s, tpr, scratch);
+    A inv = (A)1 / s, logs = m_log(s);
+    Pack<T>* yp = reinterpret_cast<Pack<T>*>(yr);
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k) {
+        long long i = t + (long long)k * tpr;
+        if (i < npack) {
+#pragma unroll
+            for (int e = 0; e < P; ++e) {
+                A d = load_acc(buf[k].v[e]) - m;
+                buf[k].v[e] = store_as<T>(log ? d - logs : m_exp(d) * inv);
+            }
+            yp[i] = buf[k];
+        }
+    }
+}
+
 // y = softmax(x) (or log_softmax when `log`) along each row.
 template <typename T>
 __global__ void softmax_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, long long rows,
@@ -103,6 +134,10 @@ __global__ void softmax_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, l
     int t = threadIdx.x % tpr;
     bool live = row < rows;
     const T* xr = x + (live ? row : 0) * cols;
+    if (vec && cols <= (long long)tpr * Pack<T>::N * ROW_PACKS) {
+        softmax_row_cached(xr, y + (live ? row : 0) * cols, cols, live, log != 0, t, tpr, scratch);
+        return;
+    }
     MaxSum<A> st = row_maxsum(xr, live ? cols : 0, t, tpr, vec != 0);
     group_maxsum(st, tpr, scratch);
     if (!live) return;
@@ -149,7 +184,7 @@ __global__ void softmax_bwd_kernel(const T* __restrict__ g, const T* __restrict_
     if (live)
         for (long long j = t; j < cols; j += tpr)
             acc += log ? load_acc(g[base + j]) : load_acc(g[base + j]) * load_acc(y[base + j]);
-    acc = group_sum(acc, tpr, scratch);
+    acc = group_sum_of(acc, tpr, scratch);
     if (!live) return;
     A sc = (A)scale;
     for (long long j = t; j < cols; j += tpr) {
@@ -218,7 +253,7 @@ __global__ void cross_entropy_fwd_kernel(const T* __restrict__ x, const long lon
             logp[row * cols + j] = store_as<T>(lp);
             total += lp;
         }
-    total = group_sum(total, tpr, scratch);
+    total = group_sum_of(total, tpr, scratch);
     if (!live || t != 0) return;
     long long tg = target[row];
     if (tg == ignore_index) {
