@@ -71,6 +71,8 @@ def erf(xp: Any, x: Array) -> Array:
     and integer inputs in float64, as NumPy's ufuncs would.  Below float64 the tail
     interval is skipped: erfc(4) < 2e-8 already rounds erf to 1 in float32.
     """
+    if x.ndim == 0:  # 0-d arithmetic yields scalars, which the in-place steps cannot write to
+        return erf(xp, x.reshape(1)).reshape(())
     if x.dtype.kind != "f":
         x = x.astype(xp.float64)
     out_dtype = x.dtype
