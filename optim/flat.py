@@ -50,6 +50,7 @@ class FlatBuffer:
         self.roles = tuple(roles)
         slack = ALIGN_BYTES // self.dtype.itemsize
         self.storage = backend.zeros((len(self.roles) * length + slack,), self.dtype)
+        self.zero = backend.zeros((1,), self.dtype)
         base = (-address(self.storage) % ALIGN_BYTES) // self.dtype.itemsize
         self.sections = {role: self.storage[base + i * length: base + (i + 1) * length]
                          for i, role in enumerate(self.roles)}

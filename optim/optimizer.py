@@ -150,7 +150,7 @@ class Optimizer:
             count = segment.counts[first] + 1
             segment.counts[first:last] = [count] * (last - first)
         for view, (low, high) in segment.bounded:
-            backend.copy_(view, backend.clip(view, low, high))
+            backend.xp.clip(view, low, high, out=view)
 
     def _packed(self) -> Packing:
         if self._packing is None:
@@ -170,8 +170,7 @@ class Optimizer:
             if not segment.grads_are_views():
                 segment.gather_grads()
         for buffer in packing.buffers.values():
-            grads = buffer.sections["grad"]
-            buffer.backend.copy_(grads, buffer.backend.zeros((1,), buffer.dtype))
+            buffer.backend.copy_(buffer.sections["grad"], buffer.zero)
 
     # ----- device scalars (used by the LR schedules) ----------------------------------
     def _set_lr(self, group_index: int, host_value: float, device_value: Any) -> None:

@@ -35,6 +35,7 @@ class LRScheduler:
         self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         self.last_epoch = last_epoch
         self._counters: dict[str, Any] = {}
+        self._ones: dict[str, Any] = {}
         self.step()
 
     def lr_at(self, base_lr: float, t: Any, xp: Any) -> Any:
@@ -45,13 +46,15 @@ class LRScheduler:
         """Advance one step and set every group's lr, on the device and on the host."""
         self.last_epoch += 1
         for device, counter in self._counters.items():
-            backend = backend_for(device)
-            backend.add_(counter, backend.full((1,), 1.0, np.float64))
+            backend_for(device).add_(counter, self._ones[device])
         self._apply()
 
     def _counter(self, device: str) -> Any:
+        """The device step counter (float64, 1 element) of ``device``."""
         if device not in self._counters:
-            self._counters[device] = backend_for(device).full((1,), float(self.last_epoch), np.float64)
+            backend = backend_for(device)
+            self._counters[device] = backend.full((1,), float(self.last_epoch), np.float64)
+            self._ones[device] = backend.full((1,), 1.0, np.float64)
         return self._counters[device]
 
     def _apply(self) -> None:
