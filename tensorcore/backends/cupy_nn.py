@@ -120,7 +120,7 @@ class CupyNNKernels:
         mean = cupy.empty(rows, dtype=acc_dtype(x.dtype))
         rstd = cupy.empty_like(mean)
         grid, block, tpr = row_launch(rows, cols)
-        vec = cols % pack_width(x.dtype) == 0 and aligned(x, y)
+        vec = cols % pack_width(x.dtype) == 0 and aligned(x, y, weight, bias)
         kernel(LN, "layer_norm_fwd_kernel", x.dtype)(
             grid, block, (x, ptr(weight), ptr(bias), y, mean, rstd, rows, cols, float(eps),
                           tpr, int(vec)))
@@ -173,8 +173,7 @@ class CupyNNKernels:
             kernel(PLANE, "plane_stats_kernel", x.dtype)((n * c, chunks), (THREADS,),
                                                          (x, part, s, chunks, int(vec)))
         y = cupy.empty_like(x)
-        mean = cupy.empty(stats, dtype=acc)
-        rstd = cupy.empty_like(mean)
+        mean, rstd = cupy.empty((2, stats), dtype=acc)
         kernel(PLANE, "plane_apply_kernel", x.dtype)(
             (n * c, chunks), (THREADS,),
             (x, ptr(weight), ptr(bias), part, y, mean, rstd, ptr(running_mean),

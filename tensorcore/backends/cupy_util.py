@@ -25,7 +25,8 @@ def has_kernels(*arrays: Any) -> bool:
 
 
 def contiguous(a: Any) -> Any:
-    return cupy.ascontiguousarray(a)
+    """a itself when C-contiguous (no call into CuPy), else a contiguous copy."""
+    return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
 
 
 def ptr(a: Any | None) -> Any:

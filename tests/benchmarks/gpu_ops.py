@@ -3,9 +3,11 @@
     PYTHONPATH=. python3 tests/benchmarks/gpu_ops.py
 
 Times are medians of CUDA-event timings after warm-up; inputs are random (never
-zeros).  Prints one table: ms for each side, the speed ratio (torch time / tensorcore
-time, > 1 means tensorcore is faster), and the effective bandwidth (bytes each input
-read once + each output written once) or TFLOP/s.  No timing is asserted.
+zeros).  tensorcore is timed twice: eager (events around the Python call, so host
+launch cost shows when it exceeds the GPU time) and as a replayed CUDA graph of the
+same call (what ``tc.compile`` runs).  PyTorch is timed eager.  Speed = torch time /
+tensorcore time (> 1: tensorcore faster); bandwidth counts each input read once and
+each output written once.  No timing is asserted.
 """
 
 from __future__ import annotations
@@ -46,51 +48,74 @@ def randn_pair(*shape, dtype=np.float32):
     return a, torch.from_dlpack(a.copy())
 
 
+def graph_ms(fn, iters: int = 40) -> float:
+    """Median time of replaying a CUDA graph captured from one call of ``fn``."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for _ in range(3):  # compile, create handles, fill the pool for this stream
+            fn()
+        stream.synchronize()
+        stream.begin_capture()
+        kept = fn()  # outputs stay alive while the graph is replayed
+        graph = stream.end_capture()
+        for _ in range(3):
+            graph.launch(stream)
+        times = []
+        for _ in range(iters):
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, stop))
+    del kept
+    return statistics.median(times)
+
+
 ROWS: list[tuple] = []
 
 
-def row(name: str, tc_ms: float, torch_ms: float, unit: str, amount: float) -> None:
+def row(name: str, tc_fn, torch_fn, unit: str, amount: float, iters: int = 40) -> None:
     """amount: bytes (unit GB/s) or flops (unit TFLOP/s) of one call."""
+    eager, graphed = median_ms(tc_fn, iters), graph_ms(tc_fn, iters)
+    torch_ms = median_ms(torch_fn, iters)
     scale = 1e9 if unit == "GB/s" else 1e12
-    ROWS.append((name, tc_ms, torch_ms, torch_ms / tc_ms,
-                 amount / (tc_ms * 1e-3) / scale, amount / (torch_ms * 1e-3) / scale, unit))
+    ROWS.append((name, eager, graphed, torch_ms, torch_ms / eager, torch_ms / graphed,
+                 amount / (graphed * 1e-3) / scale, amount / (torch_ms * 1e-3) / scale, unit))
 
 
-def bench_copy_and_fused() -> float:
+def bench_copy_and_fused() -> None:
     n = 64 * 2**20
     x, tx = randn_pair(8, 128, 256, 256)
     y, ty = cp.empty_like(x), torch.empty_like(tx)
-    copy_ms = median_ms(lambda: cp.cuda.runtime.memcpyAsync(y.data.ptr, x.data.ptr, x.nbytes,
-                                                            cp.cuda.runtime.memcpyDeviceToDevice,
-                                                            cp.cuda.get_current_stream().ptr))
-    torch_copy = median_ms(lambda: ty.copy_(tx))
-    row("device copy 64M f32", copy_ms, torch_copy, "GB/s", 8 * n)
+    row("device copy 64M f32",
+        lambda: cp.cuda.runtime.memcpyAsync(y.data.ptr, x.data.ptr, x.nbytes,
+                                            cp.cuda.runtime.memcpyDeviceToDevice,
+                                            cp.cuda.get_current_stream().ptr),
+        lambda: ty.copy_(tx), "GB/s", 8 * n)
     a, ta = randn_pair(128)
     b, tb = randn_pair(128)
     ta4, tb4 = ta.view(1, -1, 1, 1), tb.view(1, -1, 1, 1)
-    fused = median_ms(lambda: GPU.affine_act(x, a, b, "silu", 1))
-    eager = median_ms(lambda: F.silu(tx * ta4 + tb4))
-    row("silu(x*a+b) 64M f32", fused, eager, "GB/s", 8 * n)
-    return 8 * n / (copy_ms * 1e-3) / 1e9
+    row("silu(x*a+b) 64M f32", lambda: GPU.affine_act(x, a, b, "silu", 1),
+        lambda: F.silu(tx * ta4 + tb4), "GB/s", 8 * n)
 
 
 def bench_rows() -> None:
     x, tx = randn_pair(4096, 4096)
     nbytes = 2 * x.nbytes
-    row("softmax 4096x4096", median_ms(lambda: GPU.softmax(x)),
-        median_ms(lambda: torch.softmax(tx, -1)), "GB/s", nbytes)
+    row("softmax 4096x4096", lambda: GPU.softmax(x), lambda: torch.softmax(tx, -1), "GB/s",
+        nbytes)
     w, tw = randn_pair(4096)
     b, tb = randn_pair(4096)
-    row("layer_norm 4096x4096", median_ms(lambda: GPU.layer_norm(x, w, b, 1, 1e-5)),
-        median_ms(lambda: F.layer_norm(tx, (4096,), tw, tb, 1e-5)), "GB/s", nbytes)
+    row("layer_norm 4096x4096", lambda: GPU.layer_norm(x, w, b, 1, 1e-5),
+        lambda: F.layer_norm(tx, (4096,), tw, tb, 1e-5), "GB/s", nbytes)
     g, tg = randn_pair(8, 256, 64, 64)
     gw, tgw = randn_pair(256)
     gb, tgb = randn_pair(256)
-    row("group_norm [8,256,64,64] G=32", median_ms(lambda: GPU.group_norm(g, gw, gb, 32, 1e-5)),
-        median_ms(lambda: F.group_norm(tg, 32, tgw, tgb, 1e-5)), "GB/s", 2 * g.nbytes)
-    row("group_norm+silu [8,256,64,64]",
-        median_ms(lambda: GPU.group_norm(g, gw, gb, 32, 1e-5, "silu")),
-        median_ms(lambda: F.silu(F.group_norm(tg, 32, tgw, tgb, 1e-5))), "GB/s", 2 * g.nbytes)
+    row("group_norm [8,256,64,64] G=32", lambda: GPU.group_norm(g, gw, gb, 32, 1e-5),
+        lambda: F.group_norm(tg, 32, tgw, tgb, 1e-5), "GB/s", 2 * g.nbytes)
+    row("group_norm+silu [8,256,64,64]", lambda: GPU.group_norm(g, gw, gb, 32, 1e-5, "silu"),
+        lambda: F.silu(F.group_norm(tg, 32, tgw, tgb, 1e-5)), "GB/s", 2 * g.nbytes)
 
 
 def bench_conv() -> None:
@@ -102,20 +127,19 @@ def bench_conv() -> None:
     g, tg = randn_pair(8, 128, 64, 64)
     flops = 2 * 8 * 128 * 64 * 64 * 128 * 9
     geo = ((1, 1), (1, 1), (1, 1), 1)
-    row("conv3x3 fwd TF32", median_ms(lambda: GPU.conv2d(x, w, *geo)),
-        median_ms(lambda: F.conv2d(tx, tw, padding=1)), "TFLOP/s", flops)
+    row("conv3x3 fwd TF32", lambda: GPU.conv2d(x, w, *geo), lambda: F.conv2d(tx, tw, padding=1),
+        "TFLOP/s", flops)
 
     def tc_step():
-        GPU.conv2d(x, w, *geo)
-        GPU.conv2d_grad_input(g, w, x.shape, *geo)
-        GPU.conv2d_grad_weight(g, x, w.shape, *geo)
+        return (GPU.conv2d(x, w, *geo), GPU.conv2d_grad_input(g, w, x.shape, *geo),
+                GPU.conv2d_grad_weight(g, x, w.shape, *geo))
 
     def torch_step():
         F.conv2d(tx, tw, padding=1)
         torch.ops.aten.convolution_backward(tg, tx, tw, None, [1, 1], [1, 1], [1, 1], False,
                                             [0, 0], 1, [True, True, False])
 
-    row("conv3x3 fwd+bwd TF32", median_ms(tc_step), median_ms(torch_step), "TFLOP/s", 3 * flops)
+    row("conv3x3 fwd+bwd TF32", tc_step, torch_step, "TFLOP/s", 3 * flops)
     settings.set_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
 
@@ -125,8 +149,8 @@ def bench_matmul() -> None:
     for dtype, label in ((np.float32, "fp32"), (np.float16, "fp16")):
         a, ta = randn_pair(n, n, dtype=dtype)
         b, tb = randn_pair(n, n, dtype=dtype)
-        row(f"matmul 4096^3 {label}", median_ms(lambda: GPU.matmul(a, b), iters=20),
-            median_ms(lambda: ta @ tb, iters=20), "TFLOP/s", 2 * n**3)
+        row(f"matmul 4096^3 {label}", lambda: GPU.matmul(a, b), lambda: ta @ tb, "TFLOP/s",
+            2 * n**3, iters=20)
 
 
 def host_us(fn, iters: int = 2000) -> float:
@@ -160,19 +184,21 @@ def bench_launch() -> list[tuple[str, float, float]]:
 def main() -> None:
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"CuPy {cp.__version__}, torch {torch.__version__}")
-    copy_bw = bench_copy_and_fused()
+    bench_copy_and_fused()
     bench_rows()
     bench_conv()
     bench_matmul()
     launches = bench_launch()
-    fused_bw = ROWS[1][4]
-    print(f"\n{'work':32s} {'tc ms':>9s} {'torch ms':>9s} {'speed':>7s} "
-          f"{'tc':>9s} {'torch':>9s} unit")
-    for name, tms, pms, ratio, tv, pv, unit in ROWS:
-        print(f"{name:32s} {tms:9.4f} {pms:9.4f} {ratio:6.2f}x {tv:9.1f} {pv:9.1f} {unit}")
-    print(f"{'fused op / copy bandwidth':32s} {fused_bw / copy_bw * 100:.1f}%")
+    print(f"\n{'work':30s} {'tc eager':>9s} {'tc graph':>9s} {'torch':>9s} {'speed':>6s} "
+          f"{'(graph)':>7s} {'tc graph':>9s} {'torch':>8s}")
+    for name, eager, graphed, tms, r_eager, r_graph, tv, pv, unit in ROWS:
+        print(f"{name:30s} {eager:9.4f} {graphed:9.4f} {tms:9.4f} {r_eager:5.2f}x {r_graph:6.2f}x "
+              f"{tv:9.1f} {pv:8.1f} {unit}")
+    copy_bw, fused_bw = ROWS[0][6], ROWS[1][6]
+    print(f"fused op / copy bandwidth (graph replay): {fused_bw / copy_bw * 100:.1f}%  "
+          f"(times in ms)")
     for name, tc_us, torch_us in launches:
-        print(f"host us per call, {name:28s} tensorcore {tc_us:7.2f}  torch {torch_us:7.2f}")
+        print(f"host us per call, {name:26s} tensorcore {tc_us:7.2f}  torch {torch_us:7.2f}")
 
 
 if __name__ == "__main__":

@@ -93,6 +93,11 @@ enum Act { ACT_NONE = 0, ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU, ACT_SIGMOI
 template <typename A> __device__ __forceinline__ A sigmoid_of(A x) {
     return (A)1 / ((A)1 + m_exp(-x));
 }
+// float: hardware exp2 and reciprocal (a few ulp), so fused sigmoid / SiLU chains stay
+// memory-bound instead of spending their time in IEEE division.
+template <> __device__ __forceinline__ float sigmoid_of<float>(float x) {
+    return __frcp_rn(1.0f + __expf(-x));
+}
 
 template <typename A> __device__ __forceinline__ A act_fwd(int act, A x) {
     const A k_sqrt_half = (A)0.70710678118654752440;

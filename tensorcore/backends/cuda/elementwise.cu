@@ -157,7 +157,7 @@ __global__ void binary_bcast_kernel(const T* __restrict__ a, const T* __restrict
 }
 
 // y = act(x * scale[c] + bias[c]) with x viewed as [outer, C, inner]; scale / bias may
-// be null (1 / 0).  Packs are used when inner is a multiple of the pack width, so a
+// be null (1 / 0).  The channel index uses 32-bit division (the host keeps n < 2^31).  Packs are used when inner is a multiple of the pack width, so a
 // pack never straddles two channels.
 template <typename T>
 __global__ void affine_act_kernel(const T* __restrict__ x, const T* __restrict__ scale,
@@ -183,7 +183,7 @@ __global__ void affine_act_kernel(const T* __restrict__ x, const T* __restrict__
             for (int u = 0; u < UNROLL; ++u) {
                 long long i = base + u * stride;
                 if (i >= npack) break;
-                unsigned int c = (unsigned int)(((unsigned long long)(i * P) / uinner) % uC);
+                unsigned int c = ((unsigned int)(i * P) / uinner) % uC;
                 A s = scale ? load_acc(scale[c]) : (A)1;
                 A b = bias ? load_acc(bias[c]) : (A)0;
 #pragma unroll
@@ -195,7 +195,7 @@ __global__ void affine_act_kernel(const T* __restrict__ x, const T* __restrict__
         done = npack * P;
     }
     for (long long i = done + start; i < n; i += stride) {
-        unsigned int c = (unsigned int)(((unsigned long long)i / uinner) % uC);
+        unsigned int c = ((unsigned int)i / uinner) % uC;
         A s = scale ? load_acc(scale[c]) : (A)1;
         A b = bias ? load_acc(bias[c]) : (A)0;
         y[i] = store_as<T>(act_fwd((int)act, load_acc(x[i]) * s + b));
@@ -220,7 +220,7 @@ __global__ void bias_act_grad_kernel(const T* __restrict__ grad, const T* __rest
         const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
         Pack<T>* dp = reinterpret_cast<Pack<T>*>(dx);
         for (long long i = start; i < npack; i += stride) {
-            unsigned int c = (unsigned int)(((unsigned long long)(i * P) / uinner) % uC);
+            unsigned int c = ((unsigned int)(i * P) / uinner) % uC;
             A b = bias ? load_acc(bias[c]) : (A)0;
             Pack<T> g = gp[i], p = xp[i];
 #pragma unroll
@@ -231,7 +231,7 @@ __global__ void bias_act_grad_kernel(const T* __restrict__ grad, const T* __rest
         done = npack * P;
     }
     for (long long i = done + start; i < n; i += stride) {
-        unsigned int c = (unsigned int)(((unsigned long long)i / uinner) % uC);
+        unsigned int c = ((unsigned int)i / uinner) % uC;
         A b = bias ? load_acc(bias[c]) : (A)0;
         dx[i] = store_as<T>(load_acc(grad[i]) * act_grad((int)act, load_acc(x[i]) + b));
     }

@@ -55,12 +55,14 @@ __device__ __forceinline__ void layer_norm_row_cached(
     for (int k = 0; k < ROW_PACKS; ++k) {
         long long i = t + (long long)k * tpr;
         if (i < npack) {
+            Pack<T> wp, bp;  // w and b are contiguous and aligned like x (checked by the host)
+            if (w) wp = reinterpret_cast<const Pack<T>*>(w)[i];
+            if (b) bp = reinterpret_cast<const Pack<T>*>(b)[i];
 #pragma unroll
             for (int e = 0; e < P; ++e) {
-                long long j = i * P + e;
                 A v = (load_acc(buf[k].v[e]) - mu) * rs;
-                if (w) v *= load_acc(w[j]);
-                if (b) v += load_acc(b[j]);
+                if (w) v *= load_acc(wp.v[e]);
+                if (b) v += load_acc(bp.v[e]);
                 buf[k].v[e] = store_as<T>(v);
             }
             yp[i] = buf[k];
