@@ -81,6 +81,7 @@ class Segment:
         self.lr_seen = lr
         self.steps = backend.zeros((len(self.params),), sdt)
         self.counts = [0] * len(self.params)
+        self.uniform = True  # all counts equal: one kernel call may cover the segment
         self.one = backend.full((1,), 1, sdt)
         self.zero = backend.full((1,), 0, sdt)
         self.param_views = [self._shaped("param", i) for i in range(len(self.params))]
@@ -125,6 +126,28 @@ class Segment:
         for p, view in zip(self.params, self.grad_views):
             if p.grad is not None:
                 p.grad = Tensor(view, self.device)
+
+    def advance(self, first: int, last: int) -> None:
+        """Count one step on the host for parameters ``first .. last - 1``."""
+        count = self.counts[first] + 1
+        self.counts[first:last] = [count] * (last - first)
+        if last - first != len(self.counts):
+            self.uniform = len(set(self.counts)) == 1
+
+    def set_count(self, i: int, count: int) -> None:
+        """Set parameter i's step count on the host and on the device."""
+        self.counts[i] = count
+        self.uniform = len(set(self.counts)) == 1
+        backend = self.buffer.backend
+        backend.copy_(self.steps[i:i + 1], backend.full((1,), count, self.steps.dtype))
+
+    def all_bound(self) -> bool:
+        """Whether every parameter and every gradient is its view of the buffer."""
+        for p, view, grad_view in zip(self.params, self.param_views, self.grad_views):
+            grad = p.grad
+            if p.data is not view or grad is None or grad.data is not grad_view:
+                return False
+        return True
 
     def grads_are_views(self) -> bool:
         return all(p.grad is None or p.grad.data is view for p, view in zip(self.params, self.grad_views))

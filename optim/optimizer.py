@@ -123,32 +123,36 @@ class Optimizer:
         for group in self.param_groups:
             self._check(group)
         packing = self._packed()
-        for segment in packing.segments:
-            _check_segment(self._name, segment)
-        for segment in packing.segments:
-            self._step_segment(segment)
+        bound = [segment.all_bound() for segment in packing.segments]
+        for segment, ok in zip(packing.segments, bound):
+            if not ok:
+                _check_segment(self._name, segment)
+        for segment, ok in zip(packing.segments, bound):
+            self._step_segment(segment, ok)
         return loss
 
-    def _step_segment(self, segment: Segment) -> None:
+    def _step_segment(self, segment: Segment, bound: bool) -> None:
+        """Update one segment; ``bound``: every parameter and gradient is already a view
+        of the flat buffer (the fast path: no copies, one run)."""
         backend = segment.buffer.backend
         group = self.param_groups[segment.group_index]
-        for i, (p, view) in enumerate(zip(segment.params, segment.param_views)):
-            if p.data is not view:  # the parameter was reassigned: take its new values
-                backend.copy_(view, p.data)
-                p.data = view
-        if not segment.grads_are_views():
-            segment.gather_grads()
+        if not bound:
+            for p, view in zip(segment.params, segment.param_views):
+                if p.data is not view:  # the parameter was reassigned: take its new values
+                    backend.copy_(view, p.data)
+                    p.data = view
+            if not segment.grads_are_views():
+                segment.gather_grads()
         if group["lr"] != segment.lr_seen:
             backend.copy_(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
             segment.lr_seen = group["lr"]
-        for first, last in _runs(segment):
+        for first, last in [(0, len(segment.params))] if bound and segment.uniform else _runs(segment):
             step = None
             if self.uses_step:
                 backend.add_(segment.steps[first:last], segment.one)
                 step = segment.steps[first:first + 1]
             self.update(backend, segment, first, last, group, step)
-            count = segment.counts[first] + 1
-            segment.counts[first:last] = [count] * (last - first)
+            segment.advance(first, last)
         for view, (low, high) in segment.bounded:
             backend.xp.clip(view, low, high, out=view)
 
@@ -228,6 +232,7 @@ class Optimizer:
         """Restore options and state saved by ``state_dict`` (checked first: nothing
         changes if the groups or the state's shapes do not match)."""
         groups = state_dict["param_groups"]
+        saved_state = {int(n): entry for n, entry in state_dict["state"].items()}
         if len(groups) != len(self.param_groups):
             raise ValueError(f"{self._name}.load_state_dict: the state has {len(groups)} parameter groups, "
                              f"the optimizer {len(self.param_groups)}")
@@ -236,7 +241,7 @@ class Optimizer:
             if len(mine["params"]) != len(saved["params"]):
                 raise ValueError(f"{self._name}.load_state_dict: a group of {len(mine['params'])} parameters "
                                  f"does not match a saved group of {len(saved['params'])}")
-        for n, entry in state_dict["state"].items():
+        for n, entry in saved_state.items():
             for role, value in entry.items():
                 if role != "step" and tuple(np.shape(value)) != tuple(params[n].shape):
                     raise ValueError(f"{self._name}.load_state_dict: state {role!r} of parameter {n} has shape "
@@ -249,8 +254,8 @@ class Optimizer:
         self._packing = pack(self.param_groups, self.state_spec, None)
         for n, p in enumerate(params):
             segment, i = self._packing.locate(p)
-            if n in state_dict["state"]:
-                _load_entry(segment, i, state_dict["state"][n])
+            if n in saved_state:
+                _load_entry(segment, i, saved_state[n])
 
 
 def _load_entry(segment: Segment, i: int, entry: dict[str, Any]) -> None:
@@ -261,8 +266,7 @@ def _load_entry(segment: Segment, i: int, entry: dict[str, Any]) -> None:
             continue
         host = np.ascontiguousarray(value, dtype=segment.buffer.dtype).reshape(-1)
         backend.copy_(segment.buffer.sections[role][lo:hi], backend.from_numpy(host))
-    segment.counts[i] = int(entry["step"])
-    backend.copy_(segment.steps[i:i + 1], backend.full((1,), int(entry["step"]), segment.steps.dtype))
+    segment.set_count(i, int(entry["step"]))
 
 
 def _runs(segment: Segment) -> list[tuple[int, int]]:
@@ -283,15 +287,17 @@ def _runs(segment: Segment) -> list[tuple[int, int]]:
 
 
 def _check_segment(name: str, segment: Segment) -> None:
-    """Every parameter and gradient still fits its place in the flat buffer."""
+    """Every parameter and gradient still fits its place in the flat buffer (only the
+    ones that are no longer views of it need a look)."""
+    for i, (p, view, grad_view) in enumerate(zip(segment.params, segment.param_views, segment.grad_views)):
+        if p.data is not view:
+            _check_fits(name, segment, i, "parameter", p, tuple(view.shape))
+        if p.grad is not None and p.grad.data is not grad_view:
+            _check_fits(name, segment, i, "gradient", p.grad, tuple(view.shape))
+
+
+def _check_fits(name: str, segment: Segment, i: int, what: str, t: Tensor, shape: tuple[int, ...]) -> None:
     dtype, device = segment.buffer.dtype, segment.device
-    for i, (p, view) in enumerate(zip(segment.params, segment.param_views)):
-        where = f"parameter {i} of group {segment.group_index}"
-        if p.data is not view and (p.device != device or np.dtype(p.dtype) != dtype or p.shape != view.shape):
-            raise ValueError(f"{name}.step: {where} is now {p.dtype} {p.shape} on {p.device}, but its group holds "
-                             f"it as {dtype} {tuple(view.shape)} on {device}")
-        grad = p.grad
-        if grad is not None and grad.data is not segment.grad_views[i] and (
-                grad.device != device or np.dtype(grad.dtype) != dtype or grad.shape != p.shape):
-            raise ValueError(f"{name}.step: the gradient of {where} is {grad.dtype} {grad.shape} on {grad.device}, "
-                             f"expected {dtype} {p.shape} on {device}")
+    if t.device != device or np.dtype(t.dtype) != dtype or tuple(t.shape) != shape:
+        raise ValueError(f"{name}.step: the {what} of parameter {i} in group {segment.group_index} is "
+                         f"{t.dtype} {tuple(t.shape)} on {t.device}, its group holds {dtype} {shape} on {device}")

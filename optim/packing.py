@@ -102,8 +102,7 @@ def _carry_state(old: tuple[Segment, int], segment: Segment, i: int, spec: dict[
     for role in spec:
         if role in old_segment.buffer.sections:
             backend.copy_(segment.section(role, i, i + 1), old_segment.section(role, j, j + 1))
-    segment.counts[i] = old_segment.counts[j]
-    backend.copy_(segment.steps[i:i + 1], old_segment.steps[j:j + 1])
+    segment.set_count(i, old_segment.counts[j])
 
 
 def state_arrays(segment: Segment, i: int, roles: Sequence[str]) -> dict[str, Any]:
