@@ -7,7 +7,7 @@ from typing import Any
 
 from ..autograd import Function
 from ..tensor import Tensor, as_tensor_like
-from .shape_utils import unbroadcast
+from .shape_utils import broadcast_shapes, unbroadcast
 
 Scalar = int | float | bool
 
@@ -177,8 +177,13 @@ class LeakyRelu(Function):
 
 # ----- public functions ----------------------------------------------------------------
 def _binary(fn: type[Function], a: Any, b: Any) -> Tensor:
-    a, b = _operands(a, b, fn.__name__.lower())
-    return fn.apply(a, b)
+    op = fn.__name__.lower()
+    a, b = _operands(a, b, op)
+    try:
+        return fn.apply(a, b)
+    except ValueError:
+        broadcast_shapes(op, _shape(a), _shape(b))  # names the op when the shapes are the cause
+        raise
 
 
 def _operands(a: Any, b: Any, op: str) -> tuple[Any, Any]:
@@ -239,7 +244,11 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
     if not isinstance(b, Tensor):
         b = as_tensor_like(b, a, "where")
     cond = as_tensor_like(cond, a, "where")
-    return Where.apply(cond.detach(), a, b)
+    try:
+        return Where.apply(cond.detach(), a, b)
+    except ValueError:
+        broadcast_shapes("where", cond.shape, a.shape, b.shape)
+        raise
 
 
 def clip(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
@@ -251,7 +260,11 @@ def clip(x: Tensor, min: float | None = None, max: float | None = None) -> Tenso
 def compare(op: str, a: Any, b: Any) -> Tensor:
     """eq ne lt le gt ge: a bool tensor, outside autograd."""
     a, b = _operands(a, b, op)
-    out = a.backend.binary(op, a.data, b.data if isinstance(b, Tensor) else b)
+    try:
+        out = a.backend.binary(op, a.data, b.data if isinstance(b, Tensor) else b)
+    except ValueError:
+        broadcast_shapes(op, a.shape, _shape(b))
+        raise
     return Tensor._wrap(out, a.device)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..autograd import Function
 from ..tensor import Tensor, as_tensor_like
-from .shape_utils import unbroadcast
+from .shape_utils import broadcast_shapes, unbroadcast
 
 
 def _swap_last(backend: Any, a: Any) -> Any:
@@ -43,7 +43,11 @@ def matmul(a: Any, b: Any) -> Tensor:
         raise ValueError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k_a} != {k_b})")
     a2 = a.unsqueeze(0) if a.ndim == 1 else a
     b2 = b.unsqueeze(-1) if b.ndim == 1 else b
-    out = MatMul.apply(a2, b2)
+    try:
+        out = MatMul.apply(a2, b2)
+    except ValueError:
+        broadcast_shapes(f"matmul {a.shape} @ {b.shape}, batch dims", a2.shape[:-2], b2.shape[:-2])
+        raise
     if b.ndim == 1:
         out = out.squeeze(-1)
     if a.ndim == 1:

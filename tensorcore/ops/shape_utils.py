@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import numpy as np
+
+
+def broadcast_shapes(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape that ``shapes`` broadcast to, or a ValueError naming ``op`` and the shapes."""
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ValueError(f"{op}: shapes {' and '.join(map(str, shapes))} do not broadcast together") from None
+
 
 def unbroadcast(backend: Any, grad: Any, shape: tuple[int, ...]) -> Any:
     """Sum a broadcast gradient back down to the input's ``shape``."""
@@ -31,6 +41,8 @@ def normalize_axes(axes: int | Iterable[int] | None, ndim: int, op: str) -> tupl
         return tuple(range(ndim))
     if isinstance(axes, int):
         axes = (axes,)
+    elif not isinstance(axes, Iterable):
+        raise TypeError(f"{op}: axis must be an int or a sequence of ints, got {type(axes).__name__}")
     out = tuple(sorted(normalize_axis(a, ndim, op) for a in axes))
     if len(set(out)) != len(out):
         raise ValueError(f"{op}: repeated axis in {tuple(axes)}")
