@@ -180,14 +180,17 @@ class Tensor:
         if self.requires_grad and autograd.is_grad_enabled():
             raise RuntimeError(f"{op}: a tensor that requires grad cannot be modified in place outside no_grad()")
 
+    def _check_operand_shape(self, other: "Tensor", op: str) -> None:
+        """An in-place operand must broadcast to this tensor's shape (the result never grows)."""
+        if other.shape != self.shape and ops.shape_utils.broadcast_shapes(op, other.shape, self.shape) != self.shape:
+            raise ValueError(f"{op}: operand shape {other.shape} does not broadcast to {self.shape}")
+
     def copy_(self, src: Any) -> "Tensor":
         self._check_inplace("copy_")
         src = as_tensor_like(src, self, "copy_")
         if src.device != self.device:
             src = src.to(self.device)
-        shape = np.broadcast_shapes(src.shape, self.shape)
-        if shape != self.shape:
-            raise ValueError(f"copy_: source shape {src.shape} does not broadcast to {self.shape}")
+        self._check_operand_shape(src, "copy_")
         self.backend.copy_(self.data, self.backend.astype(src.data, self.dtype))
         return self
 
@@ -202,6 +205,7 @@ class Tensor:
     def add_(self, other: Any, alpha: float = 1.0) -> "Tensor":
         self._check_inplace("add_")
         other = as_tensor_like(other, self, "add_")
+        self._check_operand_shape(other, "add_")
         self.backend.add_(self.data, self.backend.binary("mul", other.data, alpha) if alpha != 1 else other.data)
         return self
 
@@ -342,9 +346,12 @@ def as_tensor_like(value: Any, like: Any, op: str) -> Tensor:
             dtype = dtypes.default_float
         return Tensor._wrap(backend.full((), value, dtype), device)
     try:
-        return Tensor._wrap(backend.array(value), device)
+        array = backend.array(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{op}: cannot use a {type(value).__name__} as a tensor") from exc
+    if array.dtype.kind not in "biuf":  # e.g. strings: no arithmetic is defined on them
+        raise TypeError(f"{op}: cannot use a {type(value).__name__} of dtype {array.dtype} as a tensor")
+    return Tensor._wrap(array, device)
 
 
 from . import autograd, backends, ops, random  # noqa: E402  (these import Tensor)

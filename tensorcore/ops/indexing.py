@@ -95,12 +95,16 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
     if value.device != x.device:
         raise ValueError(f"setitem: value is on {value.device}, tensor on {x.device}")
     tracked = autograd.is_grad_enabled() and (x.requires_grad or value.requires_grad)
-    if not tracked:
-        x.backend.setitem_(x.data, index, x.backend.astype(value.data, x.dtype))
-        return
-    if x.requires_grad and x.is_leaf:
+    if tracked and x.requires_grad and x.is_leaf:
         raise RuntimeError("setitem: a leaf tensor that requires grad cannot be modified in place")
-    previous = Tensor._wrap(x.data, x.device)
-    previous.requires_grad, previous._ctx = x.requires_grad, x._ctx
-    out = SetItem.apply(previous, value.to(dtype=x.dtype), index)
+    try:
+        if not tracked:
+            x.backend.setitem_(x.data, index, x.backend.astype(value.data, x.dtype))
+            return
+        previous = Tensor._wrap(x.data, x.device)
+        previous.requires_grad, previous._ctx = x.requires_grad, x._ctx
+        out = SetItem.apply(previous, value.to(dtype=x.dtype), index)
+    except ValueError as exc:  # the backend checks the shapes before it writes anything
+        target = tuple(x.backend.getitem(x.data, index).shape)
+        raise ValueError(f"setitem: a value of shape {value.shape} does not fit the selection of shape {target}") from exc
     x.data, x._ctx, x.requires_grad = out.data, out._ctx, True
