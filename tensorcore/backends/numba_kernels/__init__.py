@@ -1,0 +1,27 @@
+"""Numba kernels for the CPU backend, one module per family of ops.
+
+The modules hold ``@njit`` functions only; nothing is compiled at import, and the
+first call of each kernel compiles it once per dtype and caches the machine code on
+disk (``cache=True``), so later processes load it instead of recompiling.  Parallel
+loops run on Numba's thread pool, sized by ``NUMBA_NUM_THREADS`` (default: all cores).
+
+``fast_path`` decides whether a call can use these kernels: float32/float64 arrays
+of one dtype (other dtypes go to the NumPy reference).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def fast_path(*arrays: Any) -> bool:
+    """True when every non-None array is a NumPy float32 or float64 array and all of
+    them share one dtype."""
+    present = [a for a in arrays if a is not None]
+    return (all(isinstance(a, np.ndarray) for a in present)
+            and present[0].dtype in FLOAT_DTYPES
+            and all(a.dtype == present[0].dtype for a in present))

@@ -1,0 +1,241 @@
+"""Activation functions and their derivatives, plus the fused bias+activation loops.
+
+Activations are passed to kernels as small integer codes (``ACT_CODES``) so one
+compiled kernel serves every activation; ``act_row_`` / ``act_grad_row_`` branch on
+the code once per row and run a loop specialised to that activation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+from numba.extending import overload
+from numba.np.numpy_support import as_dtype
+
+from .mathfn import fexp, fnormcdf, ftanh
+from .jit import JIT_OPTIONS, helper, kernel
+
+ACT_CODES = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4,
+             "sigmoid": 5, "tanh": 6}
+
+_INV_SQRT_2PI = 0.3989422804014327
+_GELU_TANH_K = 0.7978845608028654  # sqrt(2 / pi)
+_GELU_TANH_C = 0.044715
+
+
+def act_value(code, v):
+    """act(v) for the activation ``code``, in the dtype of ``v`` (jitted only)."""
+
+
+def act_derivative(code, v):
+    """d act(v) / dv for the activation ``code``, in the dtype of ``v`` (jitted only)."""
+
+
+@overload(act_value, inline="always", jit_options=JIT_OPTIONS)
+def _act_value_impl(code, v):
+    t = as_dtype(v).type  # constants in v's dtype keep float32 math in float32
+
+    def impl(code, v):
+        if code == 1:
+            return max(v, t(0.0))
+        if code == 2:
+            return v * fnormcdf(v)
+        if code == 3:  # 0.5 v (1 + tanh(u)) = v sigmoid(2u), free of cancellation
+            u = t(_GELU_TANH_K) * (v + t(_GELU_TANH_C) * v * v * v)
+            return v / (t(1.0) + fexp(t(-2.0) * u))
+        if code == 4:
+            return v / (t(1.0) + fexp(-v))
+        if code == 5:
+            return t(1.0) / (t(1.0) + fexp(-v))
+        if code == 6:
+            return ftanh(v)
+        return v
+
+    return impl
+
+
+def _sigmoid_and_slope(z):
+    """(sigmoid(z), sigmoid'(z)) (jitted only)."""
+
+
+@overload(_sigmoid_and_slope, jit_options=JIT_OPTIONS)
+def _sigmoid_and_slope_impl(z):
+    t = as_dtype(z).type
+
+    def impl(z):
+        # With e = exp(-|z|) both tails are free of cancellation: sigmoid(z) is
+        # 1/(1+e) or e/(1+e), and sigmoid' = sigmoid(z) sigmoid(-z) = e / (1+e)².
+        e = fexp(-abs(z))
+        inv = t(1.0) / (t(1.0) + e)
+        s = inv if z >= t(0.0) else e * inv
+        return s, e * inv * inv
+
+    return impl
+
+
+@overload(act_derivative, inline="always", jit_options=JIT_OPTIONS)
+def _act_derivative_impl(code, v):
+    t = as_dtype(v).type
+
+    def impl(code, v):
+        if code == 1:
+            return t(v > t(0.0))
+        if code == 2:
+            return fnormcdf(v) + v * t(_INV_SQRT_2PI) * fexp(t(-0.5) * v * v)
+        if code == 3:  # d/dv [v sigmoid(2u)] = sigmoid(2u) + 2 v sigmoid'(2u) du/dv
+            u = t(_GELU_TANH_K) * (v + t(_GELU_TANH_C) * v * v * v)
+            s, ds = _sigmoid_and_slope(t(2.0) * u)
+            du = t(_GELU_TANH_K) * (t(1.0) + t(3.0 * _GELU_TANH_C) * v * v)
+            return s + t(2.0) * v * ds * du
+        if code == 4:
+            s, ds = _sigmoid_and_slope(v)
+            return s + v * ds
+        if code == 5:
+            return _sigmoid_and_slope(v)[1]
+        if code == 6:
+            th = ftanh(v)
+            return t(1.0) - th * th
+        return t(1.0)
+
+    return impl
+
+
+@helper
+def act_row_(code, row):
+    """row[:] = act(row[:]) in place.
+
+    One loop per activation with the code as a constant, so every loop vectorises
+    (a loop that branches on a run-time code per element does not)."""
+    n = row.size
+    if code == 1:
+        for i in range(n):
+            row[i] = act_value(1, row[i])
+    elif code == 2:
+        for i in range(n):
+            row[i] = act_value(2, row[i])
+    elif code == 3:
+        for i in range(n):
+            row[i] = act_value(3, row[i])
+    elif code == 4:
+        for i in range(n):
+            row[i] = act_value(4, row[i])
+    elif code == 5:
+        for i in range(n):
+            row[i] = act_value(5, row[i])
+    elif code == 6:
+        for i in range(n):
+            row[i] = act_value(6, row[i])
+
+
+@helper
+def act_grad_row_(code, z, grad):
+    """z[:] = grad * act'(z) in place (z holds the pre-activation on entry)."""
+    n = z.size
+    if code == 0:
+        z[:] = grad
+    elif code == 1:
+        for i in range(n):
+            z[i] = grad[i] * act_derivative(1, z[i])
+    elif code == 2:
+        for i in range(n):
+            z[i] = grad[i] * act_derivative(2, z[i])
+    elif code == 3:
+        for i in range(n):
+            z[i] = grad[i] * act_derivative(3, z[i])
+    elif code == 4:
+        for i in range(n):
+            z[i] = grad[i] * act_derivative(4, z[i])
+    elif code == 5:
+        for i in range(n):
+            z[i] = grad[i] * act_derivative(5, z[i])
+    elif code == 6:
+        for i in range(n):
+            z[i] = grad[i] * act_derivative(6, z[i])
+
+
+_BLOCK = 8192
+
+
+@kernel
+def act_forward_flat(x, code):
+    """act(x) over a contiguous 1-D array, in parallel blocks."""
+    out = x.copy()
+    for k in prange((x.size + _BLOCK - 1) // _BLOCK):
+        act_row_(code, out[k * _BLOCK:(k + 1) * _BLOCK])
+    return out
+
+
+@kernel
+def act_backward_flat(x, grad, code):
+    """act'(x) * grad over contiguous 1-D arrays, in parallel blocks."""
+    out = x.copy()
+    for k in prange((x.size + _BLOCK - 1) // _BLOCK):
+        block = slice(k * _BLOCK, (k + 1) * _BLOCK)
+        act_grad_row_(code, out[block], grad[block])
+    return out
+
+
+@kernel
+def bias_act_rows(x, bias, code):
+    """act(x + bias) for x [R, C] with bias [C] along the last axis."""
+    out = np.empty_like(x)
+    for r in prange(x.shape[0]):
+        row, res = x[r], out[r]
+        for c in range(row.size):
+            res[c] = row[c] + bias[c]
+        act_row_(code, res)
+    return out
+
+
+@kernel
+def bias_act_rows_backward(x, bias, grad, code, chunks):
+    """(d/dx, d/dbias) of ``bias_act_rows``; rows are split into ``chunks`` blocks
+    that each sum their own share of d bias."""
+    rows, cols = x.shape
+    out = np.empty_like(x)
+    partial = np.zeros((chunks, cols), dtype=x.dtype)
+    for k in prange(chunks):
+        acc = partial[k]
+        for r in range(k * rows // chunks, (k + 1) * rows // chunks):
+            row, res = x[r], out[r]
+            for c in range(cols):
+                res[c] = row[c] + bias[c]
+            act_grad_row_(code, res, grad[r])
+            for c in range(cols):
+                acc[c] += res[c]
+    return out, partial.sum(axis=0)
+
+
+@kernel
+def bias_act_planes(x, bias, code):
+    """act(x + bias) for x [P, S] (the planes of a [outer, C, S] array) with plane p
+    shifted by bias[p % C]."""
+    channels = bias.shape[0]
+    out = np.empty_like(x)
+    for p in prange(x.shape[0]):
+        row, res = x[p], out[p]
+        b = bias[p % channels]
+        for s in range(row.size):
+            res[s] = row[s] + b
+        act_row_(code, res)
+    return out
+
+
+@kernel
+def bias_act_planes_backward(x, bias, grad, code):
+    """d/dx of ``bias_act_planes`` and the per-plane sums of it ([P], for d bias)."""
+    t = x.dtype.type
+    channels = bias.shape[0]
+    out = np.empty_like(x)
+    plane_sums = np.empty(x.shape[0], dtype=x.dtype)
+    for p in prange(x.shape[0]):
+        row, res = x[p], out[p]
+        b = bias[p % channels]
+        for s in range(row.size):
+            res[s] = row[s] + b
+        act_grad_row_(code, res, grad[p])
+        acc = t(0.0)
+        for s in range(res.size):
+            acc += res[s]
+        plane_sums[p] = acc
+    return out, plane_sums

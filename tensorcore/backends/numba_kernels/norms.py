@@ -1,0 +1,201 @@
+"""Layer, group and batch normalisation, forward and backward.
+
+Statistics come from ``reductions.moments`` (blockwise Welford merge, float64
+accumulation).  Weight-gradient sums are built from per-row or per-thread partial
+sums, so no two threads write the same element.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from .activations import act_grad_row_, act_row_
+from .reductions import moments
+from .jit import kernel
+
+
+@kernel
+def row_stats(x, eps):
+    """(mean, rstd) of every row of x [R, D], in x's dtype."""
+    rows = x.shape[0]
+    mean = np.empty(rows, dtype=x.dtype)
+    rstd = np.empty(rows, dtype=x.dtype)
+    for r in prange(rows):
+        m, m2 = moments(x[r])
+        mean[r] = m
+        rstd[r] = 1.0 / math.sqrt(m2 / x.shape[1] + eps)
+    return mean, rstd
+
+
+@kernel
+def layer_norm_rows(x, weight, bias, eps):
+    """Normalise each row of x [R, D], then scale by weight [D] and shift by bias [D]."""
+    mean, rstd = row_stats(x, eps)
+    out = np.empty_like(x)
+    for r in prange(x.shape[0]):
+        row, res = x[r], out[r]
+        m, s = mean[r], rstd[r]
+        for c in range(row.size):
+            res[c] = (row[c] - m) * s * weight[c] + bias[c]
+    return out, mean, rstd
+
+
+@kernel
+def layer_norm_rows_backward(grad, x, weight, mean, rstd, chunks):
+    """(dx, dweight, dbias) of ``layer_norm_rows``; rows are split into ``chunks``
+    blocks that each sum their own share of dweight/dbias."""
+    t = x.dtype.type
+    rows, width = x.shape
+    dx = np.empty_like(x)
+    part_w = np.zeros((chunks, width), dtype=x.dtype)
+    part_b = np.zeros((chunks, width), dtype=x.dtype)
+    inv_width = t(1.0) / t(width)
+    for k in prange(chunks):
+        pw, pb = part_w[k], part_b[k]
+        for r in range(k * rows // chunks, (k + 1) * rows // chunks):
+            g, row, res = grad[r], x[r], dx[r]
+            m, s = mean[r], rstd[r]
+            sum_gw = t(0.0)
+            sum_gwx = t(0.0)
+            for c in range(width):
+                xhat = (row[c] - m) * s
+                gw = g[c] * weight[c]
+                sum_gw += gw
+                sum_gwx += gw * xhat
+                pw[c] += g[c] * xhat
+                pb[c] += g[c]
+            a = sum_gw * inv_width
+            b = sum_gwx * inv_width
+            for c in range(width):
+                xhat = (row[c] - m) * s
+                res[c] = s * (g[c] * weight[c] - a - xhat * b)
+    return dx, part_w.sum(axis=0), part_b.sum(axis=0)
+
+
+@kernel
+def group_norm_groups(x, weight, bias, eps, code):
+    """act(group_norm) for x [N, G, Cg, S] with weight/bias [G*Cg]; returns
+    (y, mean [N, G], rstd [N, G])."""
+    n, groups, cg, size = x.shape
+    flat = x.reshape(n * groups, cg * size)
+    mean, rstd = row_stats(flat, eps)
+    out = np.empty_like(x)
+    for ng in prange(n * groups):
+        i, g = ng // groups, ng % groups
+        m, s = mean[ng], rstd[ng]
+        for j in range(cg):
+            c = g * cg + j
+            scale = s * weight[c]
+            shift = bias[c] - m * scale
+            src, res = x[i, g, j], out[i, g, j]
+            for p in range(size):
+                res[p] = src[p] * scale + shift
+            act_row_(code, res)
+    return out, mean.reshape(n, groups), rstd.reshape(n, groups)
+
+
+@kernel
+def group_norm_groups_backward(grad, x, weight, bias, mean, rstd, code):
+    """(dx, dweight, dbias) of ``group_norm_groups``; the activation's derivative is
+    taken at the recomputed pre-activation."""
+    t = x.dtype.type
+    n, groups, cg, size = x.shape
+    dx = np.empty_like(x)
+    part_w = np.zeros((n, groups * cg), dtype=x.dtype)
+    part_b = np.zeros((n, groups * cg), dtype=x.dtype)
+    inv_count = t(1.0) / t(cg * size)
+    for ng in prange(n * groups):
+        i, g = ng // groups, ng % groups
+        m, s = mean[i, g], rstd[i, g]
+        sum_gw = t(0.0)
+        sum_gwx = t(0.0)
+        for j in range(cg):
+            c = g * cg + j
+            scale = s * weight[c]
+            shift = bias[c] - m * scale
+            src, dy, res = x[i, g, j], grad[i, g, j], dx[i, g, j]
+            for p in range(size):
+                res[p] = src[p] * scale + shift
+            act_grad_row_(code, res, dy)  # d pre-activation, finished below
+            acc_w = t(0.0)
+            acc_b = t(0.0)
+            for p in range(size):
+                acc_w += res[p] * ((src[p] - m) * s)
+                acc_b += res[p]
+            part_w[i, c] = acc_w
+            part_b[i, c] = acc_b
+            sum_gw += acc_b * weight[c]
+            sum_gwx += acc_w * weight[c]
+        a = sum_gw * inv_count
+        b = sum_gwx * inv_count
+        for j in range(cg):
+            c = g * cg + j
+            src, res = x[i, g, j], dx[i, g, j]
+            for p in range(size):
+                xhat = (src[p] - m) * s
+                res[p] = s * (res[p] * weight[c] - a - xhat * b)
+    return dx, part_w.sum(axis=0), part_b.sum(axis=0)
+
+
+@kernel
+def plane_moments(x):
+    """(mean, sum of squared deviations) of every plane of x [N, C, S], float64."""
+    n, channels, _ = x.shape
+    mean = np.empty((n, channels), dtype=np.float64)
+    m2 = np.empty((n, channels), dtype=np.float64)
+    for nc in prange(n * channels):
+        i, c = nc // channels, nc % channels
+        mean[i, c], m2[i, c] = moments(x[i, c])
+    return mean, m2
+
+
+@kernel
+def plane_sums(grad, x, center):
+    """Per plane of [N, C, S]: sum(grad) and sum(grad * (x - center[c]))."""
+    t = x.dtype.type
+    n, channels, size = x.shape
+    sum_g = np.empty((n, channels), dtype=x.dtype)
+    sum_gx = np.empty((n, channels), dtype=x.dtype)
+    for nc in prange(n * channels):
+        i, c = nc // channels, nc % channels
+        g, src = grad[i, c], x[i, c]
+        m = center[c]
+        acc_g = t(0.0)
+        acc_gx = t(0.0)
+        for p in range(size):
+            acc_g += g[p]
+            acc_gx += g[p] * (src[p] - m)
+        sum_g[i, c] = acc_g
+        sum_gx[i, c] = acc_gx
+    return sum_g, sum_gx
+
+
+@kernel
+def plane_affine(x, scale, shift):
+    """x * scale[c] + shift[c] over the planes of x [N, C, S]."""
+    n, channels, size = x.shape
+    out = np.empty_like(x)
+    for nc in prange(n * channels):
+        i, c = nc // channels, nc % channels
+        src, res = x[i, c], out[i, c]
+        a, b = scale[c], shift[c]
+        for p in range(size):
+            res[p] = src[p] * a + b
+    return out
+
+
+@kernel
+def plane_affine2(g, x, g_scale, x_scale, shift):
+    """g * g_scale[c] + x * x_scale[c] + shift[c] over the planes of [N, C, S]."""
+    n, channels, size = x.shape
+    out = np.empty_like(x)
+    for nc in prange(n * channels):
+        i, c = nc // channels, nc % channels
+        gp, src, res = g[i, c], x[i, c], out[i, c]
+        a, b, d = g_scale[c], x_scale[c], shift[c]
+        for p in range(size):
+            res[p] = gp[p] * a + src[p] * b + d
+    return out

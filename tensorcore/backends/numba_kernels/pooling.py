@@ -1,0 +1,172 @@
+"""Max / average pooling and nearest / bilinear upsampling (NCHW), fwd and bwd.
+
+Every kernel runs one (image, channel) plane per task; backward kernels add only into
+their own plane, so overlapping windows accumulate without races.  Max pooling is
+compiled without fastmath so NaN propagates as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from .jit import kernel, strict_kernel
+
+
+@strict_kernel
+def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
+    """(out, argmax) with argmax the flat index into each H*W plane; the first maximum
+    wins, NaN wins, and an all -inf window reports its first position in the image."""
+    t = x.dtype.type
+    n, c, h, w = x.shape
+    out = np.empty((n, c, ho, wo), dtype=x.dtype)
+    arg = np.empty((n, c, ho, wo), dtype=np.int64)
+    for task in prange(n * c):
+        i, ch = task // c, task % c
+        src = x[i, ch]
+        for oh in range(ho):
+            h0 = oh * sh - ph
+            for ow in range(wo):
+                w0 = ow * sw - pw
+                best = t(-np.inf)
+                where = max(h0, 0) * w + max(w0, 0)
+                for ih in range(max(h0, 0), min(h0 + kh, h)):
+                    for iw in range(max(w0, 0), min(w0 + kw, w)):
+                        v = src[ih, iw]
+                        if v > best or math.isnan(v):
+                            best = v
+                            where = ih * w + iw
+                out[i, ch, oh, ow] = best
+                arg[i, ch, oh, ow] = where
+    return out, arg
+
+
+@kernel
+def max_pool_backward(grad, arg, h, w):
+    """Add every output gradient into the input position its argmax names."""
+    n, c, ho, wo = grad.shape
+    dx = np.zeros((n, c, h * w), dtype=grad.dtype)
+    for task in prange(n * c):
+        i, ch = task // c, task % c
+        dst, g, a = dx[i, ch], grad[i, ch].ravel(), arg[i, ch].ravel()
+        for k in range(ho * wo):
+            dst[a[k]] += g[k]
+    return dx.reshape(n, c, h, w)
+
+
+@kernel
+def avg_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
+    """Window means with zero padding counted in the divisor."""
+    t = x.dtype.type
+    n, c, h, w = x.shape
+    out = np.empty((n, c, ho, wo), dtype=x.dtype)
+    inv = t(1.0) / t(kh * kw)
+    for task in prange(n * c):
+        i, ch = task // c, task % c
+        src = x[i, ch]
+        for oh in range(ho):
+            h0 = oh * sh - ph
+            for ow in range(wo):
+                w0 = ow * sw - pw
+                total = t(0.0)
+                for ih in range(max(h0, 0), min(h0 + kh, h)):
+                    for iw in range(max(w0, 0), min(w0 + kw, w)):
+                        total += src[ih, iw]
+                out[i, ch, oh, ow] = total * inv
+    return out
+
+
+@kernel
+def avg_pool_backward(grad, h, w, kh, kw, sh, sw, ph, pw):
+    """Spread each output gradient evenly over its window (padding included)."""
+    t = grad.dtype.type
+    n, c, ho, wo = grad.shape
+    dx = np.zeros((n, c, h, w), dtype=grad.dtype)
+    inv = t(1.0) / t(kh * kw)
+    for task in prange(n * c):
+        i, ch = task // c, task % c
+        dst = dx[i, ch]
+        for oh in range(ho):
+            h0 = oh * sh - ph
+            for ow in range(wo):
+                w0 = ow * sw - pw
+                share = grad[i, ch, oh, ow] * inv
+                for ih in range(max(h0, 0), min(h0 + kh, h)):
+                    for iw in range(max(w0, 0), min(w0 + kw, w)):
+                        dst[ih, iw] += share
+    return dx
+
+
+@kernel
+def gather_nearest(x, rows, cols):
+    """out[..., a, b] = x[..., rows[a], cols[b]]."""
+    n, c = x.shape[0], x.shape[1]
+    out = np.empty((n, c, rows.size, cols.size), dtype=x.dtype)
+    for task in prange(n * c):
+        i, ch = task // c, task % c
+        src, dst = x[i, ch], out[i, ch]
+        for a in range(rows.size):
+            line, res = src[rows[a]], dst[a]
+            for b in range(cols.size):
+                res[b] = line[cols[b]]
+    return out
+
+
+@kernel
+def scatter_nearest(grad, rows, cols, h, w):
+    """Adjoint of ``gather_nearest``: sum the gradients of outputs sharing a source."""
+    n, c = grad.shape[0], grad.shape[1]
+    dx = np.zeros((n, c, h, w), dtype=grad.dtype)
+    for task in prange(n * c):
+        i, ch = task // c, task % c
+        src, dst = grad[i, ch], dx[i, ch]
+        for a in range(rows.size):
+            line, g = dst[rows[a]], src[a]
+            for b in range(cols.size):
+                line[cols[b]] += g[b]
+    return dx
+
+
+@kernel
+def bilinear(x, h0, h1, hf, w0, w1, wf):
+    """Bilinear resampling with per-axis taps (lo, hi) and the weight ``f`` of hi."""
+    t = x.dtype.type
+    n, c = x.shape[0], x.shape[1]
+    out = np.empty((n, c, h0.size, w0.size), dtype=x.dtype)
+    for task in prange(n * c):
+        i, ch = task // c, task % c
+        src, dst = x[i, ch], out[i, ch]
+        for a in range(h0.size):
+            top, bottom, fa = src[h0[a]], src[h1[a]], hf[a]
+            res = dst[a]
+            for b in range(w0.size):
+                fb = wf[b]
+                upper = (t(1.0) - fb) * top[w0[b]] + fb * top[w1[b]]
+                lower = (t(1.0) - fb) * bottom[w0[b]] + fb * bottom[w1[b]]
+                res[b] = (t(1.0) - fa) * upper + fa * lower
+    return out
+
+
+@kernel
+def bilinear_backward(grad, h, w, h0, h1, hf, w0, w1, wf):
+    """Adjoint of ``bilinear``: each output gradient goes to its four taps."""
+    t = grad.dtype.type
+    n, c = grad.shape[0], grad.shape[1]
+    dx = np.zeros((n, c, h, w), dtype=grad.dtype)
+    for task in prange(n * c):
+        i, ch = task // c, task % c
+        src, dst = grad[i, ch], dx[i, ch]
+        for a in range(h0.size):
+            top, bottom, fa = dst[h0[a]], dst[h1[a]], hf[a]
+            g = src[a]
+            for b in range(w0.size):
+                fb = wf[b]
+                upper = (t(1.0) - fa) * g[b]
+                lower = fa * g[b]
+                top[w0[b]] += (t(1.0) - fb) * upper
+                top[w1[b]] += fb * upper
+                bottom[w0[b]] += (t(1.0) - fb) * lower
+                bottom[w1[b]] += fb * lower
+    return dx

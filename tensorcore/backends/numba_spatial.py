@@ -1,0 +1,182 @@
+"""Numba versions of convolution, pooling and upsampling (NCHW).
+
+Convolution is parallel im2col / col2im plus one BLAS GEMM per group (NumPy's
+``matmul`` on the column matrix).  Shapes are validated by the reference's checks
+before any kernel runs; other dtypes defer to the NumPy reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .numba_kernels import fast_path
+from .numpy_pool import _pool_geometry
+from .numpy_upsample import _check_image
+
+Array = Any
+Pair = tuple[int, int]
+Shape = tuple[int, ...]
+
+
+def _bilinear_taps(in_size: int, out_size: int, align_corners: bool,
+                   dtype: Any) -> tuple[Array, Array, Array]:
+    """(lo, hi, weight of hi) per output index, PyTorch's source-index rule."""
+    dst = np.arange(out_size, dtype=np.float64)
+    if align_corners:
+        src = dst * ((in_size - 1) / (out_size - 1) if out_size > 1 else 0.0)
+    else:
+        src = np.maximum((dst + 0.5) * (in_size / out_size) - 0.5, 0.0)
+    lo = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+    hi = np.minimum(lo + 1, in_size - 1)
+    return lo, hi, np.clip(src - lo, 0.0, 1.0).astype(dtype)
+
+
+class NumbaSpatialKernels:
+    """conv2d (+ both gradients), max/avg pooling, nearest/bilinear upsampling."""
+
+    # ----- convolution -------------------------------------------------------------
+    def _columns(self, x: Array, kernel: Pair, out_hw: Pair, stride: Pair, padding: Pair,
+                 dilation: Pair, groups: int) -> Array:
+        """x [N, C, H, W] -> column matrix [groups, C/groups * kh * kw, N * Ho * Wo]."""
+        from .numba_kernels import conv as K
+
+        cols = K.im2col(np.ascontiguousarray(x), *kernel, *stride, *padding, *dilation, *out_hw)
+        return cols.reshape(groups, -1, x.shape[0] * out_hw[0] * out_hw[1])
+
+    @staticmethod
+    def _grad_columns(grad: Array, groups: int) -> Array:
+        """grad [N, Cout, Ho, Wo] -> [groups, Cout/groups, N * Ho * Wo]."""
+        from .numba_kernels import conv as K
+
+        n, cout, ho, wo = grad.shape
+        return K.swap_leading_axes(np.ascontiguousarray(grad)).reshape(groups, cout // groups,
+                                                                        n * ho * wo)
+
+    def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,
+               dilation: Pair, groups: int) -> Array:
+        if not fast_path(x, w):
+            return super().conv2d(x, w, stride, padding, dilation, groups)
+        from .numba_kernels import conv as K
+
+        ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
+        cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        cols = self._columns(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
+        out = np.matmul(np.ascontiguousarray(w).reshape(groups, cout // groups, -1), cols)
+        return K.swap_leading_axes(out.reshape(cout, x.shape[0], ho, wo))
+
+    def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
+                          padding: Pair, dilation: Pair, groups: int) -> Array:
+        if not fast_path(grad, w):
+            return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
+        from .numba_kernels import conv as K
+
+        ho, wo = self._conv_geometry("conv2d_grad_input", x_shape, w.shape, stride, padding,
+                                     dilation, groups)
+        n, c, h, wd = x_shape
+        cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        self._check_grad("conv2d_grad_input", grad, n, cout, ho, wo)
+        w_t = np.ascontiguousarray(w).reshape(groups, cout // groups, -1).transpose(0, 2, 1)
+        cols = np.matmul(w_t, self._grad_columns(grad, groups))
+        return K.col2im(cols.reshape(c, kh, kw, n, ho * wo), h, wd, *stride, *padding,
+                        *dilation, ho, wo)
+
+    def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
+                           padding: Pair, dilation: Pair, groups: int) -> Array:
+        if not fast_path(grad, x):
+            return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
+        ho, wo = self._conv_geometry("conv2d_grad_weight", x.shape, w_shape, stride, padding,
+                                     dilation, groups)
+        self._check_grad("conv2d_grad_weight", grad, x.shape[0], w_shape[0], ho, wo)
+        cols = self._columns(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding, dilation,
+                             groups)
+        dw = np.matmul(self._grad_columns(grad, groups), cols.transpose(0, 2, 1))
+        return dw.reshape(w_shape)
+
+    # ----- pooling -----------------------------------------------------------------
+    def max_pool2d(self, x: Array, kernel: Pair, stride: Pair,
+                   padding: Pair) -> tuple[Array, Array]:
+        if not fast_path(x):
+            return super().max_pool2d(x, kernel, stride, padding)
+        from .numba_kernels import pooling as K
+
+        ho, wo = _pool_geometry("max_pool2d", x.shape, kernel, stride, padding)
+        return K.max_pool(np.ascontiguousarray(x), *kernel, *stride, *padding, ho, wo)
+
+    def max_pool2d_backward(self, grad: Array, argmax: Array, x_shape: Shape) -> Array:
+        if not fast_path(grad) or argmax.shape != grad.shape or grad.size == 0:
+            return super().max_pool2d_backward(grad, argmax, x_shape)
+        from .numba_kernels import pooling as K
+
+        plane = x_shape[2] * x_shape[3]
+        if argmax.min() < 0 or argmax.max() >= plane:
+            raise ValueError(f"max_pool2d_backward: argmax values must lie in [0, {plane}) "
+                             f"for input shape {tuple(x_shape)}")
+        return K.max_pool_backward(np.ascontiguousarray(grad),
+                                   np.ascontiguousarray(argmax, dtype=np.int64),
+                                   x_shape[2], x_shape[3])
+
+    def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
+        if not fast_path(x):
+            return super().avg_pool2d(x, kernel, stride, padding)
+        from .numba_kernels import pooling as K
+
+        ho, wo = _pool_geometry("avg_pool2d", x.shape, kernel, stride, padding)
+        return K.avg_pool(np.ascontiguousarray(x), *kernel, *stride, *padding, ho, wo)
+
+    def avg_pool2d_backward(self, grad: Array, x_shape: Shape, kernel: Pair,
+                            stride: Pair, padding: Pair) -> Array:
+        if not fast_path(grad):
+            return super().avg_pool2d_backward(grad, x_shape, kernel, stride, padding)
+        from .numba_kernels import pooling as K
+
+        ho, wo = _pool_geometry("avg_pool2d_backward", x_shape, kernel, stride, padding)
+        if tuple(grad.shape) != tuple(x_shape[:2]) + (ho, wo):
+            raise ValueError(f"avg_pool2d_backward: grad has shape {tuple(grad.shape)}, "
+                             f"expected {tuple(x_shape[:2]) + (ho, wo)}")
+        return K.avg_pool_backward(np.ascontiguousarray(grad), x_shape[2], x_shape[3],
+                                   *kernel, *stride, *padding)
+
+    # ----- upsampling --------------------------------------------------------------
+    def upsample_nearest2d(self, x: Array, out_hw: Pair) -> Array:
+        if not fast_path(x):
+            return super().upsample_nearest2d(x, out_hw)
+        from .numba_kernels import pooling as K
+
+        _check_image("upsample_nearest2d", x.shape, out_hw)
+        rows = self._nearest_source(x.shape[2], out_hw[0])
+        cols = self._nearest_source(x.shape[3], out_hw[1])
+        return K.gather_nearest(np.ascontiguousarray(x), rows, cols)
+
+    def upsample_nearest2d_backward(self, grad: Array, x_shape: Shape) -> Array:
+        if not fast_path(grad) or grad.ndim != 4:
+            return super().upsample_nearest2d_backward(grad, x_shape)
+        from .numba_kernels import pooling as K
+
+        _check_image("upsample_nearest2d_backward", x_shape)
+        rows = self._nearest_source(x_shape[2], grad.shape[2])
+        cols = self._nearest_source(x_shape[3], grad.shape[3])
+        return K.scatter_nearest(np.ascontiguousarray(grad), rows, cols, x_shape[2], x_shape[3])
+
+    def upsample_bilinear2d(self, x: Array, out_hw: Pair, align_corners: bool) -> Array:
+        if not fast_path(x):
+            return super().upsample_bilinear2d(x, out_hw, align_corners)
+        from .numba_kernels import pooling as K
+
+        _check_image("upsample_bilinear2d", x.shape, out_hw)
+        taps_h = _bilinear_taps(x.shape[2], out_hw[0], align_corners, x.dtype)
+        taps_w = _bilinear_taps(x.shape[3], out_hw[1], align_corners, x.dtype)
+        return K.bilinear(np.ascontiguousarray(x), *taps_h, *taps_w)
+
+    def upsample_bilinear2d_backward(self, grad: Array, x_shape: Shape,
+                                     align_corners: bool) -> Array:
+        if not fast_path(grad) or grad.ndim != 4:
+            return super().upsample_bilinear2d_backward(grad, x_shape, align_corners)
+        from .numba_kernels import pooling as K
+
+        _check_image("upsample_bilinear2d_backward", x_shape)
+        taps_h = _bilinear_taps(x_shape[2], grad.shape[2], align_corners, grad.dtype)
+        taps_w = _bilinear_taps(x_shape[3], grad.shape[3], align_corners, grad.dtype)
+        return K.bilinear_backward(np.ascontiguousarray(grad), x_shape[2], x_shape[3],
+                                   *taps_h, *taps_w)

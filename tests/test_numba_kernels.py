@@ -1,0 +1,329 @@
+"""The Numba backend's kernels against the NumPy reference backend (and torch.optim
+for the optimizer updates), on shapes that hit edge cases: size-1 dims, odd widths,
+groups, stride > 1, dilation, padding larger than half the kernel.
+
+Every kernel compiles once per dtype on first use (then loads from Numba's disk
+cache), so the cases share kernels and stick to float32 and float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from tensorcore.backends.numba_backend import NumbaBackend  # noqa: E402
+from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
+
+NB, NP = NumbaBackend(), NumpyBackend()
+DTYPES = [np.float32, np.float64]
+ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]
+
+
+def tol(dtype) -> dict:
+    return dict(rtol=2e-5, atol=2e-5) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-11)
+
+
+def rand(shape, dtype, seed=0, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)
+
+
+def assert_same(fast, ref, dtype):
+    """Equal values (within the dtype's tolerance) and dtypes, through tuples."""
+    if isinstance(ref, tuple):
+        assert isinstance(fast, tuple) and len(fast) == len(ref)
+        for f, r in zip(fast, ref):
+            assert_same(f, r, dtype)
+        return
+    if ref is None:
+        assert fast is None
+        return
+    assert fast.shape == ref.shape and fast.dtype == ref.dtype
+    np.testing.assert_allclose(fast, ref, **tol(dtype))
+
+
+def check(method, *args, dtype):
+    """The numba and numpy backends agree on ``method(*args)``."""
+    fast = getattr(NB, method)(*args)
+    ref = getattr(NP, method)(*args)
+    assert_same(fast, ref, dtype)
+    return fast
+
+
+# ----- activations ----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_bias_act_forward_backward(act, dtype):
+    x, g = rand((3, 5, 7), dtype, 1, 3.0), rand((3, 5, 7), dtype, 2)
+    for axis in (-1, 1, 0):
+        bias = rand((x.shape[axis],), dtype, 3)
+        out = check("bias_act", x, bias, act, axis, dtype=dtype)
+        assert out.dtype == dtype
+        check("bias_act_backward", g, x, bias, act, axis, dtype=dtype)
+    check("activation_grad", act, x, g, dtype=dtype)
+    if act in ("gelu", "gelu_tanh", "silu", "sigmoid"):
+        check("unary", act, x, dtype=dtype)
+
+
+def test_activations_extreme_inputs_are_exact_in_float32():
+    x = np.array([-1e4, -100.0, -88.5, -20.0, -1e-30, 0.0, 20.0, 88.5, 100.0, 1e4], np.float32)
+    x64, ones = x.astype(np.float64), np.ones_like(x)
+    for act in ACTS:
+        out = NB.bias_act(x, np.zeros(x.size, np.float32), act, 0)
+        ref = NP.bias_act(x64, None, act, 0)
+        assert out.dtype == np.float32 and np.all(np.isfinite(out))
+        np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-30)
+        grad = NB.activation_grad(act, x, ones)
+        np.testing.assert_allclose(grad, NP.activation_grad(act, x64, ones.astype(np.float64)),
+                                   rtol=2e-6, atol=1e-30)
+
+
+def test_unknown_activation_raises():
+    with pytest.raises(ValueError, match="activation"):
+        NB.bias_act(np.ones((2, 2), np.float32), np.ones(2, np.float32), "swish", 1)
+
+
+# ----- softmax family -------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 33)])
+def test_softmax_family(shape, dtype):
+    x, g = rand(shape, dtype, 1, 4.0), rand(shape, dtype, 2)
+    y = check("softmax", x, dtype=dtype)
+    check("softmax_backward", g, y, dtype=dtype)
+    logp = check("log_softmax", x, dtype=dtype)
+    check("log_softmax_backward", g, logp, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy(smoothing, dtype):
+    logits = rand((6, 5), dtype, 1, 3.0)
+    target = np.array([0, 4, -100, 2, 2, 1])
+    loss, logp = check("cross_entropy", logits, target, -100, smoothing, dtype=dtype)
+    assert loss[2] == 0
+    check("cross_entropy_backward", rand((6,), dtype, 2), logp, target, -100, smoothing,
+          dtype=dtype)
+
+
+def test_cross_entropy_rejects_out_of_range_targets():
+    with pytest.raises(ValueError, match="cross_entropy"):
+        NB.cross_entropy(np.zeros((2, 3), np.float32), np.array([0, 3]), -100, 0.0)
+
+
+# ----- normalisation --------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, n_norm", [((1, 1), 1), ((3, 5, 7), 2), ((4, 9), 1)])
+def test_layer_norm(shape, n_norm, dtype):
+    x, g = rand(shape, dtype, 1, 2.0) + 3, rand(shape, dtype, 2)
+    norm_shape = shape[-n_norm:]
+    for w, b in ((rand(norm_shape, dtype, 3), rand(norm_shape, dtype, 4)), (None, None)):
+        y, mean, rstd = check("layer_norm", x, w, b, n_norm, 1e-5, dtype=dtype)
+        check("layer_norm_backward", g, x, w, mean, rstd, n_norm, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, groups, act", [((2, 6, 5, 3), 3, "silu"), ((1, 4, 1, 1), 2, "none"),
+                                                ((3, 4, 7), 4, "gelu"), ((2, 2, 3, 3), 1, "relu")])
+def test_group_norm(shape, groups, act, dtype):
+    x, g = rand(shape, dtype, 1, 2.0) - 1, rand(shape, dtype, 2)
+    c = shape[1]
+    for w, b in ((rand((c,), dtype, 3), rand((c,), dtype, 4)), (None, None)):
+        y, mean, rstd = check("group_norm", x, w, b, groups, 1e-5, act, dtype=dtype)
+        check("group_norm_backward", g, x, w, b, mean, rstd, groups, act, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (2, 1, 1, 1), (3, 5)])
+def test_batch_norm(shape, dtype):
+    x, g = rand(shape, dtype, 1, 2.0) + 1, rand(shape, dtype, 2)
+    c = shape[1]
+    w, b = rand((c,), dtype, 3), rand((c,), dtype, 4)
+    for training in (True, False):
+        stats_fast = [np.full(c, 0.5, dtype), np.full(c, 2.0, dtype)]
+        stats_ref = [s.copy() for s in stats_fast]
+        fast = NB.batch_norm(x, w, b, *stats_fast, training, 0.1, 1e-5)
+        ref = NP.batch_norm(x, w, b, *stats_ref, training, 0.1, 1e-5)
+        assert_same(fast, ref, dtype)
+        assert_same(tuple(stats_fast), tuple(stats_ref), dtype)
+        _, mean, rstd = ref
+        check("batch_norm_backward", g, x, w, mean, rstd, training, dtype=dtype)
+        check("batch_norm_backward", g, x, None, mean, rstd, training, dtype=dtype)
+
+
+def test_norm_statistics_survive_a_large_offset():
+    x = (np.random.default_rng(0).standard_normal((2, 50_000)) + 1e4).astype(np.float32)
+    _, mean, rstd = NB.layer_norm(x, None, None, 1, 0.0)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(mean, x64.mean(1), rtol=1e-7)
+    np.testing.assert_allclose(rstd, 1 / x64.std(1), rtol=1e-4)
+
+
+# ----- convolution ----------------------------------------------------------------
+CONV_CASES = [
+    ((1, 1, 1, 1), (1, 1, 1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ((2, 3, 7, 5), (4, 3, 3, 3), (2, 1), (1, 2), (1, 1), 1),
+    ((2, 4, 9, 8), (6, 2, 3, 2), (1, 2), (2, 1), (2, 3), 2),
+    ((1, 2, 5, 5), (2, 2, 3, 3), (1, 1), (3, 2), (1, 1), 1),
+    ((2, 6, 6, 7), (6, 1, 3, 3), (2, 2), (1, 1), (1, 1), 6),
+    ((3, 2, 4, 4), (4, 2, 1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ((1, 3, 11, 1), (3, 1, 5, 1), (3, 1), (4, 0), (2, 1), 3),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("xs, ws, stride, padding, dilation, groups", CONV_CASES)
+def test_conv2d_and_grads(xs, ws, stride, padding, dilation, groups, dtype):
+    x, w = rand(xs, dtype, 1), rand(ws, dtype, 2)
+    out = check("conv2d", x, w, stride, padding, dilation, groups, dtype=dtype)
+    g = rand(out.shape, dtype, 3)
+    check("conv2d_grad_input", g, w, xs, stride, padding, dilation, groups, dtype=dtype)
+    check("conv2d_grad_weight", g, x, ws, stride, padding, dilation, groups, dtype=dtype)
+
+
+def test_conv2d_rejects_mismatched_channels():
+    with pytest.raises(ValueError, match="conv2d"):
+        NB.conv2d(np.ones((1, 3, 4, 4), np.float32), np.ones((2, 2, 3, 3), np.float32),
+                  (1, 1), (0, 0), (1, 1), 1)
+
+
+# ----- pooling and upsampling -----------------------------------------------------
+POOL_CASES = [((2, 2), (2, 2), (0, 0)), ((3, 3), (2, 2), (1, 1)), ((3, 2), (1, 2), (1, 1)),
+              ((1, 1), (1, 1), (0, 0)), ((5, 3), (3, 1), (2, 0))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel, stride, padding", POOL_CASES)
+def test_pooling(kernel, stride, padding, dtype):
+    x = rand((2, 3, 7, 5), dtype, 1)
+    out, arg = check("max_pool2d", x, kernel, stride, padding, dtype=dtype)
+    np.testing.assert_array_equal(arg, NP.max_pool2d(x, kernel, stride, padding)[1])
+    g = rand(out.shape, dtype, 2)
+    check("max_pool2d_backward", g, arg, x.shape, dtype=dtype)
+    avg = check("avg_pool2d", x, kernel, stride, padding, dtype=dtype)
+    check("avg_pool2d_backward", rand(avg.shape, dtype, 3), x.shape, kernel, stride, padding,
+          dtype=dtype)
+
+
+def test_max_pool_ties_pick_the_first_and_nan_propagates():
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    x[0, 0, 1, 1] = np.nan
+    out, arg = NB.max_pool2d(x, (2, 2), (2, 2), (0, 0))
+    ref_out, ref_arg = NP.max_pool2d(x, (2, 2), (2, 2), (0, 0))
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(arg, ref_arg)
+    assert np.isnan(out[0, 0, 0, 0]) and arg[0, 0, 0, 1] == 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_hw, out_hw", [((4, 5), (8, 10)), ((3, 3), (7, 4)), ((1, 1), (3, 2)),
+                                           ((5, 4), (2, 3))])
+def test_upsampling(in_hw, out_hw, dtype):
+    x = rand((2, 3) + in_hw, dtype, 1)
+    out = check("upsample_nearest2d", x, out_hw, dtype=dtype)
+    check("upsample_nearest2d_backward", rand(out.shape, dtype, 2), x.shape, dtype=dtype)
+    for align in (False, True):
+        out = check("upsample_bilinear2d", x, out_hw, align, dtype=dtype)
+        check("upsample_bilinear2d_backward", rand(out.shape, dtype, 3), x.shape, align,
+              dtype=dtype)
+
+
+# ----- embedding ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_backward_accumulates_repeats(dtype):
+    indices = np.array([[0, 3, 3, 1], [4, 3, 0, 0], [2, 2, 2, 2]])
+    check("embedding_backward", rand((3, 4, 5), dtype, 1), indices, 6, dtype=dtype)
+    with pytest.raises(ValueError, match="embedding_backward"):
+        NB.embedding_backward(rand((2, 5), dtype), np.array([0, 6]), 6)
+
+
+# ----- optimizer updates ----------------------------------------------------------
+N_PARAMS = 37
+RANGES = np.array([[0, 10], [12, 30], [30, 37]])  # [10, 12) is alignment padding
+
+
+def _optimizer_calls(dtype):
+    """name -> (number of state buffers, update(backend, p, g, states, lr, step))."""
+    return {
+        "sgd": (1, lambda B, p, g, s, lr, step: B.sgd_update_(
+            p, g, s[0], lr, 0.9, 0.1, False, 0.01, (step == 1).astype(dtype))),
+        "sgd_nesterov": (1, lambda B, p, g, s, lr, step: B.sgd_update_(
+            p, g, s[0], lr, 0.9, 0.0, True, 0.0, (step == 1).astype(dtype))),
+        "adam": (2, lambda B, p, g, s, lr, step: B.adam_update_(
+            p, g, s[0], s[1], None, lr, step, 0.9, 0.999, 1e-8, 0.01, False)),
+        "adamw_amsgrad": (3, lambda B, p, g, s, lr, step: B.adam_update_(
+            p, g, s[0], s[1], s[2], lr, step, 0.8, 0.99, 1e-8, 0.1, True)),
+        "rmsprop_centered": (3, lambda B, p, g, s, lr, step: B.rmsprop_update_(
+            p, g, s[0], s[1], s[2], lr, 0.9, 1e-8, 0.01, 0.5, True)),
+        "adagrad": (1, lambda B, p, g, s, lr, step: B.adagrad_update_(
+            p, g, s[0], lr, step, 0.1, 0.01, 1e-10)),
+        "lamb": (2, lambda B, p, g, s, lr, step: B.lamb_update_(
+            p, g, s[0], s[1], RANGES, lr, step, 0.9, 0.999, 1e-6, 0.01)),
+        "lars": (1, lambda B, p, g, s, lr, step: B.lars_update_(
+            p, g, s[0], RANGES, lr, 0.9, 0.01, 1e-3, 1e-9)),
+        "lion": (1, lambda B, p, g, s, lr, step: B.lion_update_(p, g, s[0], lr, 0.9, 0.99, 0.1)),
+    }
+
+
+def _run_updates(backend, update, n_states, dtype, steps=3):
+    rng = np.random.default_rng(0)
+    p = rng.standard_normal(N_PARAMS).astype(dtype)
+    p[10:12] = 0
+    states = [np.zeros(N_PARAMS, dtype) for _ in range(n_states)]
+    lr = np.array([0.05], dtype)
+    for k in range(steps):
+        g = rng.standard_normal(N_PARAMS).astype(dtype)
+        g[10:12] = 0
+        update(backend, p, g, states, lr, np.array([k + 1], dtype))
+    return p, states
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(_optimizer_calls(np.float32)))
+def test_optimizer_updates_match_reference(name, dtype):
+    n_states, update = _optimizer_calls(dtype)[name]
+    p_fast, s_fast = _run_updates(NB, update, n_states, dtype)
+    p_ref, s_ref = _run_updates(NP, update, n_states, dtype)
+    assert_same(p_fast, p_ref, dtype)
+    assert_same(tuple(s_fast), tuple(s_ref), dtype)
+    assert not p_fast[10:12].any()
+
+
+def test_optimizer_ranges_are_checked():
+    p = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="lamb_update_"):
+        NB.lamb_update_(p, p.copy(), p.copy(), p.copy(), np.array([[0, 5]]), np.ones(1, np.float32),
+                        np.ones(1, np.float32), 0.9, 0.999, 1e-6, 0.0)
+
+
+TORCH_OPTIMIZERS = {
+    "sgd": (lambda ps, optim: optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01),
+            "sgd"),
+    "sgd_nesterov": (lambda ps, optim: optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True), "sgd_nesterov"),
+    "adam": (lambda ps, optim: optim.Adam(ps, lr=0.05, weight_decay=0.01), "adam"),
+    "adamw_amsgrad": (lambda ps, optim: optim.AdamW(ps, lr=0.05, betas=(0.8, 0.99), weight_decay=0.1,
+                                                    amsgrad=True), "adamw_amsgrad"),
+    "rmsprop_centered": (lambda ps, optim: optim.RMSprop(ps, lr=0.05, alpha=0.9, weight_decay=0.01,
+                                                         momentum=0.5, centered=True), "rmsprop_centered"),
+    "adagrad": (lambda ps, optim: optim.Adagrad(ps, lr=0.05, lr_decay=0.1, weight_decay=0.01), "adagrad"),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(TORCH_OPTIMIZERS))
+def test_optimizer_updates_match_torch(name, dtype):
+    torch = pytest.importorskip("torch")
+    make, key = TORCH_OPTIMIZERS[name]
+    n_states, update = _optimizer_calls(dtype)[key]
+    p_fast, _ = _run_updates(NB, update, n_states, dtype)
+    rng = np.random.default_rng(0)
+    param = torch.tensor(rng.standard_normal(N_PARAMS).astype(dtype))
+    param[10:12] = 0
+    param.requires_grad_(True)
+    opt = make([param], torch.optim)
+    for _ in range(3):
+        g = rng.standard_normal(N_PARAMS).astype(dtype)
+        g[10:12] = 0
+        param.grad = torch.tensor(g)
+        opt.step()
+    np.testing.assert_allclose(p_fast, param.detach().numpy(), **tol(dtype))
