@@ -32,13 +32,7 @@ def _numba_available() -> bool:
 
 
 def _gpu_available() -> bool:
-    if importlib.util.find_spec("cupy") is None or not (_BACKENDS_DIR / "cupy_backend.py").exists():
-        return False
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # any CUDA driver/runtime failure means: no usable GPU
-        return False
+    return (_BACKENDS_DIR / "cupy_backend.py").exists() and tc.cuda.is_available()
 
 
 GPU_AVAILABLE = _gpu_available()
