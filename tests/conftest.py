@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import tensorcore as tc
+from op_harness import load_torch
 
 # The backend fixture only selects a backend, so reusing it across examples is safe.
 _SHARED = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -50,15 +51,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def torch() -> ModuleType | None:
     """The torch module when it is importable (an extra oracle), else None."""
-    return _import_torch()
-
-
-def _import_torch() -> ModuleType | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
+    return load_torch()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
