@@ -201,10 +201,11 @@ def _check_torch(torch: ModuleType, torch_op: Callable[..., Any], values: list[n
     tensors = [torch.tensor(v, requires_grad=i in wrt) for i, v in enumerate(values)]
     outs = _as_list(torch_op(*tensors))
     _compare([o.detach().numpy() for o in outs], want, tol, "torch forward vs reference")
-    float_outs = [o for o in outs if o.is_floating_point() and o.requires_grad]
-    if not grads or not float_outs:
+    pairs = [(o, torch.tensor(c)) for o, c in zip([o for o in outs if o.is_floating_point()], cotangents)
+             if o.requires_grad]
+    if not grads or not pairs:
         return
-    torch.autograd.backward(float_outs, [torch.tensor(c) for c in cotangents])
+    torch.autograd.backward([o for o, _ in pairs], [c for _, c in pairs])
     torch_grads = [np.zeros(values[i].shape) if tensors[i].grad is None else tensors[i].grad.numpy() for i in wrt]
     _compare(grads, torch_grads, grad_tol, "float64 gradients vs torch")
 
