@@ -4,7 +4,7 @@
     PYTHONPATH=. python3 tests/benchmarks/optim_bench.py --device cuda    # GPU
 
 CPU: Adam over 10 M float32 parameters in 100 tensors, against torch's foreach (and
-fused) Adam, everything on 2 threads.  GPU: Adam and AdamW over 100 M float32
+fused) Adam, everything on 2 threads (``--threads``).  GPU: Adam and AdamW over 100 M float32
 parameters in 200 tensors, eager and replayed as a CUDA graph, against torch's fused
 and foreach implementations, timed with CUDA events.  Every figure is the median
 step time; GB/s counts the 28 bytes an Adam step moves per parameter (read p, g, m,
@@ -83,15 +83,15 @@ def _row(label: str, ms: float, n: int, reference_ms: float | None) -> str:
     return f"{label:<34} {ms:9.3f} ms {gbs:9.1f} GB/s  {ratio}"
 
 
-def bench_cpu(total: int, count: int, repeats: int) -> None:
+def bench_cpu(total: int, count: int, repeats: int, threads: int) -> None:
     import torch
 
     import tensorcore as tc
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     sizes = _sizes(total, count)
     backend = tc.get_backend().name
-    print(f"CPU: Adam over {total / 1e6:.0f} M float32 parameters in {count} tensors, 2 threads, "
+    print(f"CPU: Adam over {total / 1e6:.0f} M float32 parameters in {count} tensors, {threads} threads, "
           f"tensorcore backend {backend!r}, torch {torch.__version__}")
     print(f"{'implementation':<34} {'step':>12} {'bandwidth':>14}  vs torch foreach")
     timings = {}
@@ -122,8 +122,8 @@ def _cuda_timer(run: Callable[[], None]) -> float:
     return cupy.cuda.get_elapsed_time(start, stop)
 
 
-def _graph_of(step: Callable[[], None]) -> Callable[[], None]:
-    """``step`` captured once into a CUDA graph; the result replays it."""
+def _replay_ms(step: Callable[[], None], repeats: int) -> float:
+    """Median time of ``step`` captured once into a CUDA graph and replayed."""
     import cupy
 
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -133,7 +133,7 @@ def _graph_of(step: Callable[[], None]) -> Callable[[], None]:
         stream.begin_capture()
         step()
         graph = stream.end_capture()
-    return lambda: graph.launch(stream)
+        return _median_ms(lambda: graph.launch(stream), repeats, _cuda_timer)  # events on this stream
 
 
 def _torch_cuda_timer(run: Callable[[], None]) -> float:
@@ -173,9 +173,8 @@ def bench_cuda(total: int, count: int, repeats: int) -> None:
             print("torch with CUDA is not installed here: no torch reference rows")
         ours, params = _ours(name, sizes, "cuda")
         print(_row(f"tensorcore {name} (eager)", _median_ms(ours.step, repeats, _cuda_timer), total, reference))
-        replay = _graph_of(ours.step)
-        print(_row(f"tensorcore {name} (CUDA graph)", _median_ms(replay, repeats, _cuda_timer), total, reference))
-        del ours, params, replay
+        print(_row(f"tensorcore {name} (CUDA graph)", _replay_ms(ours.step, repeats), total, reference))
+        del ours, params
         cupy.get_default_memory_pool().free_all_blocks()
 
 
@@ -185,10 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=float, default=None, help="total parameters (default 10 M CPU, 100 M GPU)")
     parser.add_argument("--tensors", type=int, default=None, help="tensor count (default 100 CPU, 200 GPU)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads for both libraries")
     args = parser.parse_args(argv)
     if args.device == "cpu":
-        _cpu_threads(2)
-        bench_cpu(int(args.params or 10e6), args.tensors or 100, args.repeats)
+        _cpu_threads(args.threads)
+        bench_cpu(int(args.params or 10e6), args.tensors or 100, args.repeats, args.threads)
     else:
         bench_cuda(int(args.params or 100e6), args.tensors or 200, args.repeats)
 
