@@ -48,6 +48,10 @@ def _sums(count: int) -> Any:
     return sums
 
 
+def _ranges_ok(ranges: Any) -> bool:
+    return ranges.dtype == cupy.int64 and ranges.flags.c_contiguous and ranges.ndim == 2 and ranges.shape[0] > 0
+
+
 def _range_grid(n: int, count: int) -> tuple[int, int]:
     chunks = max(1, min(math.ceil(n / (count * RANGE_THREADS)), sm_count() * 8))
     return chunks, count
@@ -92,7 +96,7 @@ class CupyOptimKernels:
         _elementwise("lion_kernel", p, (g, m), (p, g, m, lr, float(beta1), float(beta2), float(weight_decay)))
 
     def lamb_update_(self, p, g, m, v, ranges, lr, step, beta1, beta2, eps, weight_decay) -> None:
-        if not _fused(p, (g, m, v), (lr, step)) or ranges.dtype != cupy.int64 or not ranges.flags.c_contiguous:
+        if not _fused(p, (g, m, v), (lr, step)) or not _ranges_ok(ranges):
             return super().lamb_update_(p, g, m, v, ranges, lr, step, beta1, beta2, eps, weight_decay)
         count = ranges.shape[0]
         sums, grid = _sums(count), _range_grid(p.size, count)
@@ -103,7 +107,7 @@ class CupyOptimKernels:
                                                      (p, m, v, ranges, sums, lr, step) + coefficients)
 
     def lars_update_(self, p, g, buf, ranges, lr, momentum, weight_decay, trust_coefficient, eps) -> None:
-        if not _fused(p, (g, buf), (lr,)) or ranges.dtype != cupy.int64 or not ranges.flags.c_contiguous:
+        if not _fused(p, (g, buf), (lr,)) or not _ranges_ok(ranges):
             return super().lars_update_(p, g, buf, ranges, lr, momentum, weight_decay, trust_coefficient, eps)
         count = ranges.shape[0]
         sums, grid = _sums(count), _range_grid(p.size, count)
