@@ -42,7 +42,8 @@ class MultiHeadAttention(Module):
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.dropout, self.batch_first = dropout, batch_first
         self.packed = self.kdim == embed_dim and self.vdim == embed_dim
-        new = lambda *shape: Parameter(tc.empty(*shape, dtype=dtype, device=device))  # noqa: E731
+        def new(*shape: int) -> Parameter:
+            return Parameter(tc.empty(*shape, dtype=dtype, device=device))
         if self.packed:
             self.in_proj_weight = new(3 * embed_dim, embed_dim)
         else:

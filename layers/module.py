@@ -249,7 +249,7 @@ class Module:
             device, dtype = None, device
         moved = False
         for module in self.modules():
-            for name, p in module._parameters.items():
+            for p in module._parameters.values():
                 if p is not None:
                     moved |= _move_parameter(p, device, dtype)
             for name, b in module._buffers.items():

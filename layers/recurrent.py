@@ -49,8 +49,10 @@ class _RecurrentBase(Module):
             init.fan_in_uniform_(p, self.hidden_size)
 
     def _layer_parameters(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        get = lambda name: getattr(self, f"{name}_l{layer}") if self.bias or name.startswith("weight") else None  # noqa: E731
-        return get("weight_ih"), get("weight_hh"), get("bias_ih"), get("bias_hh")
+        weights = getattr(self, f"weight_ih_l{layer}"), getattr(self, f"weight_hh_l{layer}")
+        if not self.bias:
+            return weights[0], weights[1], None, None
+        return weights[0], weights[1], getattr(self, f"bias_ih_l{layer}"), getattr(self, f"bias_hh_l{layer}")
 
     def _run(self, x: Tensor, hx: Any) -> tuple[Tensor, list[tuple[Tensor, ...]], bool]:
         """Shared driver: returns the last layer's outputs (input layout) and each layer's final state."""
