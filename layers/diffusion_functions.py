@@ -17,7 +17,8 @@ def _swap_last(backend, a):
 
 def _decay(backend, times, eigenvalues):
     """exp(-λ_j t_s) as [S, k]."""
-    exponent = backend.binary("mul", backend.reshape(times, (-1, 1)), backend.reshape(eigenvalues, (1, -1)))
+    exponent = backend.binary("mul", backend.reshape(times, (times.shape[0], 1)),
+                              backend.reshape(eigenvalues, (1, eigenvalues.shape[0])))
     return backend.unary("exp", backend.unary("neg", exponent))
 
 
@@ -36,7 +37,7 @@ class SpectralDiffusion(Function):
         self.coefficients = be.matmul(projection, x)  # [B, k, C]
         self.decay = _decay(be, times, eigenvalues)  # [S, k]
         scaled = be.binary("mul", be.reshape(self.coefficients, (batch, 1, k, channels)),
-                           be.reshape(self.decay, (1, -1, k, 1)))  # [B, S, k, C]
+                           be.reshape(self.decay, (1, times.shape[0], k, 1)))  # [B, S, k, C]
         return be.matmul(eigenvectors, scaled)  # [B, S, V, C]
 
     def backward(self, g):
@@ -63,18 +64,19 @@ class DirectDiffusion(Function):
 
     def forward(self, x, times, eigenvectors, projection, eigenvalues, generator):
         be = self.backend
-        size = eigenvalues.shape[0]
+        size, scales = eigenvalues.shape[0], times.shape[0]
         decay = _decay(be, times, eigenvalues)  # [S, V]
-        columns = be.binary("mul", be.reshape(eigenvectors, (1, size, size)), be.reshape(decay, (-1, 1, size)))
+        columns = be.binary("mul", be.reshape(eigenvectors, (1, size, size)), be.reshape(decay, (scales, 1, size)))
         self.expm = be.matmul(columns, projection)  # [S, V, V]
         self.generator = generator
-        self.diffused = be.matmul(be.reshape(self.expm, (1, -1, size, size)), be.reshape(x, (x.shape[0], 1) + x.shape[1:]))
+        self.diffused = be.matmul(be.reshape(self.expm, (1, scales, size, size)),
+                                  be.reshape(x, (x.shape[0], 1) + tuple(x.shape[1:])))
         return self.diffused  # [B, S, V, C]
 
     def backward(self, g):
         be = self.backend
-        size = self.generator.shape[0]
-        expm_t = be.reshape(_swap_last(be, self.expm), (1, -1, size, size))
+        size, scales = self.generator.shape[0], self.expm.shape[0]
+        expm_t = be.reshape(_swap_last(be, self.expm), (1, scales, size, size))
         grad_x = be.reduce("sum", be.matmul(expm_t, g), (1,), False)
         rate = be.matmul(self.generator, self.diffused)  # G diffused_s
         grad_times = be.unary("neg", be.reduce("sum", be.binary("mul", g, rate), (0, 2, 3), False))
