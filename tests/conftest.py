@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
@@ -29,7 +28,13 @@ _BACKENDS_DIR = Path(tc.__file__).parent / "backends"
 
 
 def _numba_available() -> bool:
-    return importlib.util.find_spec("numba") is not None and (_BACKENDS_DIR / "numba_backend.py").exists()
+    if not (_BACKENDS_DIR / "numba_backend.py").exists():
+        return False
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _gpu_available() -> bool:
