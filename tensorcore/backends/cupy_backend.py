@@ -13,12 +13,13 @@ import cupy
 from .cupy_elementwise import CupyElementwiseKernels
 from .cupy_linalg import CupyLinalgKernels
 from .cupy_nn import CupyNNKernels
+from .cupy_optim import CupyOptimKernels
 from .cupy_random import CupyRandomKernels
 from .numpy_backend import NumpyBackend
 
 
 class CupyBackend(CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
-                  CupyRandomKernels, NumpyBackend):
+                  CupyRandomKernels, CupyOptimKernels, NumpyBackend):
     """CuPy arrays on the current CUDA device."""
 
     name = "cupy"
