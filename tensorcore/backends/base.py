@@ -190,3 +190,18 @@ class Backend(Protocol):
                      weight_decay: float, decoupled: bool) -> None:
         """Adam (decoupled=False) / AdamW (True); ``step`` is a 1-element device
         array holding the (already incremented) step count; ``vmax`` enables amsgrad."""
+    def rmsprop_update_(self, p: Array, g: Array, square_avg: Array, grad_avg: Array | None,
+                        buf: Array | None, lr: Array, alpha: float, eps: float,
+                        weight_decay: float, momentum: float, centered: bool) -> None: ...
+    def adagrad_update_(self, p: Array, g: Array, state_sum: Array, lr: Array, step: Array,
+                        lr_decay: float, weight_decay: float, eps: float) -> None: ...
+    def lamb_update_(self, p: Array, g: Array, m: Array, v: Array, ranges: Array, lr: Array,
+                     step: Array, beta1: float, beta2: float, eps: float,
+                     weight_decay: float) -> None:
+        """``ranges`` [n, 2] holds each parameter's [start, stop) in the flat buffer:
+        the trust ratio is per parameter."""
+    def lars_update_(self, p: Array, g: Array, buf: Array, ranges: Array, lr: Array,
+                     momentum: float, weight_decay: float, trust_coefficient: float,
+                     eps: float) -> None: ...
+    def lion_update_(self, p: Array, g: Array, m: Array, lr: Array, beta1: float, beta2: float,
+                     weight_decay: float) -> None: ...
