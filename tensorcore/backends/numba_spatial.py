@@ -7,6 +7,8 @@ before any kernel runs; other dtypes defer to the NumPy reference.
 
 from __future__ import annotations
 
+import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,23 @@ from .numpy_upsample import _check_image
 Array = Any
 Pair = tuple[int, int]
 Shape = tuple[int, ...]
+
+
+class _Scratch(threading.local):
+    """One growable buffer per thread for the convolution column matrix."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[Any, Array] = {}
+
+    def take(self, size: int, dtype: Any) -> Array:
+        """A flat array of ``size`` elements of ``dtype``; its contents are garbage."""
+        buf = self.buffers.get(np.dtype(dtype))
+        if buf is None or buf.size < size:
+            buf = self.buffers[np.dtype(dtype)] = np.empty(size, dtype)
+        return buf[:size]
+
+
+_scratch = _Scratch()
 
 
 def _bilinear_taps(in_size: int, out_size: int, align_corners: bool,
@@ -39,11 +58,15 @@ class NumbaSpatialKernels:
     # ----- convolution -------------------------------------------------------------
     def _columns(self, x: Array, kernel: Pair, out_hw: Pair, stride: Pair, padding: Pair,
                  dilation: Pair, groups: int) -> Array:
-        """x [N, C, H, W] -> column matrix [groups, C/groups * kh * kw, N * Ho * Wo]."""
+        """x [N, C, H, W] -> column matrix [groups, C/groups * kh * kw, N * Ho * Wo],
+        in this thread's scratch buffer (valid until the next call)."""
         from .numba_kernels import conv as K
 
-        cols = K.im2col(np.ascontiguousarray(x), *kernel, *stride, *padding, *dilation, *out_hw)
-        return cols.reshape(groups, -1, x.shape[0] * out_hw[0] * out_hw[1])
+        n, c = x.shape[:2]
+        shape = (c, kernel[0], kernel[1], n, out_hw[0] * out_hw[1])
+        cols = _scratch.take(math.prod(shape), x.dtype).reshape(shape)
+        K.im2col_(cols, np.ascontiguousarray(x), *stride, *padding, *dilation, *out_hw)
+        return cols.reshape(groups, -1, n * out_hw[0] * out_hw[1])
 
     @staticmethod
     def _grad_columns(grad: Array, groups: int) -> Array:
@@ -78,9 +101,10 @@ class NumbaSpatialKernels:
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         self._check_grad("conv2d_grad_input", grad, n, cout, ho, wo)
         w_t = np.ascontiguousarray(w).reshape(groups, cout // groups, -1).transpose(0, 2, 1)
-        cols = np.matmul(w_t, self._grad_columns(grad, groups))
-        return K.col2im(cols.reshape(c, kh, kw, n, ho * wo), h, wd, *stride, *padding,
-                        *dilation, ho, wo)
+        shape = (c, kh, kw, n, ho * wo)
+        cols = _scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
+        np.matmul(w_t, self._grad_columns(grad, groups), out=cols)
+        return K.col2im(cols.reshape(shape), h, wd, *stride, *padding, *dilation, ho, wo)
 
     def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
                            padding: Pair, dilation: Pair, groups: int) -> Array:

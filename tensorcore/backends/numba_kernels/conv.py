@@ -3,7 +3,9 @@ made by the backend.
 
 The column matrix is laid out [C, kh, kw, N, Ho*Wo], i.e. [groups, K, N*Ho*Wo] with
 K = C/groups * kh * kw, so the forward, the input gradient and the weight gradient
-are each one large GEMM per group.  Both kernels run one (channel, image) plane per
+are each one large GEMM per group.  ``im2col_`` fills a caller-owned buffer: the
+column matrix is the largest temporary of a convolution, and reusing it spares the
+page faults of a fresh allocation (which parallel threads take slowly).  Both kernels run one (channel, image) plane per
 task: col2im then writes only its own input plane, so no two threads add into the
 same element.
 """
@@ -28,29 +30,32 @@ def _valid_outputs(tap, dilation, stride, pad, in_size, out_size):
 
 
 @kernel
-def im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
-    """x [N, C, H, W] -> columns [C, kh, kw, N, Ho*Wo], zero where a tap reads padding."""
+def im2col_(cols, x, sh, sw, ph, pw, dh, dw, ho, wo):
+    """Fill ``cols`` [C, kh, kw, N, Ho*Wo] with the taps of x [N, C, H, W], zero where
+    a tap reads padding."""
     n, c, h, w = x.shape
-    cols = np.empty((c, kh, kw, n, ho * wo), dtype=x.dtype)
+    kh, kw = cols.shape[1], cols.shape[2]
+    t = x.dtype.type
     for task in prange(c * n):
         ch, i = task // n, task % n
-        src = x[i, ch]
         for a in range(kh):
             oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
             for b in range(kw):
                 ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
-                dst = cols[ch, a, b, i]
-                dst[:oh_lo * wo] = 0
-                dst[oh_hi * wo:] = 0
                 shift = b * dw - pw
-                for oh in range(oh_lo, oh_hi):
-                    row = src[oh * sh - ph + a * dh]
-                    out = dst[oh * wo:(oh + 1) * wo]
-                    out[:ow_lo] = 0
-                    out[ow_hi:] = 0
+                for oh in range(ho):
+                    base = oh * wo
+                    if oh < oh_lo or oh >= oh_hi:
+                        for ow in range(wo):
+                            cols[ch, a, b, i, base + ow] = t(0.0)
+                        continue
+                    ih = oh * sh - ph + a * dh
+                    for ow in range(ow_lo):
+                        cols[ch, a, b, i, base + ow] = t(0.0)
                     for ow in range(ow_lo, ow_hi):
-                        out[ow] = row[ow * sw + shift]
-    return cols
+                        cols[ch, a, b, i, base + ow] = x[i, ch, ih, ow * sw + shift]
+                    for ow in range(ow_hi, wo):
+                        cols[ch, a, b, i, base + ow] = t(0.0)
 
 
 @kernel
@@ -61,18 +66,16 @@ def col2im(cols, h, w, sh, sw, ph, pw, dh, dw, ho, wo):
     dx = np.zeros((n, c, h, w), dtype=cols.dtype)
     for task in prange(c * n):
         ch, i = task // n, task % n
-        dst = dx[i, ch]
         for a in range(kh):
             oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
             for b in range(kw):
                 ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
-                src = cols[ch, a, b, i]
                 shift = b * dw - pw
                 for oh in range(oh_lo, oh_hi):
-                    row = dst[oh * sh - ph + a * dh]
-                    vals = src[oh * wo:(oh + 1) * wo]
+                    ih = oh * sh - ph + a * dh
+                    base = oh * wo
                     for ow in range(ow_lo, ow_hi):
-                        row[ow * sw + shift] += vals[ow]
+                        dx[i, ch, ih, ow * sw + shift] += cols[ch, a, b, i, base + ow]
     return dx
 
 
