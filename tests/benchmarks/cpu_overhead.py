@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+import layers
+import optim
 import tensorcore as tc
 import tensorcore.functional as F
 
@@ -36,24 +38,17 @@ def tensorcore_cases() -> dict[str, Callable[[], object]]:
     rng = np.random.default_rng(0)
     x = tc.tensor(rng.standard_normal((256, 784), dtype=np.float32))
     y = tc.tensor(rng.integers(0, 10, 256))
-    sizes = [(784, 512), (512, 512), (512, 10)]
-    weights = [(tc.randn(i, o) * (1 / i) ** 0.5).requires_grad_() for i, o in sizes]
-    biases = [tc.zeros(o, requires_grad=True) for _, o in sizes]
+    model = layers.Sequential(layers.Linear(784, 512), layers.ReLU(), layers.Linear(512, 512),
+                              layers.ReLU(), layers.Linear(512, 10))
+    opt = optim.SGD(model.parameters(), lr=0.01)
 
     def tiny_fwd_bwd() -> None:
         (ga * gb + ga).sum().backward()
 
     def mlp_step() -> None:
-        h = x
-        for i, (w, bias) in enumerate(zip(weights, biases)):
-            h = h @ w + bias
-            if i < 2:
-                h = F.relu(h)
-        F.cross_entropy(h, y).backward()
-        with tc.no_grad():
-            for p in weights + biases:
-                p -= 0.01 * p.grad
-                p.grad = None
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
 
     return {"tiny add (per op)": lambda: a + b, "tiny (a*b+a).sum() fwd+bwd": tiny_fwd_bwd, "MLP 784-512-512-10 b256 SGD step": mlp_step}
 
