@@ -12,8 +12,8 @@ from numba import prange
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from .mathfn import fexp, fnormcdf, ftanh
 from .jit import JIT_OPTIONS, helper, kernel
+from .mathfn import fexp, fnormcdf, ftanh
 
 ACT_CODES = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4,
              "sigmoid": 5, "tanh": 6}

@@ -5,9 +5,9 @@ The column matrix is laid out [C, kh, kw, N, Ho*Wo], i.e. [groups, K, N*Ho*Wo] w
 K = C/groups * kh * kw, so the forward, the input gradient and the weight gradient
 are each one large GEMM per group.  ``im2col_`` fills a caller-owned buffer: the
 column matrix is the largest temporary of a convolution, and reusing it spares the
-page faults of a fresh allocation (which parallel threads take slowly).  Both kernels run one (channel, image) plane per
-task: col2im then writes only its own input plane, so no two threads add into the
-same element.
+page faults of a fresh allocation (which parallel threads take slowly).  Both
+kernels run one (channel, image) plane per task: col2im then writes only its own
+input plane, so no two threads add into the same element.
 """
 
 from __future__ import annotations

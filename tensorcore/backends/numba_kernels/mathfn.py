@@ -14,6 +14,7 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload, register_jitable
+
 from .jit import JIT_OPTIONS
 
 _SQRT_HALF = 0.7071067811865476

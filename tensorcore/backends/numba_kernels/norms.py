@@ -13,31 +13,30 @@ import numpy as np
 from numba import prange
 
 from .activations import act_grad_row_, act_row_
+from .jit import helper, kernel
 from .reductions import moments
-from .jit import kernel
 
 
-@kernel
-def row_stats(x, eps):
-    """(mean, rstd) of every row of x [R, D], in x's dtype."""
-    rows = x.shape[0]
-    mean = np.empty(rows, dtype=x.dtype)
-    rstd = np.empty(rows, dtype=x.dtype)
-    for r in prange(rows):
-        m, m2 = moments(x[r])
-        mean[r] = m
-        rstd[r] = 1.0 / math.sqrt(m2 / x.shape[1] + eps)
-    return mean, rstd
+@helper
+def _row_stats(row, eps):
+    """(mean, rstd) of one contiguous row, in float64."""
+    m, m2 = moments(row)
+    return m, 1.0 / math.sqrt(m2 / row.size + eps)
 
 
 @kernel
 def layer_norm_rows(x, weight, bias, eps):
-    """Normalise each row of x [R, D], then scale by weight [D] and shift by bias [D]."""
-    mean, rstd = row_stats(x, eps)
+    """Normalise each row of x [R, D], then scale by weight [D] and shift by bias [D];
+    one pass per row while it is in cache.  Returns (y, mean [R], rstd [R])."""
+    rows = x.shape[0]
     out = np.empty_like(x)
-    for r in prange(x.shape[0]):
+    mean = np.empty(rows, dtype=x.dtype)
+    rstd = np.empty(rows, dtype=x.dtype)
+    for r in prange(rows):
         row, res = x[r], out[r]
-        m, s = mean[r], rstd[r]
+        m64, s64 = _row_stats(row, eps)
+        m, s = mean.dtype.type(m64), mean.dtype.type(s64)
+        mean[r], rstd[r] = m, s
         for c in range(row.size):
             res[c] = (row[c] - m) * s * weight[c] + bias[c]
     return out, mean, rstd
@@ -81,11 +80,14 @@ def group_norm_groups(x, weight, bias, eps, code):
     (y, mean [N, G], rstd [N, G])."""
     n, groups, cg, size = x.shape
     flat = x.reshape(n * groups, cg * size)
-    mean, rstd = row_stats(flat, eps)
     out = np.empty_like(x)
+    mean = np.empty((n, groups), dtype=x.dtype)
+    rstd = np.empty((n, groups), dtype=x.dtype)
     for ng in prange(n * groups):
         i, g = ng // groups, ng % groups
-        m, s = mean[ng], rstd[ng]
+        m64, s64 = _row_stats(flat[ng], eps)
+        m, s = mean.dtype.type(m64), mean.dtype.type(s64)
+        mean[i, g], rstd[i, g] = m, s
         for j in range(cg):
             c = g * cg + j
             scale = s * weight[c]
@@ -94,7 +96,7 @@ def group_norm_groups(x, weight, bias, eps, code):
             for p in range(size):
                 res[p] = src[p] * scale + shift
             act_row_(code, res)
-    return out, mean.reshape(n, groups), rstd.reshape(n, groups)
+    return out, mean, rstd
 
 
 @kernel

@@ -1,8 +1,7 @@
 """Max / average pooling and nearest / bilinear upsampling (NCHW), fwd and bwd.
 
 Every kernel runs one (image, channel) plane per task; backward kernels add only into
-their own plane, so overlapping windows accumulate without races.  Max pooling is
-compiled without fastmath so NaN propagates as in PyTorch.
+their own plane, so overlapping windows accumulate without races.
 """
 
 from __future__ import annotations
@@ -12,10 +11,10 @@ import math
 import numpy as np
 from numba import prange
 
-from .jit import kernel, strict_kernel
+from .jit import kernel
 
 
-@strict_kernel
+@kernel
 def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
     """(out, argmax) with argmax the flat index into each H*W plane; the first maximum
     wins, NaN wins, and an all -inf window reports its first position in the image."""

@@ -13,9 +13,9 @@ import math
 import numpy as np
 from numba import prange
 
+from .jit import helper, kernel
 from .mathfn import fexp
 from .reductions import row_max
-from .jit import helper, kernel
 
 
 @helper
