@@ -24,11 +24,13 @@ _GELU_TANH_C = 0.044715
 
 
 def act_value(code, v):
-    """act(v) for the activation ``code``, in the dtype of ``v`` (jitted only)."""
+    """act(v) for the activation ``code``, in the dtype of ``v``; callable from jitted
+    code only (the ``overload`` below is the implementation)."""
 
 
 def act_derivative(code, v):
-    """d act(v) / dv for the activation ``code``, in the dtype of ``v`` (jitted only)."""
+    """d act(v) / dv for the activation ``code``, in the dtype of ``v``; callable from jitted
+    code only (the ``overload`` below is the implementation)."""
 
 
 @overload(act_value, inline="always", jit_options=JIT_OPTIONS)
@@ -55,7 +57,7 @@ def _act_value_impl(code, v):
 
 
 def _sigmoid_and_slope(z):
-    """(sigmoid(z), sigmoid'(z)) (jitted only)."""
+    """(sigmoid(z), sigmoid'(z)); callable from jitted code only (see the overload)."""
 
 
 @overload(_sigmoid_and_slope, jit_options=JIT_OPTIONS)
