@@ -5,7 +5,8 @@
     (x * x).sum().backward()
 """
 
-from . import cuda, functional, settings
+from . import settings  # first: it tunes thread waits before NumPy loads its BLAS
+from . import cuda, functional
 from .autograd import Function, is_grad_enabled, no_grad, set_grad_enabled
 from .backends import get_backend, set_backend, use_backend
 from .creation import (arange, as_tensor, empty, empty_like, eye, from_dlpack, from_numpy, full, full_like,

@@ -15,17 +15,12 @@ Threads: the parallel loops run on Numba's pool, sized by ``NUMBA_NUM_THREADS``
 (default: every core); ``numba.set_num_threads(n)`` lowers it at run time.  The
 matrix products go to NumPy's BLAS, which has its own thread setting
 (``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS``).  Kernels and BLAS calls alternate
-all the time, so this module sets ``GOMP_SPINCOUNT=10000`` (unless already set): GNU
-OpenMP workers then spin ~10 µs after a parallel loop instead of ~1 ms and leave the
-cores to the next BLAS call (an MLP train step on 2 cores ran 5x slower with the
-default).  The setting takes effect only if no OpenMP runtime is loaded yet, so
-import tensorcore before libraries that load one (torch); ``OMP_WAIT_POLICY=PASSIVE``
-in the environment does the same job.
+all the time, so idle threads must not spin long: ``tensorcore.settings`` shortens
+both waits at import.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy
@@ -34,8 +29,6 @@ from .numba_nn import NumbaNNKernels
 from .numba_optim import NumbaOptimKernels
 from .numba_spatial import NumbaSpatialKernels
 from .numpy_backend import NumpyBackend
-
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 class NumbaBackend(NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumpyBackend):

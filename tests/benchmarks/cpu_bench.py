@@ -10,20 +10,17 @@ A start-up line reports ``import tensorcore`` and the first MLP train step in a 
 process, which loads the kernels from Numba's disk cache (run the script twice to see
 the warm-cache figure).  No timing is asserted.
 
-OpenBLAS worker threads busy-wait for 2**28 cycles (~0.1 s) after every matrix
-product; on 2 cores they then starve the Numba kernels that run between products.
-The script therefore shortens that wait to 2**4 cycles (``OPENBLAS_THREAD_TIMEOUT=4``,
-read when NumPy loads OpenBLAS) unless the environment sets it;
-``OPENBLAS_THREAD_TIMEOUT=28`` measures OpenBLAS's default.  torch uses its own BLAS.
+tensorcore is imported first so its settings shorten the BLAS/OpenMP thread
+busy-wait before NumPy loads OpenBLAS (``OPENBLAS_THREAD_TIMEOUT=28`` in the
+environment measures OpenBLAS's default).  torch uses its own BLAS.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # must precede the NumPy import
+import tensorcore  # noqa: F401  (first: see above)
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402

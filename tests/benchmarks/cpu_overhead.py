@@ -12,12 +12,13 @@ import statistics
 import time
 from typing import Callable
 
-import numpy as np
-
-import layers
-import optim
-import tensorcore as tc
+import tensorcore as tc  # first: its settings tune BLAS thread waits before NumPy loads
 import tensorcore.functional as F
+
+import numpy as np  # noqa: E402
+
+import layers  # noqa: E402
+import optim  # noqa: E402
 
 
 def median_time(fn: Callable[[], object], repeat: int, number: int) -> float:
