@@ -240,6 +240,8 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
 
 def where(cond: Any, a: Any, b: Any) -> Tensor:
     """Elementwise ``a if cond else b``; cond is a bool tensor (no gradient)."""
+    if isinstance(cond, Tensor) and not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        a = Tensor._wrap(cond.backend.array(a), cond.device)  # two scalars follow cond's device
     a, b = _operands(a, b, "where")
     if not isinstance(b, Tensor):
         b = as_tensor_like(b, a, "where")
