@@ -155,7 +155,7 @@ def _accumulate_leaf(leaf: "Tensor", g: Any, handed_out: set[int]) -> None:
         leaf.backend.add_(leaf.grad.data, g)
         return
     flags = getattr(g, "flags", None)
-    if id(g) in handed_out or flags is None or not (flags.owndata and flags.c_contiguous and flags.writeable):
+    if id(g) in handed_out or flags is None or not (flags.owndata and flags.c_contiguous and getattr(flags, "writeable", True)):
         g = leaf.backend.copy(g)
     handed_out.add(id(g))
     leaf.grad = Tensor._wrap(g, leaf.device)
