@@ -122,7 +122,7 @@ def backward(root: "Tensor", gradient: Any = None) -> None:
         if tuple(grad.shape) != root.shape:
             raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match output shape {root.shape}")
     grads: dict[int, Any] = {id(root): grad}
-    handed_out: set[int] = {id(grad)}  # arrays a leaf may not keep without copying
+    handed_out: set[int] = {id(_memory_owner(grad))}  # buffers a leaf may not keep without copying
     for node in _topological_order(root):
         g = grads.pop(id(node), None)
         if g is None:
@@ -148,17 +148,31 @@ def backward(root: "Tensor", gradient: Any = None) -> None:
 def _accumulate_leaf(leaf: "Tensor", g: Any, handed_out: set[int]) -> None:
     """Add into an existing grad buffer in place (optimizers may own that buffer).
 
-    A new ``.grad`` must own its memory: views, and arrays already given to another
-    leaf or to the caller, are copied; a fresh array is kept as it is.
+    A new ``.grad`` must own its memory: a contiguous array spanning its whole buffer
+    (a fresh result, or a reshape or transpose-back of one) is kept as it is; a partial
+    or strided view, or an array whose buffer was already given to another leaf or
+    to the caller, is copied.
     """
     if leaf.grad is not None:
         leaf.backend.add_(leaf.grad.data, g)
         return
     flags = getattr(g, "flags", None)
-    if id(g) in handed_out or flags is None or not (flags.owndata and flags.c_contiguous and getattr(flags, "writeable", True)):
-        g = leaf.backend.copy(g)
-    handed_out.add(id(g))
+    owner = _memory_owner(g)
+    if (id(owner) in handed_out or flags is None or not flags.c_contiguous
+            or not getattr(flags, "writeable", True) or g.nbytes != owner.nbytes):
+        g = owner = leaf.backend.copy(g)
+    handed_out.add(id(owner))
     leaf.grad = Tensor._wrap(g, leaf.device)
+
+
+def _memory_owner(a: Any) -> Any:
+    """The array at the end of ``a``'s chain of views (``a`` itself when it is no view).
+
+    Arrays returned by compiled kernels wrap their buffer in a non-array object, so
+    they end the chain like arrays that own their data."""
+    while isinstance(getattr(a, "base", None), type(a)):
+        a = a.base
+    return a
 
 
 def _topological_order(root: "Tensor") -> list["Tensor"]:
