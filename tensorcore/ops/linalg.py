@@ -28,8 +28,19 @@ class MatMul(Function):
         if self.needs_grad(0):
             grad_a = unbroadcast(be, be.matmul(g, _swap_last(be, self.b)), self.a.shape)
         if self.needs_grad(1):
-            grad_b = unbroadcast(be, be.matmul(_swap_last(be, self.a), g), self.b.shape)
+            if self.a.ndim == 2 and _is_transposed(self.b):  # a weight's .T: grad in the weight's layout
+                grad_b = _swap_last(be, be.matmul(_swap_last(be, g), self.a))
+            else:
+                grad_b = unbroadcast(be, be.matmul(_swap_last(be, self.a), g), self.b.shape)
         return grad_a, grad_b
+
+
+def _is_transposed(a: Any) -> bool:
+    """Whether ``a`` is a 2-D array laid out column by column (the transpose of a
+    row-major one): its gradient, computed as the transpose of a row-major product,
+    then reaches that row-major array without a copy."""
+    strides = getattr(a, "strides", None)
+    return a.ndim == 2 and strides is not None and strides[0] < strides[1] and min(a.shape) > 1
 
 
 def matmul(a: Any, b: Any) -> Tensor:
