@@ -112,8 +112,8 @@ class Segment:
 
     def gather_grads(self) -> None:
         """Copy every gradient that is not already a view of the grad section into it
-        (one concatenation for the segment) and make ``.grad`` that view; a missing
-        gradient leaves zeros and stays ``None``."""
+        (one concatenation written straight into the section) and make ``.grad`` that
+        view; a missing gradient leaves zeros and stays ``None``."""
         backend = self.buffer.backend
         if self._zeros is None:
             self._zeros = backend.zeros((max(e - o for o, e in zip(self.offsets, self.ends)),), self.buffer.dtype)
@@ -122,7 +122,7 @@ class Segment:
             pieces.append(backend.reshape(p.grad.data, (size,)) if p.grad is not None else self._zeros[:size])
             if gap > size:
                 pieces.append(self._zeros[:gap - size])
-        backend.copy_(self.section("grad"), backend.concatenate(pieces, 0))
+        backend.xp.concatenate(pieces, axis=0, out=self.section("grad"))
         for p, view in zip(self.params, self.grad_views):
             if p.grad is not None:
                 p.grad = Tensor(view, self.device)
