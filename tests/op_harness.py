@@ -149,7 +149,7 @@ def _run(op: Callable[..., Any], values: list[np.ndarray], layouts: list[str], w
         cotangents = [rng.standard_normal(o.shape) for o in float_outs]
     grads: list[np.ndarray] = []
     if wrt and float_outs:
-        _backward(float_outs, [tc.tensor(c.astype(dtype)) for c in cotangents])
+        _backward(float_outs, [tc.tensor(c.astype(dtype), device=o.device) for c, o in zip(cotangents, float_outs)])
         for i in wrt:
             grad = tensors[i].grad
             grads.append(np.zeros(values[i].shape) if grad is None else grad.numpy())
@@ -161,14 +161,11 @@ def _run(op: Callable[..., Any], values: list[np.ndarray], layouts: list[str], w
 
 
 def _backward(outs: list[tc.Tensor], cotangents: list[tc.Tensor]) -> None:
-    """Backpropagate sum_i <out_i, cotangent_i>; one output uses backward(gradient=)."""
-    if len(outs) == 1:
-        if outs[0].requires_grad:
-            outs[0].backward(cotangents[0])
-        return
-    total = sum(((o * c).sum() for o, c in zip(outs, cotangents) if o.requires_grad), start=tc.tensor(0.0, dtype=outs[0].dtype))
-    if total.requires_grad:
-        total.backward()
+    """Backpropagate sum_i <out_i, cotangent_i>: one backward per output (outputs may sit on
+    different devices), gradients accumulating in the inputs."""
+    for out, cotangent in zip(outs, cotangents):
+        if out.requires_grad:
+            out.backward(cotangent)
 
 
 def _check_numerical_grads(op: Callable[..., Any], values: list[np.ndarray], wrt: Sequence[int],

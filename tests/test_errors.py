@@ -163,6 +163,8 @@ def _snapshot(inputs):
 @pytest.mark.parametrize("name", list(ALL_CASES))
 def test_bad_input_raises_and_changes_nothing(backend, name):
     make, call, error, text = ALL_CASES[name]
+    if name == "index: embedding index" and backend == "cupy":
+        pytest.skip("on the GPU embedding indices are not range-checked: that would be a host round trip")
     inputs = make()
     before = _snapshot(inputs)
     with pytest.raises(error, match=text):

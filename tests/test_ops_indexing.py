@@ -71,7 +71,9 @@ def gather_index(draw, shape):
 def test_integer_array_indexing(backend, data, as_tensor):
     shape = data.draw(shapes(min_dims=1, min_side=1))
     index = data.draw(gather_index(shape))
-    tc_index = tuple((tc.tensor(i) if as_tensor else i.tolist()) if isinstance(i, np.ndarray) else i for i in index)
+    # CPU index tensors serve tensors on every device (as in PyTorch)
+    tc_index = tuple((tc.tensor(i, device="cpu") if as_tensor else i.tolist()) if isinstance(i, np.ndarray) else i
+                     for i in index)
     check_op(backend, data, lambda x: x[tc_index], lambda x: x[index], [shape],
              torch_op=lambda x: x[_torch_index(index)])
 

@@ -30,6 +30,10 @@ def _opt(*arrays):
     return tuple(a for a in arrays if a is not None)
 
 
+def _contiguous_or_none(a):
+    return None if a is None else contiguous(a)
+
+
 def _plane_chunks(planes: int, size: int) -> int:
     """Chunks per plane so that planes * chunks fills the GPU with blocks of at least
     ~1024 elements."""
@@ -165,7 +169,7 @@ class CupyNNKernels:
     def _plane_forward(self, x, weight, bias, stats: int, cpg: int, bn: bool, eps: float,
                        act: str, running_mean=None, running_var=None, momentum: float = 0.0,
                        use_running: bool = False):
-        x = contiguous(x)
+        x, weight, bias = contiguous(x), _contiguous_or_none(weight), _contiguous_or_none(bias)
         n, c, s, chunks, vec = self._plane_geometry(x)
         acc = acc_dtype(x.dtype)
         part = cupy.empty((n * c * chunks * 3,), dtype=acc)
@@ -184,6 +188,7 @@ class CupyNNKernels:
     def _plane_backward(self, grad, x, weight, bias, mean, rstd, cpg: int, bn: bool,
                         act: str, frozen: bool):
         grad, x = contiguous(grad), contiguous(x)
+        weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
         n, c, s, chunks, _ = self._plane_geometry(x)
         acc = acc_dtype(x.dtype)
         mean = contiguous(mean.astype(acc, copy=False)).reshape(-1)
@@ -231,7 +236,10 @@ class CupyNNKernels:
                             ("running_var", running_var)):
                 self._check_param("batch_norm", name, p, (channels,))
             stats_ok = running_mean is not None and running_var is not None
-            usable = x.size // channels >= 2 if training else stats_ok
+            # the kernel updates running stats in place: they must be plain contiguous arrays
+            if any(t is not None and not t.flags.c_contiguous for t in (running_mean, running_var)):
+                usable = False
+            usable = usable and (x.size // channels >= 2 if training else stats_ok)
         if not usable:
             return super().batch_norm(x, weight, bias, running_mean, running_var, training,
                                       momentum, eps)

@@ -53,8 +53,10 @@ def _convert_index(x: Tensor, index: Any) -> tuple:
     out = []
     for i in index:
         if isinstance(i, Tensor):
-            if i.device != x.device:
+            if i.device != x.device and i.device != "cpu":
                 raise ValueError(f"getitem: index tensor is on {i.device}, indexed tensor on {x.device}")
+            if i.device != x.device:
+                i = i.to(x.device)  # a CPU index serves any device, as in PyTorch
             if i.dtype.kind not in "iub":
                 raise TypeError(f"getitem: index tensors must be integer or bool, got {i.dtype}")
             out.append(i.data)
