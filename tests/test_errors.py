@@ -93,7 +93,9 @@ DEVICE_CASES = {
     "binary op": (lambda: (grad_leaf(3), t(3)), lambda a, b: a + elsewhere(b), ValueError, "(?i)add.*devices"),
     "conv": (lambda: (t(1, 2, 4, 4), t(3, 2, 3, 3)), lambda x, w: F.conv2d(x, elsewhere(w)), ValueError, "(?i)conv2d.*devices"),
     "setitem value": (lambda: (t(3), t(2)), lambda x, v: set_item(x, slice(0, 2), elsewhere(v)), ValueError, "setitem"),
-    "index tensor": (lambda: (t(3), tc.zeros(2, dtype=tc.int64)), lambda x, i: x[elsewhere(i)], ValueError, "getitem"),
+    # a CPU index serves a tensor on any device (as in PyTorch), a CUDA one only CUDA tensors
+    "index tensor": (lambda: (t(3, device="cpu"), tc.zeros(2, dtype=tc.int64, device="cpu")),
+                     lambda x, i: x[elsewhere(i)], ValueError, "getitem"),
     "unknown device": (lambda: (), lambda: tc.zeros(2, device="tpu"), ValueError, "valid devices"),
 }
 
