@@ -167,8 +167,6 @@ def test_bad_input_raises_and_changes_nothing(backend, name):
     make, call, error, text = ALL_CASES[name]
     if backend == "cupy" and name == "index: embedding index":
         pytest.skip("on the GPU embedding indices are not range-checked: that would be a host round trip")
-    if backend == "cupy" and name == "device: index tensor":
-        pytest.skip("a CPU index tensor may index a CUDA tensor (as in PyTorch); the CPU backends cover the error")
     inputs = make()
     before = _snapshot(inputs)
     with pytest.raises(error, match=text):
