@@ -161,18 +161,21 @@ _BLOCK = 8192
 @kernel
 def act_forward_flat(x, code):
     """act(x) over a contiguous 1-D array, in parallel blocks."""
-    out = x.copy()
+    out = np.empty_like(x)
     for k in prange((x.size + _BLOCK - 1) // _BLOCK):
-        act_row_(code, out[k * _BLOCK:(k + 1) * _BLOCK])
+        block = slice(k * _BLOCK, (k + 1) * _BLOCK)
+        out[block] = x[block]
+        act_row_(code, out[block])
     return out
 
 
 @kernel
 def act_backward_flat(x, grad, code):
     """act'(x) * grad over contiguous 1-D arrays, in parallel blocks."""
-    out = x.copy()
+    out = np.empty_like(x)
     for k in prange((x.size + _BLOCK - 1) // _BLOCK):
         block = slice(k * _BLOCK, (k + 1) * _BLOCK)
+        out[block] = x[block]
         act_grad_row_(code, out[block], grad[block])
     return out
 
