@@ -13,7 +13,7 @@ import numpy as np
 from numba import prange
 
 from .activations import act_grad_row_, act_row_
-from .jit import helper, kernel
+from .jit import helper, kernel, wide_vectors
 from .reductions import moments
 
 
@@ -33,6 +33,7 @@ def layer_norm_rows(x, weight, bias, eps):
     mean = np.empty(rows, dtype=x.dtype)
     rstd = np.empty(rows, dtype=x.dtype)
     for r in prange(rows):
+        wide_vectors()
         row, res = x[r], out[r]
         m64, s64 = _row_stats(row, eps)
         m, s = mean.dtype.type(m64), mean.dtype.type(s64)

@@ -13,7 +13,7 @@ import math
 import numpy as np
 from numba import prange
 
-from .jit import helper, kernel
+from .jit import helper, kernel, wide_vectors
 from .mathfn import fexp
 from .reductions import row_max
 
@@ -35,6 +35,7 @@ def softmax_rows(x):
     t = x.dtype.type
     out = np.empty_like(x)
     for r in prange(x.shape[0]):
+        wide_vectors()
         row, res = x[r], out[r]
         m = row_max(row)
         s = t(0.0)
@@ -68,6 +69,7 @@ def log_softmax_rows(x):
     """x - max - log(sum(exp(x - max))) per row."""
     out = np.empty_like(x)
     for r in prange(x.shape[0]):
+        wide_vectors()
         row, res = x[r], out[r]
         shift = _log_sum_exp(row)
         for c in range(row.size):
@@ -99,6 +101,7 @@ def cross_entropy_rows(logits, target, ignore_index, smoothing):
     logp = np.empty_like(logits)
     loss = np.empty(rows, dtype=logits.dtype)
     for r in prange(rows):
+        wide_vectors()
         row, res = logits[r], logp[r]
         shift = _log_sum_exp(row)
         total = t(0.0)
