@@ -17,10 +17,6 @@ matrix products go to NumPy's BLAS, which has its own thread setting
 (``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS``).  Kernels and BLAS calls alternate
 all the time, so idle threads must not spin long: ``tensorcore.settings`` shortens
 both waits at import.
-
-Memory: loading this backend raises glibc's mmap/trim thresholds (``cpu_heap``), so
-the arrays of one step reuse the pages freed by the previous one instead of faulting
-in fresh ones.
 """
 
 from __future__ import annotations
@@ -29,13 +25,10 @@ from typing import Any
 
 import numpy
 
-from .cpu_heap import retain_freed_memory
 from .numba_nn import NumbaNNKernels
 from .numba_optim import NumbaOptimKernels
 from .numba_spatial import NumbaSpatialKernels
 from .numpy_backend import NumpyBackend
-
-retain_freed_memory()
 
 
 class NumbaBackend(NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumpyBackend):
