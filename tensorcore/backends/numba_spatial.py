@@ -135,13 +135,13 @@ class NumbaSpatialKernels:
             return super().max_pool2d_backward(grad, argmax, x_shape)
         from .numba_kernels import pooling as K
 
-        plane = x_shape[2] * x_shape[3]
-        if argmax.min() < 0 or argmax.max() >= plane:
-            raise ValueError(f"max_pool2d_backward: argmax values must lie in [0, {plane}) "
-                             f"for input shape {tuple(x_shape)}")
-        return K.max_pool_backward(np.ascontiguousarray(grad),
-                                   np.ascontiguousarray(argmax, dtype=np.int64),
-                                   x_shape[2], x_shape[3])
+        dx, ok = K.max_pool_backward(np.ascontiguousarray(grad),
+                                     np.ascontiguousarray(argmax, dtype=np.int64),
+                                     x_shape[2], x_shape[3])
+        if not ok:
+            raise ValueError(f"max_pool2d_backward: argmax values must lie in "
+                             f"[0, {x_shape[2] * x_shape[3]}) for input shape {tuple(x_shape)}")
+        return dx
 
     def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
         if not fast_path(x):

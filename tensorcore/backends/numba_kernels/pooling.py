@@ -44,15 +44,28 @@ def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
 
 @kernel
 def max_pool_backward(grad, arg, h, w):
-    """Add every output gradient into the input position its argmax names."""
+    """Add every output gradient into the input position its argmax names.
+
+    Returns (dx, ok): ok is False when some argmax lies outside its H*W plane (those
+    gradients are dropped, so dx must then not be used).  Each task zeroes and fills
+    its own plane, so the zeroing runs in parallel and in cache."""
+    t = grad.dtype.type
     n, c, ho, wo = grad.shape
-    dx = np.zeros((n, c, h * w), dtype=grad.dtype)
+    plane = h * w
+    dx = np.empty((n, c, plane), dtype=grad.dtype)
+    bad = np.zeros(n * c, dtype=np.bool_)
     for task in prange(n * c):
         i, ch = task // c, task % c
         dst, g, a = dx[i, ch], grad[i, ch].ravel(), arg[i, ch].ravel()
+        for k in range(plane):
+            dst[k] = t(0.0)
         for k in range(ho * wo):
-            dst[a[k]] += g[k]
-    return dx.reshape(n, c, h, w)
+            j = a[k]
+            if j < 0 or j >= plane:
+                bad[task] = True
+            else:
+                dst[j] += g[k]
+    return dx.reshape(n, c, h, w), not bad.any()
 
 
 @kernel
