@@ -10,29 +10,12 @@ bandwidth, next to PyTorch's eager ``silu(x * a + b)`` (three kernels).
 
 from __future__ import annotations
 
-import statistics
-from typing import Callable
-
 import cupy as cp
-import numpy as np
+from gpu_ops import median_ms  # this folder is on sys.path when run as a script
 
 from tensorcore.backends import cuda_loader
 
 ACT_SILU, ACT_NONE = 4, 0
-
-
-def median_ms(fn: Callable[[], object], iters: int = 60) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -64,7 +47,7 @@ def main() -> None:
         for blocks in (4, 8, 16):
             for act in (ACT_SILU, ACT_NONE):
                 args = (x, scale, bias, y, n, 128, 256 * 256, act, 1)
-                ms = median_ms(lambda: kernel((sms * blocks,), (cuda_loader.THREADS,), args))
+                ms = median_ms(lambda: kernel((sms * blocks,), (cuda_loader.THREADS,), args), iters=60)
                 print(f"{packs:5d} {blocks:9d} {'silu' if act else 'none':>5s} {ms:8.4f} {copy / ms * 100:8.1f}%")
 
 

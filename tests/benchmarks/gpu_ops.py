@@ -5,7 +5,7 @@
 Times are medians of CUDA-event timings after warm-up; inputs are random (never
 zeros).  tensorcore is timed twice: eager (events around the Python call, so host
 launch cost shows when it exceeds the GPU time) and as a replayed CUDA graph of the
-same call (what ``tc.compile`` runs).  PyTorch is timed eager.  Speed = torch time /
+same call (the fast path for captured steps).  PyTorch is timed eager.  Speed = torch time /
 tensorcore time (> 1: tensorcore faster); bandwidth counts each input read once and
 each output written once.  No timing is asserted.
 """
