@@ -1,8 +1,7 @@
 """Every setting tensorcore reads from the environment, read in one place.
 
 ``TENSORCORE_BACKEND``   numpy | numba | cupy (default: numba if it imports, else numpy)
-``TENSORCORE_CACHE_DIR`` where compiled plans are cached (default ~/.cache/tensorcore)
-``DEBUG``                1: print each op with backend, shapes and time; 2: also plans
+``DEBUG``                1 or more: print each op with backend, shapes and time
 Matmul precision ("highest" | "high") is a runtime setting, as in PyTorch.
 
 Importing tensorcore also shortens the busy-wait of idle BLAS and OpenMP worker threads
@@ -15,7 +14,6 @@ runtime load, so import tensorcore before NumPy or torch for them to apply.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
@@ -24,7 +22,6 @@ VALID_BACKENDS = ("numpy", "numba", "cupy")
 VALID_PRECISIONS = ("highest", "high")
 
 backend_name: str | None = os.environ.get("TENSORCORE_BACKEND") or None
-cache_dir = Path(os.environ.get("TENSORCORE_CACHE_DIR", Path.home() / ".cache" / "tensorcore"))
 debug_level = int(os.environ.get("DEBUG", "0") or 0)
 matmul_precision = "highest"
 
