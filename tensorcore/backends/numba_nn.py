@@ -246,11 +246,7 @@ class NumbaNNKernels:
         planes = np.ascontiguousarray(x).reshape(x.shape[0], channels, -1)
         if training:
             mean, var = self._batch_moments(planes)
-            if running_mean is not None:
-                running_mean[...] = (1.0 - momentum) * running_mean + momentum * mean
-            if running_var is not None:
-                unbiased = var * (count / (count - 1))
-                running_var[...] = (1.0 - momentum) * running_var + momentum * unbiased
+            self._update_running_stats(running_mean, running_var, mean, var, count, momentum)
         else:
             mean, var = running_mean.astype(np.float64), running_var.astype(np.float64)
         rstd = 1.0 / np.sqrt(var + eps)

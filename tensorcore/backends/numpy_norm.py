@@ -34,6 +34,16 @@ class NumpyNormKernels(NumpyActivationKernels):
         centred = x - mean
         return mean, (centred * centred).mean(axis=axes, keepdims=True)
 
+    @staticmethod
+    def _update_running_stats(running_mean: Array | None, running_var: Array | None, mean: Array,
+                              var: Array, count: int, momentum: float) -> None:
+        """Blend batch statistics into the running ones in place (unbiased variance, as
+        PyTorch); either running buffer may be absent."""
+        if running_mean is not None:
+            running_mean[...] = (1.0 - momentum) * running_mean + momentum * mean
+        if running_var is not None:
+            running_var[...] = (1.0 - momentum) * running_var + momentum * (var * (count / (count - 1)))
+
     def _rstd(self, var: Array, eps: float) -> Array:
         return 1.0 / self.xp.sqrt(var + eps)
 
@@ -164,11 +174,7 @@ class NumpyNormKernels(NumpyActivationKernels):
             mean, var = self._moments(x, _all_but_channel(x.ndim))
             mean, var = mean.reshape(channels), var.reshape(channels)
             rstd = self._rstd(var, eps)
-            if running_mean is not None:
-                running_mean[...] = (1.0 - momentum) * running_mean + momentum * mean
-            if running_var is not None:
-                unbiased = var * (count / (count - 1))
-                running_var[...] = (1.0 - momentum) * running_var + momentum * unbiased
+            self._update_running_stats(running_mean, running_var, mean, var, count, momentum)
         else:
             if running_mean is None or running_var is None:
                 raise ValueError("batch_norm: eval mode needs running_mean and running_var")
