@@ -71,30 +71,27 @@ def get_backend() -> Backend:
     return backend_for(default_device)
 
 
+def set_backend(name: str) -> Backend:
+    """Make ``name`` the default backend from now on (and return it)."""
+    global _cpu_name, default_device
+    backend = load(name)
+    if backend.device == "cpu":
+        _cpu_name, default_device = name, "cpu"
+    else:
+        default_device = "cuda"
+    return backend
+
+
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[Backend]:
     """Make ``name`` the default backend inside a ``with`` block (tests, comparisons)."""
     global _cpu_name, default_device
-    backend = load(name)
     saved = _cpu_name, default_device
-    if backend.device == "cpu":
-        _cpu_name, default_device = name, "cpu"
-    else:
-        default_device = "cuda"
+    backend = set_backend(name)  # raises before anything changes for an unknown name
     try:
         yield backend
     finally:
         _cpu_name, default_device = saved
-
-
-def set_backend(name: str) -> None:
-    """Make ``name`` the default backend from now on."""
-    global _cpu_name, default_device
-    backend = load(name)
-    if backend.device == "cpu":
-        _cpu_name, default_device = name, "cpu"
-    else:
-        default_device = "cuda"
 
 
 def default_device_name() -> str:
