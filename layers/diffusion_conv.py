@@ -17,7 +17,6 @@ from .diffusion_functions import DirectDiffusion, SpectralDiffusion
 from .module import Module
 from .parameter import Parameter
 
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 TIME_FLOOR = 1e-6
 
 
@@ -45,8 +44,8 @@ class DiffusionConv(Module):
         super().__init__()
         if mode not in ("spectral", "direct"):
             raise ValueError(f"DiffusionConv: mode must be 'spectral' or 'direct', got {mode!r}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"DiffusionConv: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if activation not in F.ACTIVATIONS:
+            raise ValueError(f"DiffusionConv: activation must be one of {F.ACTIVATIONS}, got {activation!r}")
         if min(in_channels, out_channels, num_scales) < 1 or not 0 < t_min <= t_max:
             raise ValueError(f"DiffusionConv: channels and num_scales must be positive and 0 < t_min <= t_max, "
                              f"got {in_channels}, {out_channels}, {num_scales}, {t_min}, {t_max}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 Array = Any  # numpy.ndarray | cupy.ndarray
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")  # names ``act`` may take
 Shape = tuple[int, ...]
 Axes = tuple[int, ...] | None
 Pair = tuple[int, int]

@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .base import ACTIVATIONS
 from .special import erf
 
 Array = Any
 
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
 _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..autograd import Function
+from ..backends.base import ACTIVATIONS
 from ..tensor import Tensor
 from .movement import transpose
-from .norm import ACTIVATIONS
 from .shape_utils import normalize_axis
 
 

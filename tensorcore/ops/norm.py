@@ -6,9 +6,9 @@ import math
 from typing import Any, Sequence
 
 from ..autograd import Function
+from ..backends.base import ACTIVATIONS
 from ..tensor import Tensor
 
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
 
 class LayerNorm(Function):
