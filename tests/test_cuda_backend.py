@@ -176,8 +176,15 @@ def test_layer_norm(shape, n_norm, affine):
             check(a, b_)
 
 
+# On Hopper the forward of (1, 32, 40, 40), (2, 64, 64, 64) (256-thread blocks) and
+# (1, 64, 64, 64) (512-thread blocks) runs the one-pass cluster kernel; the others the
+# two-pass kernels: packed loads for (1, 4, 256, 260) and (1, 4, 512, 512) (groups too
+# large for a cluster: chunked planes, a partial last batch of packs), element loads
+# for the odd plane sizes.
 @pytest.mark.parametrize("shape, groups", [((2, 6, 5, 3), 3), ((1, 8, 65, 63), 2),
-                                           ((3, 8, 1), 4), ((1, 32, 40, 40), 32)])
+                                           ((3, 8, 1), 4), ((1, 32, 40, 40), 32),
+                                           ((2, 64, 64, 64), 8), ((1, 64, 64, 64), 4),
+                                           ((1, 4, 256, 260), 1), ((1, 4, 512, 512), 1)])
 @pytest.mark.parametrize("act", ["none", "silu"])
 @pytest.mark.parametrize("affine", [True, False])
 def test_group_norm(shape, groups, act, affine):
@@ -199,7 +206,8 @@ def test_group_norm(shape, groups, act, affine):
 
 
 @pytest.mark.parametrize("training", [True, False])
-@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (6, 5), (3, 2, 33, 1)])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (6, 5), (3, 2, 33, 1), (8, 16, 8, 8),
+                                   (2, 3, 64, 96)])
 def test_batch_norm(training, shape):
     x, g = rand(*shape) + 1.0, rand(*shape)
     c = shape[1]
@@ -216,6 +224,45 @@ def test_batch_norm(training, shape):
     got = GPU.batch_norm_backward(on_gpu(g), on_gpu(x), on_gpu(w), mean, rstd, training)
     for a, b_ in zip(got, REF.batch_norm_backward(g, x, w, rmean, rrstd, training)):
         check(a, b_)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_group_norm_dtypes(dtype):
+    x = rand(2, 64, 16, 16) * 2 + 1
+    w, b = rand(64), rand(64)
+    y, mean, rstd = GPU.group_norm(on_gpu(x, dtype), on_gpu(w, dtype), on_gpu(b, dtype), 8,
+                                   1e-5, "silu")
+    as_stored = (lambda a: a.astype(dtype).astype(np.float64))  # float64 reference
+    ry, rmean, rrstd = REF.group_norm(as_stored(x), as_stored(w), as_stored(b), 8, 1e-5, "silu")
+    check(y, ry, dtype)
+    check(mean, rmean, dtype)
+    check(rstd, rrstd, dtype)
+
+
+@pytest.mark.parametrize("shape, groups", [((2, 64, 32, 32), 16), ((1, 4, 512, 512), 1)])
+def test_group_norm_repeats_and_replays(shape, groups):
+    """Repeated calls and replays of a captured call stay correct: the cluster kernel,
+    and the two-pass kernels whose arrival counters are zero again after every launch."""
+    import cupy
+
+    w, b = on_gpu(rand(shape[1])), on_gpu(rand(shape[1]))
+    for _ in range(3):
+        x = rand(*shape) * 3 - 1
+        y, _, _ = GPU.group_norm(on_gpu(x), w, b, groups, 1e-5, "silu")
+        check(y, REF.group_norm(x, w.get(), b.get(), groups, 1e-5, "silu")[0])
+    x_gpu = on_gpu(rand(*shape))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        GPU.group_norm(x_gpu, w, b, groups, 1e-5, "none")
+        stream.begin_capture()
+        y_gpu, _, _ = GPU.group_norm(x_gpu, w, b, groups, 1e-5, "none")
+        graph = stream.end_capture()
+        for _ in range(3):
+            x = rand(*shape) + 2
+            x_gpu[...] = on_gpu(x)
+            graph.launch(stream)
+            stream.synchronize()
+            check(y_gpu, REF.group_norm(x, w.get(), b.get(), groups, 1e-5, "none")[0])
 
 
 # ----- convolution (im2col + GEMM) ----------------------------------------------------

@@ -302,3 +302,22 @@ def test_schedule_checks() -> None:
         optim.SequentialLR(opt, [optim.StepLR(opt, 2)], milestones=[3])
     with pytest.raises(ValueError):
         optim.clip_grad_norm_([_p()], max_norm=-1.0)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_over_several_update_slices(nesterov: bool) -> None:
+    """Buffers longer than one update slice (the NumPy backend updates slice by slice)
+    follow the float64 transcription of SGD with momentum and weight decay."""
+    rng = np.random.default_rng(3)
+    start = rng.standard_normal(300_001)
+    grads = [rng.standard_normal(300_001) for _ in range(3)]
+    p = Parameter(tc.tensor(start, dtype=tc.float64))
+    opt = optim.SGD([p], lr=0.1, momentum=0.9, nesterov=nesterov, weight_decay=0.01)
+    want, buf = start.copy(), None
+    for g in grads:
+        p.grad = tc.tensor(g, dtype=tc.float64)
+        opt.step()
+        d = g + 0.01 * want
+        buf = d if buf is None else 0.9 * buf + d
+        want = want - 0.1 * (d + 0.9 * buf if nesterov else buf)
+    np.testing.assert_allclose(p.numpy(), want, rtol=1e-12, atol=1e-12)

@@ -23,7 +23,9 @@ BLOCKS_PER_SM = 8
 # NumPy dtype name -> the C storage type the kernels are instantiated for.
 C_TYPES = {"float32": "float", "float64": "double", "float16": "half_t", "bfloat16": "bf16_t"}
 
-_KERNEL = re.compile(r"(template\s*<\s*typename\s+T\s*>\s*)?__global__\s+void\s+(\w+)\s*\(")
+# a kernel definition; launch bounds and upper-case attribute macros may sit before the name
+_KERNEL = re.compile(r"(template\s*<\s*typename\s+T\s*>\s*)?__global__\s+void\s+"
+                     r"(?:(?:__launch_bounds__\s*\([^)]*\)|[A-Z][A-Z0-9_]*)\s+)*([a-z_]\w*)\s*\(")
 
 
 def kernel_names(filename: str) -> list[tuple[str, bool]]:
@@ -55,13 +57,28 @@ def _module(filename: str, ctype: str | None) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(filename: str, name: str, dtype: Any = None) -> Any:
+def raw_kernel(filename: str, name: str, dtype: Any = None) -> Any:
     """The ``cupy.RawKernel`` ``name`` of ``filename``, instantiated for ``dtype``
     (a NumPy dtype for templated kernels, ``None`` for plain ones)."""
     if dtype is None:
         return _module(filename, None).get_function(name)
     ctype = ctype_of(dtype)
     return _module(filename, ctype).get_function(f"{name}<{ctype}>")
+
+
+@functools.lru_cache(maxsize=None)
+def _function(filename: str, name: str, dtype: Any, device: int) -> Any:
+    return raw_kernel(filename, name, dtype).kernel  # loaded on the current device
+
+
+def kernel(filename: str, name: str, dtype: Any = None) -> Any:
+    """The kernel ``name`` of ``filename`` for ``dtype``, loaded on the current device
+    and called like a RawKernel: ``kernel(...)(grid, block, args)``.  This is the
+    ``cupy.cuda.Function`` behind the RawKernel: calling it directly skips the
+    RawKernel's per-call device lookup (~0.7 us of host time per launch)."""
+    import cupy
+
+    return _function(filename, name, dtype, cupy.cuda.runtime.getDevice())
 
 
 def ctype_of(dtype: Any) -> str:
@@ -82,6 +99,14 @@ def supports(dtype: Any) -> bool:
         return numpy.dtype(dtype).name in C_TYPES
     except TypeError:
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability() -> int:
+    """The current device's compute capability as an int (90 for Hopper)."""
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,14 +15,17 @@ from . import cuda_loader
 from .cuda_loader import kernel, launch
 from .cupy_elementwise import ACT_CODES
 from .cupy_util import (acc_dtype, aligned, as_rows, contiguous, has_kernels, pack_width, ptr,
-                        row_launch)
+                        row_launch, zeroed_counters)
 from .numpy_act import check_activation
 from .numpy_pool import _pool_geometry
 from .numpy_upsample import _check_image
 
 SOFTMAX, LN, PLANE = "softmax.cu", "layernorm.cu", "planenorm.cu"
+GN_CLUSTER = "groupnorm_cluster.cu"
+CLUSTER, GN_PACKS = 8, 4  # blocks per statistic and packs per thread there
 POOL, UPSAMPLE, EMBED = "pool.cu", "upsample.cu", "embedding.cu"
 THREADS = 256
+ROW_PACKS = 8  # packs per thread of a row held in registers (ROW_PACKS in common.cuh)
 
 
 def _opt(*arrays):
@@ -124,10 +127,13 @@ class CupyNNKernels:
         mean = cupy.empty(rows, dtype=acc_dtype(x.dtype))
         rstd = cupy.empty_like(mean)
         grid, block, tpr = row_launch(rows, cols)
-        vec = cols % pack_width(x.dtype) == 0 and aligned(x, y, weight, bias)
-        kernel(LN, "layer_norm_fwd_kernel", x.dtype)(
-            grid, block, (x, ptr(weight), ptr(bias), y, mean, rstd, rows, cols, float(eps),
-                          tpr, int(vec)))
+        pack = pack_width(x.dtype)
+        vec = cols % pack == 0 and aligned(x, y, weight, bias)
+        args = (x, ptr(weight), ptr(bias), y, mean, rstd, rows, cols, float(eps), tpr)
+        if vec and tpr <= 256 and cols <= tpr * pack * ROW_PACKS:
+            kernel(LN, "layer_norm_fwd_cached_kernel", x.dtype)(grid, block, args)
+        else:
+            kernel(LN, "layer_norm_fwd_kernel", x.dtype)(grid, block, args + (int(vec),))
         return y, mean, rstd
 
     def layer_norm_backward(self, grad, x, weight, mean, rstd, n_norm):
@@ -166,23 +172,27 @@ class CupyNNKernels:
         chunks = _plane_chunks(n * c, s)
         return n, c, s, chunks, s % pack_width(x.dtype) == 0 and aligned(x)
 
-    def _plane_forward(self, x, weight, bias, stats: int, cpg: int, bn: bool, eps: float,
-                       act: str, running_mean=None, running_var=None, momentum: float = 0.0,
-                       use_running: bool = False):
+    def _plane_forward(self, x, weight, bias, stat_shape: tuple, cpg: int, bn: bool,
+                       eps: float, act: str, running_mean=None, running_var=None,
+                       momentum: float = 0.0, use_running: bool = False):
+        """(y, mean, rstd), mean and rstd of shape ``stat_shape``."""
         x, weight, bias = contiguous(x), _contiguous_or_none(weight), _contiguous_or_none(bias)
         n, c, s, chunks, vec = self._plane_geometry(x)
         acc = acc_dtype(x.dtype)
-        part = cupy.empty((n * c * chunks * 3,), dtype=acc)
+        mean, rstd = cupy.empty((2,) + stat_shape, dtype=acc)
         if not use_running:
-            kernel(PLANE, "plane_stats_kernel", x.dtype)((n * c, chunks), (THREADS,),
-                                                         (x, part, s, chunks, int(vec)))
+            part = cupy.empty((n * c * chunks * 3,), dtype=acc)
+            arrived = zeroed_counters(mean.size)
+            kernel(PLANE, "plane_stats_kernel", x.dtype)(
+                (n * c, chunks), (THREADS,),
+                (x, part, mean, rstd, ptr(running_mean), ptr(running_var), arrived, s, chunks,
+                 c, cpg, int(bn), n, float(eps), float(momentum), int(vec)))
         y = cupy.empty_like(x)
-        mean, rstd = cupy.empty((2, stats), dtype=acc)
         kernel(PLANE, "plane_apply_kernel", x.dtype)(
             (n * c, chunks), (THREADS,),
-            (x, ptr(weight), ptr(bias), part, y, mean, rstd, ptr(running_mean),
-             ptr(running_var), s, chunks, c, cpg, int(bn), n, float(eps), float(momentum),
-             ACT_CODES[act], int(use_running), int(vec and aligned(y))))
+            (x, ptr(weight), ptr(bias), mean, rstd, y, ptr(running_mean), ptr(running_var), s,
+             chunks, c, cpg, int(bn), n, float(eps), ACT_CODES[act], int(use_running),
+             int(vec and aligned(y))))
         return y, mean, rstd
 
     def _plane_backward(self, grad, x, weight, bias, mean, rstd, cpg: int, bn: bool,
@@ -209,18 +219,42 @@ class CupyNNKernels:
         return dx, dw, db
 
     def group_norm(self, x, weight, bias, groups, eps, act="none"):
-        self._group_view("group_norm", x, groups)
+        self._check_groups("group_norm", x, groups)
         check_activation("group_norm", act)
         if not has_kernels(x, *_opt(weight, bias)):
             return super().group_norm(x, weight, bias, groups, eps, act)
         for name, p in (("weight", weight), ("bias", bias)):
             self._check_param("group_norm", name, p, x.shape[1:2])
-        y, mean, rstd = self._plane_forward(x, weight, bias, x.shape[0] * groups,
-                                            x.shape[1] // groups, False, eps, act)
-        return y, mean.reshape(x.shape[0], groups), rstd.reshape(x.shape[0], groups)
+        one_pass = self._group_norm_cluster(x, weight, bias, groups, eps, act)
+        if one_pass is not None:
+            return one_pass
+        return self._plane_forward(x, weight, bias, (x.shape[0], groups), x.shape[1] // groups,
+                                   False, eps, act)
+
+    def _group_norm_cluster(self, x, weight, bias, groups: int, eps: float, act: str):
+        """The one-pass forward of cuda/groupnorm_cluster.cu, or None where it does not
+        apply (before Hopper, unaligned or odd planes, groups too large for a cluster)."""
+        if cuda_loader.compute_capability() < 90:
+            return None
+        x, weight, bias = contiguous(x), _contiguous_or_none(weight), _contiguous_or_none(bias)
+        n, c = x.shape[:2]
+        s = x.size // (n * c)
+        pack = pack_width(x.dtype)
+        stat_len = c // groups * s
+        share = -(-(stat_len // pack) // CLUSTER)  # packs per block
+        threads = next((t for t in (256, 512) if share <= t * GN_PACKS), None)
+        if threads is None or s % pack or not aligned(x):
+            return None
+        y = cupy.empty_like(x)
+        mean, rstd = cupy.empty((2, n, groups), dtype=acc_dtype(x.dtype))
+        kernel(GN_CLUSTER, "group_norm_cluster_kernel", x.dtype)(
+            (n * groups * CLUSTER,), (threads,),
+            (x, ptr(weight), ptr(bias), y, mean, rstd, stat_len, s, c, float(eps),
+             ACT_CODES[act]))
+        return y, mean, rstd
 
     def group_norm_backward(self, grad, x, weight, bias, mean, rstd, groups, act="none"):
-        self._group_view("group_norm_backward", x, groups)
+        self._check_groups("group_norm_backward", x, groups)
         check_activation("group_norm_backward", act)
         if not has_kernels(grad, x, *_opt(weight, bias)) or grad.shape != x.shape:
             return super().group_norm_backward(grad, x, weight, bias, mean, rstd, groups, act)
@@ -243,10 +277,8 @@ class CupyNNKernels:
         if not usable:
             return super().batch_norm(x, weight, bias, running_mean, running_var, training,
                                       momentum, eps)
-        y, mean, rstd = self._plane_forward(
-            x, weight, bias, x.shape[1], 1, True, eps, "none", running_mean, running_var,
-            momentum, use_running=not training)
-        return y, mean, rstd
+        return self._plane_forward(x, weight, bias, (x.shape[1],), 1, True, eps, "none",
+                                   running_mean, running_var, momentum, use_running=not training)
 
     def batch_norm_backward(self, grad, x, weight, mean, rstd, training):
         if not has_kernels(grad, x, *_opt(weight)) or grad.shape != x.shape or x.ndim < 2:

@@ -14,14 +14,22 @@ NULL = numpy.uint64(0)  # a null pointer argument for optional kernel inputs
 INT32_LIMIT = 2**31 - 1
 
 
+# dtype objects (not names: ``dtype.name`` builds a string on every call) the templated
+# kernels are instantiated for; bfloat16 is there only where NumPy knows it (ml_dtypes)
+_KERNEL_DTYPES = frozenset(numpy.dtype(name) for name in cuda_loader.C_TYPES
+                           if name in numpy.sctypeDict)
+
+
 def has_kernels(*arrays: Any) -> bool:
     """True when every argument is a non-empty CuPy array of one dtype our templated
-    kernels are instantiated for (and small enough for 32-bit channel arithmetic)."""
+    kernels are instantiated for (and small enough for 32-bit channel arithmetic).
+    Called by every op: kept to attribute reads and set lookups."""
     first = arrays[0]
+    dtype = first.dtype if type(first) is cupy.ndarray else None
     for a in arrays:
-        if type(a) is not cupy.ndarray or a.dtype != first.dtype:
+        if type(a) is not cupy.ndarray or a.dtype is not dtype and a.dtype != dtype:
             return False
-    return first.dtype.name in cuda_loader.C_TYPES and 0 < first.size <= INT32_LIMIT
+    return dtype in _KERNEL_DTYPES and 0 < first.size <= INT32_LIMIT
 
 
 def contiguous(a: Any) -> Any:
@@ -67,3 +75,19 @@ def as_rows(x: Any) -> tuple[Any, int, int]:
     x = contiguous(x)
     cols = x.shape[-1] if x.ndim else 1
     return x, (x.size // cols if cols else 0), cols
+
+
+_ZEROED: dict[tuple[int, int], Any] = {}
+
+
+def zeroed_counters(count: int) -> Any:
+    """A uint32 device array of at least ``count`` counters that are all zero whenever
+    a kernel on the current stream starts: the kernels that use them reset what they
+    touch before they finish.  One array per (device, stream), grown (freshly zeroed)
+    on demand."""
+    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
+    counters = _ZEROED.get(key)
+    if counters is None or counters.size < count:
+        counters = cupy.zeros(max(count, 1024), dtype=cupy.uint32)
+        _ZEROED[key] = counters
+    return counters

@@ -121,10 +121,7 @@ class NumbaNNKernels:
         (the kernels index with it)."""
         self._check_targets(op, shape, target)
         target = np.ascontiguousarray(target, dtype=np.int64)
-        bad = (target != ignore_index) & ((target < 0) | (target >= shape[1]))
-        if bad.any():
-            raise ValueError(f"{op}: target {int(target[bad][0])} is outside the "
-                             f"{shape[1]} classes (ignore_index={ignore_index})")
+        self._check_target_range(op, shape[1], target, ignore_index)
         return target
 
     def cross_entropy(self, logits: Array, target: Array, ignore_index: int,
@@ -191,7 +188,7 @@ class NumbaNNKernels:
 
     def _group_blocks(self, op: str, x: Array, groups: int) -> Array:
         """x [N, C, *] as a contiguous [N, groups, C/groups, prod(*)] array."""
-        self._group_view(op, x, groups)
+        self._check_groups(op, x, groups)
         n, c = x.shape[:2]
         return np.ascontiguousarray(x).reshape(n, groups, c // groups, math.prod(x.shape[2:]))
 

@@ -104,8 +104,8 @@ class NumpyActivationKernels:
         check_activation("bias_act_backward", act)
         if bias is None:
             return self.activation_grad(act, x, grad), None
-        pre = x + self._bias_along("bias_act_backward", x, bias, axis)
-        gx = self.activation_grad(act, pre, grad)
+        bias_b = self._bias_along("bias_act_backward", x, bias, axis)
+        gx = grad if act == "none" else self.activation_grad(act, x + bias_b, grad)
         axis %= x.ndim
         other = tuple(i for i in range(x.ndim) if i != axis)
         return gx, gx.sum(axis=other).astype(bias.dtype, copy=False)

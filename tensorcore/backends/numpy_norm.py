@@ -112,11 +112,15 @@ class NumpyNormKernels(NumpyActivationKernels):
         return dx.reshape(x.shape), dweight, dbias
 
     # ----- group norm ----------------------------------------------------------------
-    def _group_view(self, op: str, x: Array, groups: int) -> Array:
-        """x [N, C, *] viewed as [N, groups, C/groups * prod(*)]."""
+    @staticmethod
+    def _check_groups(op: str, x: Array, groups: int) -> None:
         if x.ndim < 2 or groups < 1 or x.shape[1] % groups:
             raise ValueError(f"{op}: x of shape {x.shape} cannot be split into "
                              f"{groups} channel groups")
+
+    def _group_view(self, op: str, x: Array, groups: int) -> Array:
+        """x [N, C, *] viewed as [N, groups, C/groups * prod(*)]."""
+        self._check_groups(op, x, groups)
         return x.reshape(x.shape[0], groups, math.prod(x.shape[1:]) // groups)
 
     def group_norm(self, x: Array, weight: Array | None, bias: Array | None,

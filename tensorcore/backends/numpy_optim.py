@@ -16,6 +16,17 @@ from typing import Any
 Array = Any
 
 
+SLICE = 1 << 17  # elements per slice of an update done slice by slice
+
+
+def _slices(n: int) -> list[slice]:
+    """Consecutive slices covering n elements.  Updating a flat buffer slice by slice
+    keeps each temporary small and cache-resident instead of allocating (and page
+    faulting) buffer-sized temporaries: SGD over 670 K floats took 210 us instead of
+    393 us on the 2-core CPU."""
+    return [slice(lo, lo + SLICE) for lo in range(0, n, SLICE)]
+
+
 class NumpyOptimKernels:
     """Optimizer updates matching ``torch.optim`` step for step (LAMB, LARS, Lion
     after their papers)."""
@@ -31,12 +42,14 @@ class NumpyOptimKernels:
         """SGD: d = g + wd·p; buf = d on the first step, else momentum·buf +
         (1 - dampening)·d; d = d + momentum·buf (Nesterov) or buf; p -= lr·d."""
         xp, t = self.xp, p.dtype.type
-        d = g + t(weight_decay) * p if weight_decay else g
-        if buf is not None and momentum != 0:
-            blended = t(momentum) * buf + t(1 - dampening) * d
-            buf[...] = xp.where(first_step.reshape(1) != 0, d, blended)
-            d = d + t(momentum) * buf if nesterov else buf
-        p -= lr.astype(p.dtype) * d
+        rate, first = lr.astype(p.dtype), first_step.reshape(1) != 0
+        for s in _slices(p.size):  # temporaries of one slice stay in cache
+            d = g[s] + t(weight_decay) * p[s] if weight_decay else g[s]
+            if buf is not None and momentum != 0:
+                blended = t(momentum) * buf[s] + t(1 - dampening) * d
+                buf[s] = xp.where(first, d, blended)
+                d = d + t(momentum) * buf[s] if nesterov else buf[s]
+            p[s] -= rate * d
 
     def adam_update_(self, p: Array, g: Array, m: Array, v: Array, vmax: Array | None, lr: Array,
                      step: Array, beta1: float, beta2: float, eps: float, weight_decay: float,

@@ -43,13 +43,23 @@ class NumpySoftmaxKernels:
         if logits_shape[1] < 1:
             raise ValueError(f"{op}: logits need at least one class")
 
-    def _target_mask(self, target: Array, ignore_index: int,
-                     classes: int) -> tuple[Array, Array]:
-        """(keep [N] bool, one_hot [N, C] bool); ignored rows have an all-False row."""
+    def _target_rows(self, op: str, target: Array, ignore_index: int,
+                     classes: int) -> tuple[Array, Array, Array]:
+        """(keep [N] bool, row indices, target classes with ignored rows pointed at
+        class 0) for picking each row's target entry with one fancy index."""
         xp = self.xp
+        keep = self._check_target_range(op, classes, target, ignore_index)
+        return keep, xp.arange(target.shape[0]), xp.where(keep, target, 0)
+
+    @staticmethod
+    def _check_target_range(op: str, classes: int, target: Array, ignore_index: int) -> Array:
+        """The rows that are not ignored; raises when one of them names no class."""
         keep = target != ignore_index
-        one_hot = (target[:, None] == xp.arange(classes)[None, :]) & keep[:, None]
-        return keep, one_hot
+        bad = keep & ((target < 0) | (target >= classes))
+        if bad.any():
+            raise ValueError(f"{op}: target {int(target[bad][0])} is outside the {classes} "
+                             f"classes (ignore_index={ignore_index})")
+        return keep
 
     def cross_entropy(self, logits: Array, target: Array, ignore_index: int,
                       label_smoothing: float) -> tuple[Array, Array]:
@@ -60,9 +70,8 @@ class NumpySoftmaxKernels:
         self._check_targets("cross_entropy", logits.shape, target)
         classes = logits.shape[1]
         logp = self.log_softmax(logits)
-        keep, one_hot = self._target_mask(target, ignore_index, classes)
-        nll = -xp.where(one_hot, logp, 0).sum(axis=1)
-        loss = (1.0 - label_smoothing) * nll
+        keep, rows, safe = self._target_rows("cross_entropy", target, ignore_index, classes)
+        loss = xp.where(keep, logp[rows, safe], 0) * -(1.0 - label_smoothing)
         if label_smoothing:
             smooth = -logp.sum(axis=1)
             loss = loss + (label_smoothing / classes) * xp.where(keep, smooth, 0)
@@ -75,11 +84,14 @@ class NumpySoftmaxKernels:
         xp = self.xp
         self._check_targets("cross_entropy_backward", logp.shape, target)
         classes = logp.shape[1]
-        keep, one_hot = self._target_mask(target, ignore_index, classes)
-        target_weight = (1.0 - label_smoothing) * one_hot.astype(logp.dtype)
-        d = xp.exp(logp) - target_weight - label_smoothing / classes
-        scale = xp.where(keep, grad_rows, 0)[:, None]
-        return (scale * d).astype(logp.dtype, copy=False)
+        keep, rows, safe = self._target_rows("cross_entropy_backward", target, ignore_index,
+                                             classes)
+        d = xp.exp(logp)
+        d[rows, safe] -= 1.0 - label_smoothing
+        if label_smoothing:
+            d -= label_smoothing / classes
+        d *= xp.where(keep, grad_rows, 0)[:, None]
+        return d.astype(logp.dtype, copy=False)
 
     def attention(self, q: Array, k: Array, v: Array, mask: Array | None,
                   causal: bool, scale: float) -> tuple[Array, Array]:

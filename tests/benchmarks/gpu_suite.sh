@@ -14,5 +14,5 @@ timeout "${BENCH_SECONDS:-150}" python3 tests/benchmarks/gpu_ops.py > "$logs/gpu
 timeout "${BENCH_SECONDS:-150}" python3 tests/benchmarks/optim_bench.py --device cuda > "$logs/optim.log" 2>&1
 echo "== failures"; grep -E "^(FAILED|ERROR)" "$logs/tests.log" | head -40
 echo "== tests"; tail -2 "$logs/tests.log"
-echo "== gpu_ops"; tail -16 "$logs/gpu_ops.log"
+echo "== gpu_ops"; tail -24 "$logs/gpu_ops.log"
 echo "== optim"; tail -8 "$logs/optim.log"

@@ -3,7 +3,8 @@
 // Bound: memory.  Launch (forward and the dx backward): 256-thread blocks, `tpr`
 // threads per row (32 = one warp per row for cols <= 1024, a block per row beyond).
 // Forward: rows that fit in registers (tpr * ROW_PACKS packs) are read once and
-// normalised with an exact two-pass mean / variance; longer rows use one read computing
+// normalised with an exact two-pass mean / variance (layer_norm_fwd_cached_kernel);
+// longer rows (layer_norm_fwd_kernel) use one read computing
 // Welford statistics (merged across threads with Chan's formula) and a second read
 // (from L2) writing y.  Backward dx: one read of
 // (g, x) for the two row sums, a second writing dx.  The parameter gradients use
@@ -70,6 +71,23 @@ __device__ __forceinline__ void layer_norm_row_cached(
     }
 }
 
+// Rows that fit in registers (vec, cols <= tpr * ROW_PACKS packs, tpr <= 256): a kernel
+// of its own, so its register count is not set by the long-row path, and capped for four
+// 256-thread blocks per SM (more rows in flight per SM).
+template <typename T>
+__global__ void __launch_bounds__(256, 4) layer_norm_fwd_cached_kernel(
+        const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+        T* __restrict__ y, acc_t<T>* __restrict__ mean, acc_t<T>* __restrict__ rstd,
+        long long rows, long long cols, double eps, long long tpr_) {
+    __shared__ acc_t<T> scratch[96];
+    int tpr = (int)tpr_;
+    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+    bool live = row < rows;
+    long long r = live ? row : 0;
+    layer_norm_row_cached(x + r * cols, w, b, y + r * cols, mean + r, rstd + r, cols, live,
+                          (int)(threadIdx.x % tpr), tpr, eps, scratch);
+}
+
 // y = (x - mean) * rstd * w + b; mean / rstd (acc type) per row.  w, b may be null.
 template <typename T>
 __global__ void layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -84,12 +102,6 @@ __global__ void layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restri
     int t = threadIdx.x % tpr;
     bool live = row < rows;
     const T* xr = x + (live ? row : 0) * cols;
-    if (vec && cols <= (long long)tpr * Pack<T>::N * ROW_PACKS) {
-        long long r = live ? row : 0;
-        layer_norm_row_cached(xr, w, b, y + r * cols, mean + r, rstd + r, cols, live, t, tpr,
-                              eps, scratch);
-        return;
-    }
     long long n = live ? cols : 0;
     const int P = Pack<T>::N;
     Welford<A> st{(A)0, (A)0, (A)0};

@@ -7,18 +7,27 @@
 // Every plane is split into `chunks` chunks so that even [1, 128, 128, 128] with 32
 // groups gives thousands of blocks and fills the GPU.
 //
-// Bound: memory.  Launch: grid (N*C, chunks), 256 threads per block, one chunk of one
-// plane per block, 16-byte packs when S and the chunk length allow.
-//   plane_stats_kernel     Welford partials (count, mean, M2) per (plane, chunk)
-//   plane_apply_kernel     warp 0 merges the stat's partials, then the block writes
-//                          act(xhat * w[c] + b[c]); one block per stat also writes
-//                          mean / rstd and, for BatchNorm training, the running stats
+// Bound: memory (x is read twice, y written once; the second read mostly hits L2 at
+// UNet sizes).  Launch: grid (N*C, chunks), 256 threads per block, one chunk of one
+// plane per block, 16-byte packs when S and the chunk length allow, PLANE_BATCH packs
+// per thread loaded together so each thread keeps several loads in flight.
+//   plane_stats_kernel     Welford partial (count, mean, M2) per (plane, chunk), each
+//                          batch of packs reduced from registers (no division per
+//                          element); the last block of a stat to finish (an arrival
+//                          counter per stat) merges the stat's partials and writes mean /
+//                          rstd and, for BatchNorm training, the running stats, then
+//                          resets its counter, so the counters are zero after every
+//                          launch (capturable in a CUDA graph)
+//   plane_apply_kernel     act(xhat * w[c] + b[c]) from mean / rstd (or, BatchNorm eval,
+//                          from the running stats); registers capped for six blocks per
+//                          SM (no spills at that cap)
 //   plane_bwd_sums_kernel  per (plane, chunk): sum(dy) and sum(dy * xhat), with dy the
 //                          gradient through the activation
 //   plane_bwd_dx_kernel    merges those sums per stat, writes dx
 //   plane_param_grads_kernel  one thread per channel: dw, db from the per-plane sums
-// Reading x twice costs one extra pass, mostly served from L2 at these sizes.
 #include "common.cuh"
+
+#define PLANE_BATCH 4
 
 struct StatMap {
     long long C, cpg, bn, N;
@@ -45,12 +54,34 @@ __device__ __forceinline__ void chunk_range(long long S, long long chunks, long 
     hi = lo + len < S ? lo + len : S;
 }
 
+// Merge the Welford partials of the stat that plane p belongs to (warp 0 only).  The
+// partials come from other blocks: read them from L2 (__ldcg), not a stale L1.
+template <typename A>
+__device__ __forceinline__ Welford<A> merge_stat(const A* part, const StatMap& map, long long p,
+                                                 long long chunks) {
+    Welford<A> st{(A)0, (A)0, (A)0};
+    long long first = map.first(p), step = map.step(), total = map.count() * chunks;
+    for (long long q = threadIdx.x; q < total; q += 32) {
+        const A* o = part + ((first + (q / chunks) * step) * chunks + q % chunks) * 3;
+        st.merge(__ldcg(o), __ldcg(o + 1), __ldcg(o + 2));
+    }
+    warp_welford(st);
+    return st;
+}
+
 template <typename T>
 __global__ void plane_stats_kernel(const T* __restrict__ x, acc_t<T>* __restrict__ part,
-                                   long long S, long long chunks, long long vec) {
+                                   acc_t<T>* __restrict__ mean_out,
+                                   acc_t<T>* __restrict__ rstd_out, T* __restrict__ running_mean,
+                                   T* __restrict__ running_var, unsigned int* arrived,
+                                   long long S, long long chunks, long long C, long long cpg,
+                                   long long bn, long long N, double eps, double momentum,
+                                   long long vec) {
     typedef acc_t<T> A;
     __shared__ A scratch[96];
+    __shared__ bool last;
     const int P = Pack<T>::N;
+    StatMap map{C, cpg, bn, N};
     long long plane = blockIdx.x, chunk = blockIdx.y, lo, hi;
     chunk_range<T>(S, chunks, chunk, lo, hi);
     const T* xp = x + plane * S;
@@ -59,85 +90,94 @@ __global__ void plane_stats_kernel(const T* __restrict__ x, acc_t<T>* __restrict
     if (vec) {
         const Pack<T>* pk = reinterpret_cast<const Pack<T>*>(xp + lo);
         long long npack = hi > lo ? (hi - lo) / P : 0;
-        for (long long i = threadIdx.x; i < npack; i += blockDim.x) {
-            Pack<T> p = pk[i];
+        for (long long i = threadIdx.x; i < npack; i += PLANE_BATCH * blockDim.x) {
+            Pack<T> v[PLANE_BATCH];
+            int held = 0;  // packs of this batch the thread holds (a prefix of v)
 #pragma unroll
-            for (int k = 0; k < P; ++k) st.push(load_acc(p.v[k]));
+            for (int q = 0; q < PLANE_BATCH; ++q)
+                if (i + q * blockDim.x < npack) {
+                    v[q] = pk[i + q * blockDim.x];
+                    held = q + 1;
+                }
+            A sum = (A)0, m2 = (A)0;
+#pragma unroll
+            for (int q = 0; q < PLANE_BATCH; ++q)
+                if (q < held)
+#pragma unroll
+                    for (int e = 0; e < P; ++e) sum += load_acc(v[q].v[e]);
+            A cnt = (A)(held * P), mean = sum / cnt;
+#pragma unroll
+            for (int q = 0; q < PLANE_BATCH; ++q)
+                if (q < held)
+#pragma unroll
+                    for (int e = 0; e < P; ++e) {
+                        A d = load_acc(v[q].v[e]) - mean;
+                        m2 += d * d;
+                    }
+            st.merge(cnt, mean, m2);
         }
         j = lo + npack * P;
     }
     for (long long i = j + threadIdx.x; i < hi; i += blockDim.x) st.push(load_acc(xp[i]));
     block_welford(st, scratch);
+    const long long stat = map.stat_of(plane);
     if (threadIdx.x == 0) {
         A* o = part + (plane * chunks + chunk) * 3;
         o[0] = st.n;
         o[1] = st.mean;
         o[2] = st.m2;
+        __threadfence();
+        last = atomicAdd(&arrived[stat], 1u) == (unsigned int)(map.count() * chunks) - 1u;
     }
-}
-
-// Merge the Welford partials of the stat that plane p belongs to (warp 0 only).
-template <typename A>
-__device__ __forceinline__ Welford<A> merge_stat(const A* part, const StatMap& map, long long p,
-                                                 long long chunks) {
-    Welford<A> st{(A)0, (A)0, (A)0};
-    long long first = map.first(p), step = map.step(), total = map.count() * chunks;
-    for (long long q = threadIdx.x; q < total; q += 32) {
-        const A* o = part + ((first + (q / chunks) * step) * chunks + q % chunks) * 3;
-        st.merge(o[0], o[1], o[2]);
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    Welford<A> m = merge_stat(part, map, plane, chunks);
+    if (threadIdx.x == 0) {
+        A var = m.m2 / m.n;
+        mean_out[stat] = m.mean;
+        rstd_out[stat] = m_rsqrt(var + (A)eps);
+        A mo = (A)momentum;
+        A unbiased = m.n > (A)1 ? m.m2 / (m.n - (A)1) : var;
+        if (running_mean)  // BatchNorm: stat == channel
+            running_mean[stat] = store_as<T>(((A)1 - mo) * load_acc(running_mean[stat]) + mo * m.mean);
+        if (running_var)
+            running_var[stat] = store_as<T>(((A)1 - mo) * load_acc(running_var[stat]) + mo * unbiased);
+        arrived[stat] = 0u;
     }
-    warp_welford(st);
-    return st;
 }
 
 // y = act((x - mean) * rstd * w[c] + b[c]).  With use_running (BatchNorm eval) the
-// statistics come from running_mean / running_var instead of the partials.
+// statistics come from running_mean / running_var instead, and the first block of each
+// channel writes them to mean / rstd for the backward.
 template <typename T>
-__global__ void plane_apply_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                   const T* __restrict__ b, const acc_t<T>* __restrict__ part,
-                                   T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
-                                   acc_t<T>* __restrict__ rstd_out, T* __restrict__ running_mean,
-                                   T* __restrict__ running_var, long long S, long long chunks,
-                                   long long C, long long cpg, long long bn, long long N,
-                                   double eps, double momentum, long long act,
-                                   long long use_running, long long vec) {
+__global__ void __launch_bounds__(256, 6) plane_apply_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                   const T* __restrict__ b, acc_t<T>* __restrict__ mean,
+                                   acc_t<T>* __restrict__ rstd, T* __restrict__ y,
+                                   const T* __restrict__ running_mean,
+                                   const T* __restrict__ running_var, long long S,
+                                   long long chunks, long long C, long long cpg, long long bn,
+                                   long long N, double eps, long long act, long long use_running,
+                                   long long vec) {
     typedef acc_t<T> A;
-    __shared__ A stat[2];
     const int P = Pack<T>::N;
     StatMap map{C, cpg, bn, N};
     long long plane = blockIdx.x, chunk = blockIdx.y, c = plane % C, lo, hi;
-    bool writer = chunk == 0 && plane == map.first(plane);
-    if (threadIdx.x < 32) {
-        A mu, rs;
-        if (use_running) {
-            mu = load_acc(running_mean[c]);
-            rs = m_rsqrt(load_acc(running_var[c]) + (A)eps);
-        } else {
-            Welford<A> st = merge_stat(part, map, plane, chunks);
-            mu = st.mean;
-            A var = st.m2 / st.n;
-            rs = m_rsqrt(var + (A)eps);
-            if (writer && threadIdx.x == 0) {
-                A mo = (A)momentum;
-                A unbiased = st.n > (A)1 ? st.m2 / (st.n - (A)1) : var;
-                if (running_mean)
-                    running_mean[c] = store_as<T>(((A)1 - mo) * load_acc(running_mean[c]) + mo * mu);
-                if (running_var)
-                    running_var[c] = store_as<T>(((A)1 - mo) * load_acc(running_var[c]) + mo * unbiased);
-            }
+    A mu, rs;
+    if (use_running) {
+        mu = load_acc(running_mean[c]);
+        rs = m_rsqrt(load_acc(running_var[c]) + (A)eps);
+        if (chunk == 0 && plane == c && threadIdx.x == 0) {
+            mean[c] = mu;
+            rstd[c] = rs;
         }
-        if (threadIdx.x == 0) {
-            stat[0] = mu;
-            stat[1] = rs;
-            if (writer) {
-                mean_out[map.stat_of(plane)] = mu;
-                rstd_out[map.stat_of(plane)] = rs;
-            }
-        }
+    } else {
+        long long stat = map.stat_of(plane);
+        mu = mean[stat];
+        rs = rstd[stat];
     }
-    __syncthreads();
-    A scale = stat[1] * (w ? load_acc(w[c]) : (A)1);
-    A shift = (b ? load_acc(b[c]) : (A)0) - stat[0] * scale;
+    A scale = rs * (w ? load_acc(w[c]) : (A)1);
+    A shift = (b ? load_acc(b[c]) : (A)0) - mu * scale;
     chunk_range<T>(S, chunks, chunk, lo, hi);
     const T* xp = x + plane * S;
     T* yp = y + plane * S;
@@ -146,12 +186,19 @@ __global__ void plane_apply_kernel(const T* __restrict__ x, const T* __restrict_
         const Pack<T>* pin = reinterpret_cast<const Pack<T>*>(xp + lo);
         Pack<T>* pout = reinterpret_cast<Pack<T>*>(yp + lo);
         long long npack = hi > lo ? (hi - lo) / P : 0;
-        for (long long i = threadIdx.x; i < npack; i += blockDim.x) {
-            Pack<T> p = pin[i];
+        for (long long i = threadIdx.x; i < npack; i += PLANE_BATCH * blockDim.x) {
+            Pack<T> v[PLANE_BATCH];
 #pragma unroll
-            for (int k = 0; k < P; ++k)
-                p.v[k] = store_as<T>(act_fwd((int)act, load_acc(p.v[k]) * scale + shift));
-            pout[i] = p;
+            for (int q = 0; q < PLANE_BATCH; ++q)
+                if (i + q * blockDim.x < npack) v[q] = pin[i + q * blockDim.x];
+#pragma unroll
+            for (int q = 0; q < PLANE_BATCH; ++q)
+                if (i + q * blockDim.x < npack) {
+#pragma unroll
+                    for (int e = 0; e < P; ++e)
+                        v[q].v[e] = store_as<T>(act_fwd((int)act, load_acc(v[q].v[e]) * scale + shift));
+                    pout[i + q * blockDim.x] = v[q];
+                }
         }
         j = lo + npack * P;
     }

@@ -1,0 +1,149 @@
+// One-pass GroupNorm forward on Hopper (sm_90+): each element is read once and written
+// once, so the op moves as many bytes as a copy (planenorm.cu reads x twice).
+//
+// A thread-block cluster of CLUSTER blocks owns one statistic (n, g), whose cpg * S
+// elements are contiguous in NCHW.  Each block loads its share into registers (up to
+// GN_PACKS 16-byte packs per thread), reduces it to a Welford partial (count, mean, M2
+// from a two-pass over the registers), and publishes the partial in its shared memory.
+// After a cluster barrier every block reads the CLUSTER partials through distributed
+// shared memory, merges them, and writes act(xhat * w[c] + b[c]) from its registers.
+// A second barrier keeps each block's shared memory alive until the others have read it.
+// The hardware schedules a cluster's blocks together, so the barrier cannot deadlock.
+//
+// Launch: grid = stats * CLUSTER blocks (1-D), blockDim.x threads with
+// blockDim.x * GN_PACKS packs >= the per-block share; the host checks the fit,
+// 16-byte alignment and S % pack == 0.  Older GPUs use planenorm.cu.
+#include "common.cuh"
+
+#define CLUSTER 8
+#define GN_PACKS 4
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CLUSTER_DIMS __cluster_dims__(CLUSTER, 1, 1)
+#else
+#define CLUSTER_DIMS
+#endif
+
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// The shared-memory address `p` of this block, as seen in block `rank` of the cluster.
+__device__ __forceinline__ unsigned int cluster_address(const void* p, unsigned int rank) {
+    unsigned int remote = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned long long local;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(local) : "l"(p));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote) : "r"((unsigned int)local), "r"(rank));
+#endif
+    return remote;
+}
+
+__device__ __forceinline__ float load_cluster(unsigned int address, float) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(address));
+#endif
+    return v;
+}
+
+__device__ __forceinline__ double load_cluster(unsigned int address, double) {
+    double v = 0.0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(address));
+#endif
+    return v;
+}
+
+template <typename T>
+__global__ void CLUSTER_DIMS __launch_bounds__(512)
+group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                          const T* __restrict__ b, T* __restrict__ y,
+                          acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
+                          long long stat_len, long long S, long long C, double eps,
+                          long long act) {
+    typedef acc_t<T> A;
+    const int P = Pack<T>::N;
+    __shared__ A scratch[96];
+    __shared__ A partial[3];
+    const long long stat = blockIdx.x / CLUSTER;
+    const unsigned int rank = blockIdx.x % CLUSTER;  // == %cluster_ctarank for 1-D clusters
+    const long long packs = stat_len / P, share = (packs + CLUSTER - 1) / CLUSTER;
+    const long long lo = rank * share, hi = lo + share < packs ? lo + share : packs;
+    const long long base = stat * stat_len;
+    const Pack<T>* in = reinterpret_cast<const Pack<T>*>(x + base);
+
+    Pack<T> v[GN_PACKS];
+    int held = 0;  // packs this thread holds (a prefix of v)
+#pragma unroll
+    for (int q = 0; q < GN_PACKS; ++q) {
+        long long i = lo + threadIdx.x + (long long)q * blockDim.x;
+        if (i < hi) {
+            v[q] = in[i];
+            held = q + 1;
+        }
+    }
+    A sum = (A)0;
+#pragma unroll
+    for (int q = 0; q < GN_PACKS; ++q)
+        if (q < held)
+#pragma unroll
+            for (int e = 0; e < P; ++e) sum += load_acc(v[q].v[e]);
+    Welford<A> st{(A)(held * P), (A)0, (A)0};
+    if (held) st.mean = sum / st.n;
+#pragma unroll
+    for (int q = 0; q < GN_PACKS; ++q)
+        if (q < held)
+#pragma unroll
+            for (int e = 0; e < P; ++e) {
+                A d = load_acc(v[q].v[e]) - st.mean;
+                st.m2 += d * d;
+            }
+    block_welford(st, scratch);
+    if (threadIdx.x == 0) {
+        partial[0] = st.n;
+        partial[1] = st.mean;
+        partial[2] = st.m2;
+    }
+    cluster_sync();
+    if (threadIdx.x < 32) {
+        Welford<A> m{(A)0, (A)0, (A)0};
+        if (threadIdx.x < CLUSTER) {
+            unsigned int r = threadIdx.x;
+            m.n = load_cluster(cluster_address(&partial[0], r), (A)0);
+            m.mean = load_cluster(cluster_address(&partial[1], r), (A)0);
+            m.m2 = load_cluster(cluster_address(&partial[2], r), (A)0);
+        }
+        warp_welford(m);
+        if (threadIdx.x == 0) {
+            scratch[0] = m.mean;
+            scratch[1] = m_rsqrt(m.m2 / m.n + (A)eps);
+            if (rank == 0) {
+                mean_out[stat] = scratch[0];
+                rstd_out[stat] = scratch[1];
+            }
+        }
+    }
+    cluster_sync();  // partials read by every block; scratch[0..1] visible block-wide
+
+    const A mu = scratch[0], rs = scratch[1];
+    Pack<T>* out = reinterpret_cast<Pack<T>*>(y + base);
+#pragma unroll
+    for (int q = 0; q < GN_PACKS; ++q) {
+        if (q < held) {
+            long long i = lo + threadIdx.x + (long long)q * blockDim.x;
+            long long c = ((base + i * P) / S) % C;
+            A scale = rs * (w ? load_acc(w[c]) : (A)1);
+            A shift = (b ? load_acc(b[c]) : (A)0) - mu * scale;
+            Pack<T> o;
+#pragma unroll
+            for (int e = 0; e < P; ++e)
+                o.v[e] = store_as<T>(act_fwd((int)act, load_acc(v[q].v[e]) * scale + shift));
+            out[i] = o;
+        }
+    }
+}

@@ -1,0 +1,89 @@
+"""Shape sweep of the one-pass cluster GroupNorm kernel (cuda/groupnorm_cluster.cu) on
+[8, 256, 64, 64], 32 groups, as replayed CUDA graphs: blocks per cluster, packs per
+thread and threads per block, next to a device copy of the tensor.  Two diagnostic
+variants time the same data movement without the cluster exchange (each block uses
+its own partial, so their output is not a GroupNorm): "no exchange" keeps the cluster
+launch, "no cluster" drops it too.
+
+    PYTHONPATH=. python3 tests/benchmarks/groupnorm_cluster_sweep.py
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from tensorcore.backends import cuda_loader
+
+N, C, H, W, GROUPS = 8, 256, 64, 64, 32
+
+
+def graph_ms(fn, iters: int = 50) -> float:
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        times = []
+        for _ in range(iters):
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def variant(cluster: int, packs: int, exchange: bool = True, clustered: bool = True):
+    text = cuda_loader.source("groupnorm_cluster.cu")
+    text = text.replace("#define CLUSTER 8", f"#define CLUSTER {cluster}")
+    text = text.replace("#define GN_PACKS 4", f"#define GN_PACKS {packs}")
+    if not exchange:
+        text = text.replace("unsigned int r = threadIdx.x;", "unsigned int r = rank;")
+    if not clustered:
+        text = text.replace("#define CLUSTER_DIMS __cluster_dims__(CLUSTER, 1, 1)",
+                            "#define CLUSTER_DIMS")
+        text = text.replace('asm volatile("barrier.cluster.arrive.release.aligned;\\n\\t"\n'
+                            '                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");',
+                            "__syncthreads();")
+        text = text.replace('asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"\n'
+                            '                 : "=r"(remote) : "r"((unsigned int)local), "r"(rank));',
+                            "remote = (unsigned int)local;")
+        text = text.replace("ld.shared::cluster.f32", "ld.shared.f32")
+        text = text.replace("ld.shared::cluster.f64", "ld.shared.f64")
+    mod = cp.RawModule(code=text, options=cuda_loader.OPTIONS,
+                       name_expressions=["group_norm_cluster_kernel<float>"])
+    return mod.get_function("group_norm_cluster_kernel<float>")
+
+
+def main() -> None:
+    x = cp.random.standard_normal((N, C, H, W), dtype=np.float32)
+    y = cp.empty_like(x)
+    w = cp.random.standard_normal(C, dtype=np.float32)
+    s, stats = H * W, N * GROUPS
+    stat_len = C // GROUPS * s
+    mean, rstd = cp.empty((2, stats), dtype=np.float32)
+    copy = graph_ms(lambda: cp.cuda.runtime.memcpyAsync(
+        y.data.ptr, x.data.ptr, x.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
+        cp.cuda.get_current_stream().ptr))
+    print(f"copy {x.nbytes >> 20} MiB: {copy * 1e3:.1f} us ({2 * x.nbytes / copy / 1e6:.0f} GB/s)")
+    print(f"{'cluster':>7s} {'packs':>5s} {'threads':>7s} {'variant':>12s} {'us':>7s} {'GB/s':>6s}")
+    cases = [(8, 4, 256), (8, 8, 128), (8, 2, 512), (4, 8, 256), (4, 4, 512), (2, 8, 512)]
+    for cluster, packs, threads in cases:
+        for name, exchange, clustered in (("one pass", True, True), ("no exchange", False, True),
+                                          ("no cluster", False, False)):
+            if name != "one pass" and (cluster, packs, threads) != (8, 4, 256):
+                continue
+            fn = variant(cluster, packs, exchange, clustered)
+            args = (x, w, w, y, mean, rstd, stat_len, s, C, 1e-5, 0)
+            t = graph_ms(lambda: fn((stats * cluster,), (threads,), args))
+            print(f"{cluster:7d} {packs:5d} {threads:7d} {name:>12s} {t * 1e3:7.1f} "
+                  f"{2 * x.nbytes / t / 1e6:6.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Launch-shape sweep of the GroupNorm kernels (cuda/planenorm.cu) on the UNet shape
+[8, 256, 64, 64], 32 groups: the statistics pass and the normalise pass timed apart,
+as replayed CUDA graphs, for several packs per thread (PLANE_BATCH), threads per block
+and chunks per plane, next to a device copy of the same tensor.
+
+    PYTHONPATH=. python3 tests/benchmarks/plane_norm_sweep.py
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import cupy as cp
+import numpy as np
+
+from tensorcore.backends import cuda_loader
+from tensorcore.backends.cupy_util import NULL, zeroed_counters
+
+N, C, H, W, GROUPS = 8, 256, 64, 64, 32
+
+
+def graph_ms(fn, iters: int = 50) -> float:
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        times = []
+        for _ in range(iters):
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def module(batch: int):
+    text = cuda_loader.source("planenorm.cu")
+    text = text.replace("#define PLANE_BATCH 4", f"#define PLANE_BATCH {batch}")
+    text = text.replace("__launch_bounds__(256, 6) ", "")
+    return cp.RawModule(code=text, options=cuda_loader.OPTIONS,
+                        name_expressions=["plane_stats_kernel<float>", "plane_apply_kernel<float>"])
+
+
+def main() -> None:
+    x = cp.random.standard_normal((N, C, H, W), dtype=np.float32)
+    y = cp.empty_like(x)
+    w = cp.random.standard_normal(C, dtype=np.float32)
+    s, cpg, stats = H * W, C // GROUPS, N * GROUPS
+    mean, rstd = cp.empty((2, stats), dtype=np.float32)
+    copy = graph_ms(lambda: cp.cuda.runtime.memcpyAsync(
+        y.data.ptr, x.data.ptr, x.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
+        cp.cuda.get_current_stream().ptr))
+    print(f"copy {x.nbytes >> 20} MiB: {copy * 1e3:.1f} us "
+          f"({2 * x.nbytes / copy / 1e6:.0f} GB/s)")
+    print(f"{'batch':>5s} {'threads':>7s} {'chunks':>6s} {'stats us':>9s} {'apply us':>9s} "
+          f"{'both us':>8s} {'stats GB/s':>10s} {'apply GB/s':>10s}")
+    for batch in (2, 4, 8):
+        mod = module(batch)
+        st = mod.get_function("plane_stats_kernel<float>")
+        ap = mod.get_function("plane_apply_kernel<float>")
+        for threads, chunks in itertools.product((128, 256, 512), (1, 2, 4)):
+            part = cp.empty(N * C * chunks * 3, dtype=np.float32)
+            grid = (N * C, chunks)
+
+            def stats_pass(threads=threads, chunks=chunks, part=part, grid=grid, st=st):
+                st(grid, (threads,), (x, part, mean, rstd, NULL, NULL,
+                                      zeroed_counters(stats), s, chunks, C, cpg, 0, N, 1e-5,
+                                      0.0, 1))
+
+            def apply_pass(threads=threads, chunks=chunks, grid=grid, ap=ap):
+                ap(grid, (threads,), (x, w, w, mean, rstd, y, NULL,
+                                      NULL, s, chunks, C, cpg, 0, N, 1e-5, 0, 0, 1))
+
+            t_stats, t_apply = graph_ms(stats_pass), graph_ms(apply_pass)
+            t_both = graph_ms(lambda: (stats_pass(), apply_pass()))
+            print(f"{batch:5d} {threads:7d} {chunks:6d} {t_stats * 1e3:9.1f} {t_apply * 1e3:9.1f} "
+                  f"{t_both * 1e3:8.1f} {x.nbytes / t_stats / 1e6:10.0f} "
+                  f"{2 * x.nbytes / t_apply / 1e6:10.0f}")
+
+
+if __name__ == "__main__":
+    main()
