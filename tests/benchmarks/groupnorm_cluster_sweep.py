@@ -1,6 +1,8 @@
 """Shape sweep of the one-pass cluster GroupNorm kernel (cuda/groupnorm_cluster.cu) on
 [8, 256, 64, 64], 32 groups, as replayed CUDA graphs: blocks per cluster, packs per
-thread and threads per block, next to a device copy of the tensor.  Two diagnostic
+thread, threads per block and register caps ("lbN": registers for N 512-thread blocks
+per SM; the shipped kernel is lb3), plus one 1024-thread block per group without a
+cluster, next to a device copy of the tensor.  Two diagnostic
 variants time the same data movement without the cluster exchange (each block uses
 its own partial, so their output is not a GroupNorm): "no exchange" keeps the cluster
 launch, "no cluster" drops it too.
@@ -38,8 +40,12 @@ def graph_ms(fn, iters: int = 50) -> float:
     return float(np.median(times))
 
 
-def variant(cluster: int, packs: int, exchange: bool = True, clustered: bool = True):
+def variant(cluster: int, packs: int, exchange: bool = True, clustered: bool = True,
+            min_blocks: int = 0):
     text = cuda_loader.source("groupnorm_cluster.cu")
+    bounds = {0: "__launch_bounds__(512)", 1024: "__launch_bounds__(1024, 1)"}.get(
+        1024 if cluster == 1 else min_blocks, f"__launch_bounds__(512, {min_blocks})")
+    text = text.replace("__launch_bounds__(512, 3)", bounds)  # the shipped cap
     text = text.replace("#define CLUSTER 8", f"#define CLUSTER {cluster}")
     text = text.replace("#define GN_PACKS 4", f"#define GN_PACKS {packs}")
     if not exchange:
@@ -71,19 +77,23 @@ def main() -> None:
         y.data.ptr, x.data.ptr, x.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
         cp.cuda.get_current_stream().ptr))
     print(f"copy {x.nbytes >> 20} MiB: {copy * 1e3:.1f} us ({2 * x.nbytes / copy / 1e6:.0f} GB/s)")
-    print(f"{'cluster':>7s} {'packs':>5s} {'threads':>7s} {'variant':>12s} {'us':>7s} {'GB/s':>6s}")
-    cases = [(8, 4, 256), (8, 8, 128), (8, 2, 512), (4, 8, 256), (4, 4, 512), (2, 8, 512)]
-    for cluster, packs, threads in cases:
+    print(f"{'cluster':>7s} {'packs':>5s} {'threads':>7s} {'variant':>16s} {'us':>7s} {'GB/s':>6s}")
+    # (blocks per cluster, packs per thread, threads, register cap for N 512-thread blocks)
+    cases = [(8, 4, 256, 0), (8, 4, 256, 3), (8, 4, 256, 4), (8, 8, 128, 0), (8, 2, 512, 0),
+             (4, 8, 256, 0), (1, 8, 1024, 0)]
+    for cluster, packs, threads, min_blocks in cases:
         for name, exchange, clustered in (("one pass", True, True), ("no exchange", False, True),
                                           ("no cluster", False, False)):
-            if name != "one pass" and (cluster, packs, threads) != (8, 4, 256):
+            if name != "one pass" and (cluster, packs, threads, min_blocks) != (8, 4, 256, 3):
                 continue
-            fn = variant(cluster, packs, exchange, clustered)
+            if cluster == 1:  # a block per group needs no cluster: "no cluster" is exact
+                exchange, clustered, name = False, False, "block per group"
+            fn = variant(cluster, packs, exchange, clustered, min_blocks)
             args = (x, w, w, y, mean, rstd, stat_len, s, C, 1e-5, 0)
             t = graph_ms(lambda: fn((stats * cluster,), (threads,), args))
-            print(f"{cluster:7d} {packs:5d} {threads:7d} {name:>12s} {t * 1e3:7.1f} "
+            label = name + (f" lb{min_blocks}" if min_blocks else "")
+            print(f"{cluster:7d} {packs:5d} {threads:7d} {label:>16s} {t * 1e3:7.1f} "
                   f"{2 * x.nbytes / t / 1e6:6.0f}")
-
 
 if __name__ == "__main__":
     main()
