@@ -17,7 +17,7 @@ from .numpy_act import check_activation
 
 Array = Any
 
-_FUSED_UNARY = ("gelu", "gelu_tanh", "silu", "sigmoid")
+_FUSED_UNARY = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 
 
 def _rows(a: Array, width: int) -> Array:
