@@ -29,7 +29,11 @@ REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 
 
 def _packed_work(n: int, vec: bool, dtype: Any) -> int:
-    return n // pack_width(dtype) + n % pack_width(dtype) if vec else n
+    """Threads' work items: whole packs plus the tail elements, or single elements."""
+    if not vec:
+        return n
+    width = 16 // dtype.itemsize  # dtype is an array's numpy dtype here
+    return n // width + n % width
 
 
 def _collapse(shape: tuple, *strides: tuple) -> tuple[list, list]:
@@ -68,7 +72,7 @@ class CupyElementwiseKernels:
         out = cupy.empty(shape, dtype=a.dtype)
         n = out.size
         if a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous:
-            if aligned(a, b, out):
+            if aligned(a, b):  # out comes from the memory pool: always aligned
                 launch(EW, "binary_vec_kernel", a.dtype, _packed_work(n, True, a.dtype),
                        (a, b, out, n, code))
             else:
