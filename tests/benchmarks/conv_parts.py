@@ -14,29 +14,10 @@ from tensorcore import settings
 from tensorcore.backends.cuda_loader import launch
 from tensorcore.backends.cupy_backend import CupyBackend
 from tensorcore.backends.cupy_linalg import CONV, _gemm
+from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()
 N, C, H, W, COUT = 8, 128, 64, 64, 128
-
-
-def graph_ms(fn, iters: int = 30) -> float:
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()
-        stream.synchronize()
-        stream.begin_capture()
-        fn()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        times = []
-        for _ in range(iters):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
 
 
 def main() -> None:

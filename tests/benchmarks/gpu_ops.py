@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import tensorcore as tc
 from tensorcore import settings
 from tensorcore.backends.cupy_backend import CupyBackend
+from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()
 
@@ -66,30 +67,6 @@ def randn_pair(*shape, dtype=np.float32):
     """The same random values as a CuPy array and a torch tensor."""
     a = cp.random.standard_normal(shape, dtype=np.float32).astype(dtype)
     return a, torch.from_dlpack(a.copy())
-
-
-def graph_ms(fn, iters: int = 40) -> float:
-    """Median time of replaying a CUDA graph captured from one call of ``fn``."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for _ in range(3):  # compile, create handles, fill the pool for this stream
-            fn()
-        stream.synchronize()
-        stream.begin_capture()
-        kept = fn()  # outputs stay alive while the graph is replayed
-        graph = stream.end_capture()
-        for _ in range(3):
-            graph.launch(stream)
-        times = []
-        for _ in range(iters):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop))
-    del kept
-    return statistics.median(times)
 
 
 ROWS: list[tuple] = []

@@ -15,28 +15,9 @@ import numpy as np
 
 from tensorcore.backends import cuda_loader
 from tensorcore.backends.cupy_util import NULL, zeroed_counters
+from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 N, C, H, W, GROUPS = 8, 256, 64, 64, 32
-
-
-def graph_ms(fn, iters: int = 50) -> float:
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()
-        stream.synchronize()
-        stream.begin_capture()
-        fn()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        times = []
-        for _ in range(iters):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
 
 
 def module(batch: int):

@@ -46,20 +46,21 @@ __device__ __forceinline__ unsigned int cluster_address(const void* p, unsigned 
     return remote;
 }
 
-__device__ __forceinline__ float load_cluster(unsigned int address, float) {
-    float v = 0.0f;
+// One 32-bit word at a cluster shared-memory address; floats and doubles are built from it.
+__device__ __forceinline__ unsigned int load_cluster_word(unsigned int address) {
+    unsigned int v = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(address));
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(address));
 #endif
     return v;
 }
 
+__device__ __forceinline__ float load_cluster(unsigned int address, float) {
+    return __uint_as_float(load_cluster_word(address));
+}
+
 __device__ __forceinline__ double load_cluster(unsigned int address, double) {
-    double v = 0.0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(address));
-#endif
-    return v;
+    return __hiloint2double((int)load_cluster_word(address + 4), (int)load_cluster_word(address));
 }
 
 template <typename T>
