@@ -5,12 +5,14 @@
 // images stacked: col is [N, C * kh * kw, OH * OW].
 //
 // Bound: memory (col is kh*kw times the input).  Launch: 1-D grid-stride, 256 threads;
-// thread indices are decomposed with 32-bit arithmetic (the host keeps them < 2^32).
+// thread indices are decomposed and taps addressed with 32-bit arithmetic (the host
+// keeps the thread count and the padded image below 2^31).
 //   im2col_kernel: one thread per (n, c, oy, ox); it loops over the kh*kw taps, so the
 //     index arithmetic is done once per kh*kw stores; consecutive threads write
 //     consecutive ox (coalesced).
 //   col2im_kernel: one thread per input element (n, c, y, x) gathering every tap that
-//     read it -- deterministic, no atomics.
+//     read it -- deterministic, no atomics; tap arithmetic in 32 bits (no division at
+//     stride 1).
 #include "common.cuh"
 
 template <typename T>
@@ -24,24 +26,37 @@ __global__ void im2col_kernel(const T* __restrict__ x, T* __restrict__ col, long
     unsigned int uOW = (unsigned int)OW, uOH = (unsigned int)OH, uC = (unsigned int)C;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         unsigned int ui = (unsigned int)i;  // the host keeps total below 2^32
-        long long ox = ui % uOW, r = ui / uOW;
-        long long oy = (unsigned int)r % uOH;
-        r = (unsigned int)r / uOH;  // r = n * C + c
-        long long n = (unsigned int)r / uC, c = r - n * C;
-        const T* xp = x + r * H * W;
-        T* cp = col + (n * C * taps + c * taps) * ohw + oy * OW + ox;
-        long long y0 = oy * sh - ph, x0 = ox * sw - pw;
-        for (long long ki = 0; ki < kh; ++ki) {
-            long long yy = y0 + ki * dh;
-            bool row_ok = yy >= 0 && yy < H;
-            for (long long kj = 0; kj < kw; ++kj) {
-                long long xx = x0 + kj * dw;
+        int ox = (int)(ui % uOW);
+        unsigned int r = ui / uOW;
+        int oy = (int)(r % uOH);
+        r /= uOH;  // r = n * C + c
+        long long n = r / uC, c = r - n * C;
+        const T* xp = x + (long long)r * H * W;
+        T* cp = col + (n * C * taps + c * taps) * ohw + oy * (int)OW + ox;
+        int y0 = oy * (int)sh - (int)ph, x0 = ox * (int)sw - (int)pw;
+        for (int ki = 0; ki < (int)kh; ++ki) {
+            int yy = y0 + ki * (int)dh;
+            bool row_ok = yy >= 0 && yy < (int)H;
+            for (int kj = 0; kj < (int)kw; ++kj) {
+                int xx = x0 + kj * (int)dw;
                 T v = store_as<T>((acc_t<T>)0);
-                if (row_ok && xx >= 0 && xx < W) v = xp[yy * W + xx];
-                cp[(ki * kw + kj) * ohw] = v;
+                if (row_ok && xx >= 0 && xx < (int)W) v = xp[yy * (int)W + xx];
+                cp[(long long)(ki * (int)kw + kj) * ohw] = v;
             }
         }
     }
+}
+
+// Output row (or column) that tap position t = y + pad - k * dilation reads from, or -1
+// when no output does.  32-bit: a 64-bit division per tap made col2im instruction-bound.
+__device__ __forceinline__ int tap_output(int t, int stride, int out_size) {
+    if (t < 0) return -1;
+    int o = t;
+    if (stride != 1) {
+        if (t % stride) return -1;
+        o = t / stride;
+    }
+    return o < out_size ? o : -1;
 }
 
 template <typename T>
@@ -56,23 +71,20 @@ __global__ void col2im_kernel(const T* __restrict__ col, T* __restrict__ x, long
     unsigned int uW = (unsigned int)W, uH = (unsigned int)H, uC = (unsigned int)C;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         unsigned int ui = (unsigned int)i;  // the host keeps total below 2^32
-        long long xx = ui % uW, r = ui / uW;
-        long long yy = (unsigned int)r % uH;
-        r = (unsigned int)r / uH;
-        long long n = (unsigned int)r / uC, c = r - n * C;
+        int xx = (int)(ui % uW);
+        unsigned int r = ui / uW;
+        int yy = (int)(r % uH);
+        r /= uH;
+        long long n = r / uC, c = r - n * C;
         const T* cp = col + (n * C * taps + c * taps) * ohw;
         A acc = (A)0;
-        for (long long ki = 0; ki < kh; ++ki) {
-            long long ty = yy + ph - ki * dh;  // = oy * sh
-            if (ty < 0 || ty % sh) continue;
-            long long oy = ty / sh;
-            if (oy >= OH) continue;
-            for (long long kj = 0; kj < kw; ++kj) {
-                long long tx = xx + pw - kj * dw;
-                if (tx < 0 || tx % sw) continue;
-                long long ox = tx / sw;
-                if (ox >= OW) continue;
-                acc += load_acc(cp[(ki * kw + kj) * ohw + oy * OW + ox]);
+        for (int ki = 0; ki < (int)kh; ++ki) {
+            int oy = tap_output(yy + (int)ph - ki * (int)dh, (int)sh, (int)OH);
+            if (oy < 0) continue;
+            for (int kj = 0; kj < (int)kw; ++kj) {
+                int ox = tap_output(xx + (int)pw - kj * (int)dw, (int)sw, (int)OW);
+                if (ox < 0) continue;
+                acc += load_acc(cp[(long long)(ki * (int)kw + kj) * ohw + oy * (int)OW + ox]);
             }
         }
         x[i] = store_as<T>(acc);
