@@ -1,5 +1,6 @@
-"""Launch-shape sweep of the GroupNorm kernels (cuda/planenorm.cu) on the UNet shape
-[8, 256, 64, 64], 32 groups: the statistics pass and the normalise pass timed apart,
+"""Launch-shape sweep of the two-pass GroupNorm / BatchNorm kernels (cuda/planenorm.cu:
+BatchNorm, and GroupNorm before Hopper or for groups too large for a cluster) on the
+UNet shape [8, 256, 64, 64], 32 groups: the statistics pass and the normalise pass timed apart,
 as replayed CUDA graphs, for several packs per thread (PLANE_BATCH), threads per block
 and chunks per plane, next to a device copy of the same tensor.
 
