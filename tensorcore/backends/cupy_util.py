@@ -85,7 +85,7 @@ def zeroed_counters(count: int) -> Any:
     a kernel on the current stream starts: the kernels that use them reset what they
     touch before they finish.  One array per (device, stream), grown (freshly zeroed)
     on demand."""
-    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
     counters = _ZEROED.get(key)
     if counters is None or counters.size < count:
         counters = cupy.zeros(max(count, 1024), dtype=cupy.uint32)
