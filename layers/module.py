@@ -267,6 +267,7 @@ class Module:
     def float(self) -> "Module": return self.to(dtype=tc.float32)
     def double(self) -> "Module": return self.to(dtype=tc.float64)
     def half(self) -> "Module": return self.to(dtype=tc.float16)
+    def bfloat16(self) -> "Module": return self.to(dtype=tc.bfloat16)
 
     # ----- state -----------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, Tensor]":
@@ -353,7 +354,7 @@ class Module:
 
 def _moved(t: Tensor, device: str | None, dtype: Any) -> Tensor:
     """``t`` on ``device`` with floating values cast to ``dtype`` (``t`` itself if unchanged)."""
-    cast = dtype if dtype is not None and t.dtype.kind == "f" and tc.dtypes.as_dtype(dtype) != t.dtype else None
+    cast = dtype if dtype is not None and tc.dtypes.is_floating(t.dtype) and tc.dtypes.as_dtype(dtype) != t.dtype else None
     if device in (None, t.device) and cast is None:
         return t
     return t.detach().to(device, dtype=cast)

@@ -12,9 +12,15 @@ import tempfile
 from typing import Mapping
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load as _decode
+from safetensors import SafetensorError, deserialize
 from safetensors.numpy import save as _encode
+
+from tensorcore.dtypes import bfloat16
+
+# safetensors' dtype tags -> NumPy dtypes (``safetensors.numpy`` knows no BF16)
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": bfloat16,
+           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+           "BOOL": np.bool_}
 
 
 def save_file(arrays: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
@@ -41,6 +47,13 @@ def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         payload = f.read()
     try:
-        return dict(_decode(payload))
+        views = deserialize(payload)
     except (SafetensorError, ValueError, TypeError) as exc:
         raise ValueError(f"load: {path!r} is not a valid safetensors file ({exc})") from exc
+    arrays = {}
+    for name, view in views:
+        if view["dtype"] not in _DTYPES:
+            raise ValueError(f"load: {path!r} holds {name!r} as {view['dtype']}, which tensorcore "
+                             f"does not support; supported: {', '.join(_DTYPES)}")
+        arrays[name] = np.frombuffer(view["data"], dtype=_DTYPES[view["dtype"]]).reshape(view["shape"])
+    return arrays

@@ -167,6 +167,7 @@ class Tensor:
     def float(self) -> "Tensor": return self.to(dtypes.float32)
     def double(self) -> "Tensor": return self.to(dtypes.float64)
     def half(self) -> "Tensor": return self.to(dtypes.float16)
+    def bfloat16(self) -> "Tensor": return self.to(dtypes.bfloat16)
     def long(self) -> "Tensor": return self.to(dtypes.int64)
     def int(self) -> "Tensor": return self.to(dtypes.int32)
     def bool(self) -> "Tensor": return self.to(dtypes.bool_)
@@ -349,7 +350,7 @@ def as_tensor_like(value: Any, like: Any, op: str) -> Tensor:
         array = backend.array(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{op}: cannot use a {type(value).__name__} as a tensor") from exc
-    if array.dtype.kind not in "biuf":  # e.g. strings: no arithmetic is defined on them
+    if array.dtype.kind not in "biuf" and array.dtype != dtypes.bfloat16:  # e.g. strings: no arithmetic is defined on them
         raise TypeError(f"{op}: cannot use a {type(value).__name__} of dtype {array.dtype} as a tensor")
     return Tensor._wrap(array, device)
 

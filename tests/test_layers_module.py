@@ -151,12 +151,13 @@ def test_load_copies_in_place_and_casts() -> None:
 
 
 # ----- save / load -----------------------------------------------------------------------
-def test_save_load_is_bit_exact(tmp_path) -> None:
-    a = WithBuffers()
-    a.norm(tc.randn(4, 2, 3, 3))  # move the running stats off their initial values
+@pytest.mark.parametrize("dtype", [tc.float32, tc.bfloat16])
+def test_save_load_is_bit_exact(tmp_path, dtype) -> None:
+    a = WithBuffers().to(dtype=dtype)
+    a.norm(tc.randn(4, 2, 3, 3).to(dtype))  # move the running stats off their initial values
     path = tmp_path / "model.safetensors"
     a.save(path)
-    b = WithBuffers()
+    b = WithBuffers().to(dtype=dtype)
     b.load(path)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert x.dtype == y.dtype

@@ -25,12 +25,14 @@ from typing import Any
 
 import numpy
 
+from .bfloat16 import computes_bfloat16_in_float32
 from .numba_nn import NumbaNNKernels
 from .numba_optim import NumbaOptimKernels
 from .numba_spatial import NumbaSpatialKernels
 from .numpy_backend import NumpyBackend
 
 
+@computes_bfloat16_in_float32
 class NumbaBackend(NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumpyBackend):
     """NumPy arrays on the CPU, with Numba kernels for the hot ops."""
 

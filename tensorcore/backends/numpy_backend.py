@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy
 
+from .bfloat16 import computes_bfloat16_in_float32
 from .numpy_nn import NumpyNNKernels
 from .numpy_optim import NumpyOptimKernels
 from .special import erf
@@ -172,6 +173,7 @@ class NumpyPrimitives:
         return self.from_numpy(rng.integers(low, high, size=shape).astype(dtype))
 
 
+@computes_bfloat16_in_float32
 class NumpyBackend(NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
     """The reference backend: NumPy arrays on the CPU."""
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import is_floating
+
 from .numpy_conv import conv_out_size, window_slice
 from .scatter import scatter_add
 
@@ -52,7 +54,7 @@ class NumpyPoolKernels:
         """
         xp = self.xp
         ho, wo = _pool_geometry("max_pool2d", x.shape, kernel, stride, padding)
-        if x.dtype.kind != "f":
+        if not is_floating(x.dtype):
             raise TypeError(f"max_pool2d: expected a floating input, got {x.dtype}")
         n, c, h, w = x.shape
         (ph, pw), (sh, sw) = padding, stride

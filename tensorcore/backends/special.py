@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..dtypes import is_floating
+
 Array = Any
 
 # erf(x) = x * A(x^2) / B(x^2)                      for |x| <= 0.46875
@@ -73,7 +75,7 @@ def erf(xp: Any, x: Array) -> Array:
     """
     if x.ndim == 0:  # 0-d arithmetic yields scalars, which the in-place steps cannot write to
         return erf(xp, x.reshape(1)).reshape(())
-    if x.dtype.kind != "f":
+    if not is_floating(x.dtype):
         x = x.astype(xp.float64)
     out_dtype = x.dtype
     if x.dtype.itemsize < 4:

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import dtypes
 from ..autograd import Function
 from ..tensor import Tensor
 from .shape_utils import normalize_axes, normalize_axis, unbroadcast
@@ -247,7 +248,7 @@ def clone(x: Tensor) -> Tensor:
 
 def astype(x: Tensor, dtype: Any) -> Tensor:
     out = Copy.apply(x, dtype)
-    if out.requires_grad and out.dtype.kind != "f":
+    if out.requires_grad and not dtypes.is_floating(out.dtype):
         out = out.detach()
     return out
 
