@@ -64,9 +64,12 @@ def queued_ms(fn, calls: int = 20, reps: int = 15) -> float:
 
 
 def randn_pair(*shape, dtype=np.float32):
-    """The same random values as a CuPy array and a torch tensor."""
-    a = cp.random.standard_normal(shape, dtype=np.float32).astype(dtype)
-    return a, torch.from_dlpack(a.copy())
+    """The same random values as a CuPy array and a torch tensor (both round float32
+    to nearest even, so a 16-bit pair holds equal values)."""
+    a = cp.random.standard_normal(shape, dtype=np.float32)
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(np.dtype(dtype).name,
+                                                                            torch.float32)
+    return a.astype(dtype), torch.from_dlpack(a.copy()).to(torch_dtype)
 
 
 ROWS: list[tuple] = []
@@ -95,6 +98,11 @@ def bench_copy_and_fused() -> None:
     ta4, tb4 = ta.view(1, -1, 1, 1), tb.view(1, -1, 1, 1)
     row("silu(x*a+b) 64M f32", lambda: GPU.affine_act(x, a, b, "silu", 1),
         lambda: F.silu(tx * ta4 + tb4), "GB/s", 8 * n)
+    h, th = x.astype(tc.bfloat16), tx.to(torch.bfloat16)
+    ha, hb = a.astype(tc.bfloat16), b.astype(tc.bfloat16)
+    tha, thb = ta4.to(torch.bfloat16), tb4.to(torch.bfloat16)
+    row("silu(x*a+b) 64M bf16", lambda: GPU.affine_act(h, ha, hb, "silu", 1),
+        lambda: F.silu(th * tha + thb), "GB/s", 4 * n)
 
 
 def bench_rows() -> None:
@@ -141,13 +149,17 @@ def bench_conv() -> None:
     row("conv3x3 fwd TF32", lambda: GPU.conv2d(x, w, *geo), lambda: F.conv2d(tx, tw, padding=1),
         "TFLOP/s", flops)
     row("conv3x3 fwd+bwd TF32", tc_step, torch_step, "TFLOP/s", 3 * flops)
+    hx, thx = x.astype(tc.bfloat16), tx.to(torch.bfloat16)
+    hw, thw = w.astype(tc.bfloat16), tw.to(torch.bfloat16)
+    row("conv3x3 fwd bf16", lambda: GPU.conv2d(hx, hw, *geo), lambda: F.conv2d(thx, thw, padding=1),
+        "TFLOP/s", flops)
     settings.set_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def bench_matmul() -> None:
     n = 4096
-    for dtype, label in ((np.float32, "fp32"), (np.float16, "fp16")):
+    for dtype, label in ((np.float32, "fp32"), (np.float16, "fp16"), (tc.bfloat16, "bf16")):
         a, ta = randn_pair(n, n, dtype=dtype)
         b, tb = randn_pair(n, n, dtype=dtype)
         row(f"matmul 4096^3 {label}", lambda: GPU.matmul(a, b), lambda: ta @ tb, "TFLOP/s",

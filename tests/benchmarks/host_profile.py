@@ -37,6 +37,24 @@ def host_us(fn, iters: int = 5000) -> float:
     return best
 
 
+def driver_launcher(function, values: int):
+    """A launch through ``cupy.cuda.driver.launchKernel`` with a reused parameter block:
+    every argument is 8 bytes (pointers and ``long long``), written into one int64
+    array whose element addresses are the kernel-parameter array."""
+    block = np.zeros(values, dtype=np.int64)
+    addresses = np.array([block.ctypes.data + 8 * i for i in range(values)], dtype=np.uint64)
+    params = int(addresses.ctypes.data)
+    fptr = int(function.ptr)
+    launch = cp.cuda.driver.launchKernel
+
+    def run(grid: int, threads: int, args: tuple) -> None:
+        block[:] = args
+        launch(fptr, grid, 1, 1, threads, 1, 1, 0, cp.cuda.get_current_stream().ptr, params, 0)
+
+    run.keep = (block, addresses)
+    return run
+
+
 def main() -> None:
     x = cp.random.standard_normal(1, dtype=np.float32)
     tx = torch.from_dlpack(x.copy())
@@ -45,6 +63,9 @@ def main() -> None:
     n = np.int64(1)
     t = tc.tensor(np.ones(1, dtype=np.float32), device="cuda")
     function = cuda_loader.kernel("elementwise.cu", "binary_vec_kernel", x.dtype)
+    raw = driver_launcher(function, 5)
+    raw(1, 256, (x.data.ptr, x.data.ptr, out.data.ptr, 1, 0))
+    raw_ok = bool(cp.allclose(out, 2 * x))
     rows = [
         ("tensorcore Tensor a + a", lambda: t + t),
         ("tensorcore backend add", lambda: GPU.binary("add", x, x)),
@@ -54,6 +75,12 @@ def main() -> None:
         ("RawKernel launch, 5 args", lambda: add((1,), (256,), (x, x, out, 1, 0))),
         ("RawKernel launch, numpy scalars", lambda: add((1,), (256,), (x, x, out, n, n))),
         ("Function launch, 5 args", lambda: function((1,), (256,), (x, x, out, 1, 0))),
+        ("driver.launchKernel, packed args", lambda: raw(1, 256, (x.data.ptr, x.data.ptr,
+                                                                   out.data.ptr, 1, 0))),
+        ("cupy.ndarray((1,), float32)", lambda: cp.ndarray((1,), np.float32)),
+        ("x.data.ptr", lambda: x.data.ptr),
+        ("x.flags.c_contiguous", lambda: x.flags.c_contiguous),
+        ("x._c_contiguous", lambda: x._c_contiguous),
         ("cuda_loader.kernel lookup", lambda: cuda_loader.kernel("elementwise.cu",
                                                                   "binary_vec_kernel", x.dtype)),
         ("has_kernels(a, b)", lambda: has_kernels(x, x)),
@@ -61,6 +88,7 @@ def main() -> None:
     ]
     for name, fn in rows:
         print(f"{name:34s} {host_us(fn):7.2f} us")
+    print(f"driver.launchKernel result correct: {raw_ok}")
 
 
 if __name__ == "__main__":
