@@ -17,11 +17,18 @@ from typing import TYPE_CHECKING, Any, Iterator
 if TYPE_CHECKING:
     from .tensor import Tensor
 
-_state = threading.local()
+class _GradMode(threading.local):
+    """Per-thread grad mode.  The class default serves threads that never set it,
+    without the AttributeError a ``getattr`` default would raise and catch per op."""
+
+    enabled = True
+
+
+_state = _GradMode()
 
 
 def is_grad_enabled() -> bool:
-    return getattr(_state, "enabled", True)
+    return _state.enabled
 
 
 @contextlib.contextmanager

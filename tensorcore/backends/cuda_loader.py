@@ -76,9 +76,17 @@ def kernel(filename: str, name: str, dtype: Any = None) -> Any:
     and called like a RawKernel: ``kernel(...)(grid, block, args)``.  This is the
     ``cupy.cuda.Function`` behind the RawKernel: calling it directly skips the
     RawKernel's per-call device lookup (~0.7 us of host time per launch)."""
+    return _function(filename, name, dtype, _current_device())
+
+
+def _current_device() -> int:
+    """The current CUDA device's ordinal (binds CuPy's runtime call on first use, so
+    importing this module imports no CuPy and a launch runs no import statement)."""
+    global _current_device
     import cupy
 
-    return _function(filename, name, dtype, cupy.cuda.runtime.getDevice())
+    _current_device = cupy.cuda.runtime.getDevice
+    return _current_device()
 
 
 def ctype_of(dtype: Any) -> str:

@@ -68,10 +68,13 @@ class CupyElementwiseKernels:
         code = BINARY_OPS.get(op)
         if code is None or not has_kernels(a, b):
             return super().binary(op, a, b)
-        shape = a.shape if a.shape == b.shape else numpy.broadcast_shapes(a.shape, b.shape)
-        out = cupy.empty(shape, dtype=a.dtype)
+        same_shape = a.shape == b.shape
+        shape = a.shape if same_shape else numpy.broadcast_shapes(a.shape, b.shape)
+        out = cupy.ndarray(shape, a.dtype)
         n = out.size
-        if a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous:
+        # strides equal to a fresh array's mean C-contiguous (reading ``flags`` builds an
+        # object per call: the host time of a tiny op is what this path is about)
+        if same_shape and a.strides == out.strides and b.strides == out.strides:
             if aligned(a, b):  # out comes from the memory pool: always aligned
                 launch(EW, "binary_vec_kernel", a.dtype, _packed_work(n, True, a.dtype),
                        (a, b, out, n, code))

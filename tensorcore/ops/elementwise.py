@@ -15,21 +15,20 @@ Scalar = int | float | bool
 # ----- binary arithmetic ---------------------------------------------------------------
 class Add(Function):
     def forward(self, a, b):
-        self.shapes = _shape(a), _shape(b)
         return self.backend.binary("add", a, b)
 
     def backward(self, g):
-        return unbroadcast(self.backend, g, self.shapes[0]), unbroadcast(self.backend, g, self.shapes[1])
+        a, b = self.inputs
+        return unbroadcast(self.backend, g, _shape(a)), unbroadcast(self.backend, g, _shape(b))
 
 
 class Sub(Function):
     def forward(self, a, b):
-        self.shapes = _shape(a), _shape(b)
         return self.backend.binary("sub", a, b)
 
     def backward(self, g):
-        b = self.backend
-        return unbroadcast(b, g, self.shapes[0]), unbroadcast(b, b.unary("neg", g), self.shapes[1])
+        (a, b), be = self.inputs, self.backend
+        return unbroadcast(be, g, _shape(a)), unbroadcast(be, be.unary("neg", g), _shape(b))
 
 
 class Mul(Function):
@@ -177,12 +176,12 @@ class LeakyRelu(Function):
 
 # ----- public functions ----------------------------------------------------------------
 def _binary(fn: type[Function], a: Any, b: Any) -> Tensor:
-    op = fn.__name__.lower()
-    a, b = _operands(a, b, op)
+    if type(a) is not Tensor or type(b) is not Tensor:  # two plain tensors need no conversion
+        a, b = _operands(a, b, fn.__name__.lower())
     try:
         return fn.apply(a, b)
     except ValueError:
-        broadcast_shapes(op, _shape(a), _shape(b))  # names the op when the shapes are the cause
+        broadcast_shapes(fn.__name__.lower(), _shape(a), _shape(b))  # names the op when the shapes are the cause
         raise
 
 
