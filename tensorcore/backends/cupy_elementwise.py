@@ -71,10 +71,10 @@ class CupyElementwiseKernels:
         same_shape = a.shape == b.shape
         shape = a.shape if same_shape else numpy.broadcast_shapes(a.shape, b.shape)
         out = cupy.ndarray(shape, a.dtype)
-        n = out.size
+        n, strides = out.size, out.strides
         # strides equal to a fresh array's mean C-contiguous (reading ``flags`` builds an
         # object per call: the host time of a tiny op is what this path is about)
-        if same_shape and a.strides == out.strides and b.strides == out.strides:
+        if same_shape and a.strides == strides and b.strides == strides:
             if aligned(a, b):  # out comes from the memory pool: always aligned
                 launch(EW, "binary_vec_kernel", a.dtype, _packed_work(n, True, a.dtype),
                        (a, b, out, n, code))

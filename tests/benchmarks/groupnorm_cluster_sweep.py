@@ -21,9 +21,18 @@ from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 N, C, H, W, GROUPS = 8, 256, 64, 64, 32
 
 
+STREAMING_LOAD = ("v[q] = in[i];", "*reinterpret_cast<float4*>(&v[q]) = "
+                  "__ldcs(reinterpret_cast<const float4*>(in + i));")
+STREAMING_STORE = ("out[i] = o;", "__stcs(reinterpret_cast<float4*>(out + i), "
+                   "*reinterpret_cast<const float4*>(&o));")
+
+
 def variant(cluster: int, packs: int, exchange: bool = True, clustered: bool = True,
-            min_blocks: int = 0):
+            min_blocks: int = 0, hints: tuple = ()):
     text = cuda_loader.source("groupnorm_cluster.cu")
+    for old, new in hints:  # cache-streaming loads / stores instead of the default policy
+        assert old in text
+        text = text.replace(old, new)
     bounds = {0: "__launch_bounds__(512)", 1024: "__launch_bounds__(1024, 1)"}.get(
         1024 if cluster == 1 else min_blocks, f"__launch_bounds__(512, {min_blocks})")
     text = text.replace("__launch_bounds__(512, 3)", bounds)  # the shipped cap
@@ -75,6 +84,12 @@ def main() -> None:
             label = name + (f" lb{min_blocks}" if min_blocks else "")
             print(f"{cluster:7d} {packs:5d} {threads:7d} {label:>16s} {t * 1e3:7.1f} "
                   f"{2 * x.nbytes / t / 1e6:6.0f}")
+    for label, hints in (("ld.cs", (STREAMING_LOAD,)), ("st.cs", (STREAMING_STORE,)),
+                         ("ld.cs + st.cs", (STREAMING_LOAD, STREAMING_STORE))):
+        fn = variant(8, 4, min_blocks=3, hints=hints)
+        t = graph_ms(lambda: fn((stats * 8,), (256,), (x, w, w, y, mean, rstd, stat_len, s, C,
+                                                      1e-5, 0)))
+        print(f"{8:7d} {4:5d} {256:7d} {label:>16s} {t * 1e3:7.1f} {2 * x.nbytes / t / 1e6:6.0f}")
 
 if __name__ == "__main__":
     main()
