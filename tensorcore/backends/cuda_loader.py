@@ -124,10 +124,17 @@ def sm_count() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
+_grid_cap = 0  # sm_count() * BLOCKS_PER_SM once known: every launch reads it
+
+
 def grid_for(work: int, threads: int = THREADS) -> int:
     """Blocks for a grid-stride loop over ``work`` items: enough to cover the work,
-    capped at a few blocks per SM."""
-    return max(1, min(-(-work // threads), sm_count() * BLOCKS_PER_SM))
+    capped at a few blocks per SM.  Plain comparisons: this runs on every launch."""
+    global _grid_cap
+    if not _grid_cap:
+        _grid_cap = sm_count() * BLOCKS_PER_SM
+    blocks = (work + threads - 1) // threads
+    return 1 if blocks < 1 else blocks if blocks < _grid_cap else _grid_cap
 
 
 def launch(filename: str, name: str, dtype: Any, work: int, args: tuple,
