@@ -13,8 +13,8 @@ import numpy
 from . import cuda_loader
 from .cuda_loader import grid_for, kernel, launch
 from .numpy_act import ACTIVATIONS, check_activation
-from .cupy_util import (acc_dtype, aligned, contiguous, has_kernels, pack_width, ptr,
-                        row_launch)
+from .cupy_util import (acc_dtype, aligned, contiguous, empty_as, has_kernels, pack_width,
+                        ptr, row_launch)
 
 EW = "elementwise.cu"
 RED = "reduce.cu"
@@ -58,7 +58,7 @@ class CupyElementwiseKernels:
         if op not in UNARY_OPS or not has_kernels(a):
             return super().unary(op, a)
         a = contiguous(a)
-        out = cupy.empty_like(a)
+        out = empty_as(a)
         vec = aligned(a, out)
         launch(EW, "unary_kernel", a.dtype, _packed_work(a.size, vec, a.dtype),
                (a, out, a.size, UNARY_OPS[op], int(vec)))
@@ -123,7 +123,7 @@ class CupyElementwiseKernels:
         x = contiguous(x)
         scale = None if scale is None else contiguous(scale)
         bias = None if bias is None else contiguous(bias)
-        out = cupy.empty_like(x)
+        out = empty_as(x)
         channel = scale if scale is not None else bias
         C, inner, vec = self._channel_view("affine_act", x, (x, out), channel, axis)
         launch(EW, "affine_act_kernel", x.dtype, _packed_work(x.size, vec, x.dtype),
@@ -139,7 +139,7 @@ class CupyElementwiseKernels:
     def _act_grad(self, op: str, grad, x, bias, act: str, axis: int):
         x, grad = contiguous(x), contiguous(grad)
         bias = None if bias is None else contiguous(bias)
-        out = cupy.empty_like(x)
+        out = empty_as(x)
         C, inner, vec = self._channel_view(op, x, (x, grad, out), bias, axis)
         launch(EW, "bias_act_grad_kernel", x.dtype, _packed_work(x.size, vec, x.dtype),
                (grad, x, ptr(bias), out, x.size, C, inner, ACT_CODES[act], int(vec)))

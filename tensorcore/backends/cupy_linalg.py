@@ -16,7 +16,7 @@ import numpy
 
 from . import cublas
 from .cuda_loader import kernel, launch
-from .cupy_util import INT32_LIMIT, contiguous, has_kernels, ptr, row_launch
+from .cupy_util import INT32_LIMIT, contiguous, empty_as, has_kernels, ptr, row_launch
 
 CONV = "im2col.cu"
 SOFTMAX = "softmax.cu"
@@ -183,7 +183,7 @@ class CupyLinalgKernels:
         if mask is not None:
             mask = cupy.broadcast_to(mask.astype(q.dtype, copy=False), (b, h, lq, lk))
             strides = tuple(s // mask.itemsize for s in mask.strides)
-        probs = cupy.empty_like(scores)
+        probs = empty_as(scores)
         grid, block, tpr = row_launch(b * h * lq, lk)
         kernel(SOFTMAX, "attn_softmax_kernel", q.dtype)(
             grid, block, (scores, ptr(mask), probs, b * h * lq, lk, h, lq, int(causal),
@@ -203,7 +203,7 @@ class CupyLinalgKernels:
         bmm(p3, g3, dv_, trans_a=True)
         dprobs = cupy.empty((b * h, lq, lk), dtype=q.dtype)
         bmm(g3, v3, dprobs, trans_b=True)
-        dscores = cupy.empty_like(dprobs)
+        dscores = empty_as(dprobs)
         grid, block, tpr = row_launch(b * h * lq, lk)
         kernel(SOFTMAX, "softmax_bwd_kernel", q.dtype)(
             grid, block, (dprobs, p3, dscores, b * h * lq, lk, 0, tpr, float(scale)))

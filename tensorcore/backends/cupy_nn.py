@@ -14,8 +14,8 @@ import numpy
 from . import cuda_loader
 from .cuda_loader import kernel, launch
 from .cupy_elementwise import ACT_CODES
-from .cupy_util import (acc_dtype, aligned, as_rows, contiguous, has_kernels, pack_width, ptr,
-                        row_launch, zeroed_counters)
+from .cupy_util import (acc_dtype, aligned, as_rows, contiguous, empty_as, has_kernels,
+                        pack_width, ptr, row_launch, zeroed_counters)
 from .numpy_act import check_activation
 from .numpy_pool import _pool_geometry
 from .numpy_upsample import _check_image
@@ -52,7 +52,7 @@ class CupyNNKernels:
     # ----- softmax family ----------------------------------------------------------
     def _softmax(self, x, log: bool):
         x, rows, cols = as_rows(x)
-        y = cupy.empty_like(x)
+        y = empty_as(x)
         grid, block, tpr = row_launch(rows, cols)
         vec = cols % pack_width(x.dtype) == 0 and aligned(x, y)
         kernel(SOFTMAX, "softmax_fwd_kernel", x.dtype)(grid, block,
@@ -62,7 +62,7 @@ class CupyNNKernels:
     def _softmax_grad(self, grad, y, log: bool):
         grad, rows, cols = as_rows(grad)
         y = contiguous(y)
-        dx = cupy.empty_like(y)
+        dx = empty_as(y)
         grid, block, tpr = row_launch(rows, cols)
         kernel(SOFTMAX, "softmax_bwd_kernel", y.dtype)(grid, block,
                                                        (grad, y, dx, rows, cols, int(log), tpr, 1.0))
@@ -90,7 +90,7 @@ class CupyNNKernels:
             return super().cross_entropy(logits, target, ignore_index, label_smoothing)
         logits, rows, cols = as_rows(logits)
         target = contiguous(target.astype(numpy.int64, copy=False))
-        logp = cupy.empty_like(logits)
+        logp = empty_as(logits)
         loss = cupy.empty(rows, dtype=logits.dtype)
         grid, block, tpr = row_launch(rows, cols)
         kernel(SOFTMAX, "cross_entropy_fwd_kernel", logits.dtype)(
@@ -106,7 +106,7 @@ class CupyNNKernels:
         logp = contiguous(logp)
         grad_rows = contiguous(grad_rows.astype(logp.dtype, copy=False))
         target = contiguous(target.astype(numpy.int64, copy=False))
-        dx = cupy.empty_like(logp)
+        dx = empty_as(logp)
         rows, cols = logp.shape
         launch(SOFTMAX, "cross_entropy_bwd_kernel", logp.dtype, dx.size,
                (grad_rows, logp, target, dx, rows, cols, int(ignore_index),
@@ -123,9 +123,9 @@ class CupyNNKernels:
         x = contiguous(x)
         weight = None if weight is None else contiguous(weight)
         bias = None if bias is None else contiguous(bias)
-        y = cupy.empty_like(x)
+        y = empty_as(x)
         mean = cupy.empty(rows, dtype=acc_dtype(x.dtype))
-        rstd = cupy.empty_like(mean)
+        rstd = empty_as(mean)
         grid, block, tpr = row_launch(rows, cols)
         pack = pack_width(x.dtype)
         vec = cols % pack == 0 and aligned(x, y, weight, bias)
@@ -145,7 +145,7 @@ class CupyNNKernels:
         weight = None if weight is None else contiguous(weight)
         mean = contiguous(mean.astype(acc, copy=False))
         rstd = contiguous(rstd.astype(acc, copy=False))
-        dx = cupy.empty_like(x)
+        dx = empty_as(x)
         grid, block, tpr = row_launch(rows, cols)
         kernel(LN, "layer_norm_bwd_kernel", x.dtype)(
             grid, block, (grad, x, ptr(weight), mean, rstd, dx, rows, cols, tpr))
@@ -153,7 +153,7 @@ class CupyNNKernels:
         chunks = max(1, min(-(-rows // 64), -(-4 * cuda_loader.sm_count() // col_blocks)))
         per_chunk = -(-rows // chunks)
         dw_part = cupy.empty((chunks, cols), dtype=acc)
-        db_part = cupy.empty_like(dw_part)
+        db_part = empty_as(dw_part)
         kernel(LN, "layer_norm_params_kernel", x.dtype)(
             (col_blocks, chunks), (32, 8), (grad, x, mean, rstd, dw_part, db_part, rows, cols,
                                             per_chunk))
@@ -187,7 +187,7 @@ class CupyNNKernels:
                 (n * c, chunks), (THREADS,),
                 (x, part, mean, rstd, ptr(running_mean), ptr(running_var), arrived, s, chunks,
                  c, cpg, int(bn), n, float(eps), float(momentum), int(vec)))
-        y = cupy.empty_like(x)
+        y = empty_as(x)
         kernel(PLANE, "plane_apply_kernel", x.dtype)(
             (n * c, chunks), (THREADS,),
             (x, ptr(weight), ptr(bias), mean, rstd, y, ptr(running_mean), ptr(running_var), s,
@@ -208,7 +208,7 @@ class CupyNNKernels:
         kernel(PLANE, "plane_bwd_sums_kernel", x.dtype)(
             (n * c, chunks), (THREADS,), (grad, x, ptr(weight), ptr(bias), mean, rstd, sums,
                                           *geometry))
-        dx = cupy.empty_like(x)
+        dx = empty_as(x)
         kernel(PLANE, "plane_bwd_dx_kernel", x.dtype)(
             (n * c, chunks), (THREADS,), (grad, x, ptr(weight), ptr(bias), mean, rstd, sums, dx,
                                           *geometry, int(frozen)))
@@ -245,7 +245,7 @@ class CupyNNKernels:
         threads = next((t for t in (256, 512) if share <= t * GN_PACKS), None)
         if threads is None or s % pack or not aligned(x):
             return None
-        y = cupy.empty_like(x)
+        y = empty_as(x)
         mean, rstd = cupy.empty((2, n, groups), dtype=acc_dtype(x.dtype))
         kernel(GN_CLUSTER, "group_norm_cluster_kernel", x.dtype)(
             (n * groups * CLUSTER,), (threads,),

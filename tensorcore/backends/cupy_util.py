@@ -32,6 +32,12 @@ def has_kernels(*arrays: Any) -> bool:
     return dtype in _KERNEL_DTYPES and 0 < first.size <= INT32_LIMIT
 
 
+def empty_as(a: Any) -> Any:
+    """An uninitialised C-contiguous array with a's shape and dtype.  The ndarray
+    constructor: ``cupy.empty_like`` costs an extra Python-level call per op."""
+    return cupy.ndarray(a.shape, a.dtype)
+
+
 def contiguous(a: Any) -> Any:
     """a itself when C-contiguous (no call into CuPy), else a contiguous copy."""
     return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
@@ -43,7 +49,8 @@ def ptr(a: Any | None) -> Any:
 
 
 def pack_width(dtype: Any) -> int:
-    return 16 // numpy.dtype(dtype).itemsize
+    """Elements per 16-byte pack of an array's (NumPy dtype object) ``dtype``."""
+    return 16 // dtype.itemsize
 
 
 def aligned(*arrays: Any) -> bool:

@@ -78,6 +78,7 @@ def main() -> None:
         ("driver.launchKernel, packed args", lambda: raw(1, 256, (x.data.ptr, x.data.ptr,
                                                                    out.data.ptr, 1, 0))),
         ("cupy.ndarray((1,), float32)", lambda: cp.ndarray((1,), np.float32)),
+        ("cupy.empty_like(x)", lambda: cp.empty_like(x)),
         ("x.data.ptr", lambda: x.data.ptr),
         ("x.flags.c_contiguous", lambda: x.flags.c_contiguous),
         ("x._c_contiguous", lambda: x._c_contiguous),
