@@ -148,3 +148,15 @@ def test_train_step_keeps_bfloat16(backend):
     assert all(p.dtype == BF16 and p.grad.dtype == BF16 for p in model.parameters())
     assert all(not np.array_equal(b, wide(p)) for b, p in zip(before, model.parameters()))
     assert losses[-1] < losses[0]
+
+
+def test_batch_norm_updates_bfloat16_running_stats(backend):
+    """Running statistics are written in place even where the kernel computes on float32
+    copies of them."""
+    dev = device_of(backend)
+    norm = layers.BatchNorm2d(3).to(dev, dtype=BF16)
+    x = bf16_input(8, 3, 5, 5, device=dev) * 2 + 1
+    norm(x)
+    batch_mean = wide(x).mean(axis=(0, 2, 3))
+    assert norm.running_mean.dtype == BF16
+    np.testing.assert_allclose(wide(norm.running_mean), 0.1 * batch_mean, rtol=1e-2, atol=1e-3)
