@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
+from tensorcore.backends import numba_spatial  # noqa: E402
 from tensorcore.backends.numba_backend import NumbaBackend  # noqa: E402
 from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
 
@@ -86,13 +89,25 @@ def test_unknown_activation_raises():
 
 # ----- softmax family -------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 33)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 33), (4, 200), (2, 128)])
 def test_softmax_family(shape, dtype):
     x, g = rand(shape, dtype, 1, 4.0), rand(shape, dtype, 2)
     y = check("softmax", x, dtype=dtype)
     check("softmax_backward", g, y, dtype=dtype)
     logp = check("log_softmax", x, dtype=dtype)
     check("log_softmax_backward", g, logp, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_masked_rows(dtype):
+    """-inf entries (attention masks) get exactly 0, wherever the row's max lies."""
+    x = rand((3, 150), dtype, 1, 3.0)
+    x[0, :100] = -np.inf
+    x[1, 70:] = -np.inf
+    x[2, ::3] = -np.inf
+    y = check("softmax", x, dtype=dtype)
+    assert np.all(y[np.isneginf(x)] == 0)
+    check("log_softmax", x, dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -168,6 +183,12 @@ CONV_CASES = [
     ((2, 6, 6, 7), (6, 1, 3, 3), (2, 2), (1, 1), (1, 1), 6),
     ((3, 2, 4, 4), (4, 2, 1, 1), (1, 1), (0, 0), (1, 1), 1),
     ((1, 3, 11, 1), (3, 1, 5, 1), (3, 1), (4, 0), (2, 1), 3),
+    # stride 1 with Wo == W: each tap is one shifted copy of the plane
+    ((2, 3, 6, 5), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ((2, 3, 6, 5), (4, 3, 5, 3), (1, 1), (0, 1), (1, 1), 1),
+    ((2, 4, 5, 7), (4, 2, 3, 3), (1, 1), (2, 2), (2, 2), 2),
+    ((2, 3, 4, 6), (2, 3, 3, 3), (1, 1), (4, 1), (1, 1), 1),
+    ((1, 2, 1, 1), (3, 2, 3, 3), (1, 1), (1, 1), (1, 1), 1),
 ]
 
 
@@ -179,6 +200,70 @@ def test_conv2d_and_grads(xs, ws, stride, padding, dilation, groups, dtype):
     g = rand(out.shape, dtype, 3)
     check("conv2d_grad_input", g, w, xs, stride, padding, dilation, groups, dtype=dtype)
     check("conv2d_grad_weight", g, x, ws, stride, padding, dilation, groups, dtype=dtype)
+
+
+@given(n=st.integers(1, 3), c=st.integers(1, 4), h=st.integers(1, 9), w=st.integers(1, 9),
+       cout=st.integers(1, 4), kh=st.integers(1, 4), kw=st.integers(1, 4),
+       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       padding=st.tuples(st.integers(0, 4), st.integers(0, 4)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)))
+def test_conv2d_geometries_match_reference(n, c, h, w, cout, kh, kw, stride, padding, dilation):
+    """Random geometries in float64: forward, both gradients and the transposed
+    convolution (which runs the input-gradient kernels)."""
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    if ho < 1 or wo < 1:
+        return
+    x, wt = rand((n, c, h, w), np.float64, 1), rand((cout, c, kh, kw), np.float64, 2)
+    geo = (stride, padding, dilation, 1)
+    out = check("conv2d", x, wt, *geo, dtype=np.float64)
+    g = rand(out.shape, np.float64, 3)
+    check("conv2d_grad_input", g, wt, x.shape, *geo, dtype=np.float64)
+    check("conv2d_grad_weight", g, x, wt.shape, *geo, dtype=np.float64)
+
+
+# Winograd F(4x4, 3x3): called directly on small shapes (the backend takes it only for
+# large convolutions); float32 rounds to a few 1e-6 of the output's magnitude.
+def assert_winograd_close(fast, ref, dtype):
+    """fast (in ``dtype``) matches the float64 ``ref`` to the transforms' rounding."""
+    assert fast.dtype == dtype and fast.shape == ref.shape
+    atol = (1e-10 if dtype == np.float64 else 2e-5) * max(1.0, np.abs(ref).max())
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("xs, cout, padding", [((2, 3, 8, 8), 4, (1, 1)), ((1, 2, 7, 9), 3, (0, 2)),
+                                               ((3, 1, 5, 3), 2, (2, 1)), ((1, 2, 3, 4), 1, (0, 0)),
+                                               ((2, 2, 1, 2), 2, (1, 2))])
+def test_winograd_matches_direct_convolution(xs, cout, padding, dtype):
+    x, w = rand(xs, dtype, 1), rand((cout, xs[1], 3, 3), dtype, 2, 0.3)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    geo = ((1, 1), padding, (1, 1), 1)
+    ref = NP.conv2d(x64, w64, *geo)
+    assert_winograd_close(numba_spatial._winograd_conv(x, w, padding, ref.shape[2:]), ref, dtype)
+    g = rand(ref.shape, dtype, 3)
+    assert_winograd_close(numba_spatial._winograd_weight_grad(g, x, padding),
+                          NP.conv2d_grad_weight(g.astype(np.float64), x64, w.shape, *geo), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("padding", [(1, 1), (2, 0), (3, 1)])
+def test_conv2d_takes_winograd_for_large_3x3(padding, dtype):
+    """A shape the backend runs through Winograd (padding 3 leaves the input gradient
+    on im2col), all three passes against the float64 reference."""
+    xs, ws = (16, 64, 29, 31), (64, 64, 3, 3)
+    geo = ((1, 1), padding, (1, 1), 1)
+    out_hw = (xs[2] + 2 * padding[0] - 2, xs[3] + 2 * padding[1] - 2)
+    assert numba_spatial._winograd_fits(ws, (1, 1), (1, 1), 1, xs[0], out_hw)
+    x, w = rand(xs, dtype, 1), rand(ws, dtype, 2, 0.1)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    assert_winograd_close(NB.conv2d(x, w, *geo), NP.conv2d(x64, w64, *geo), dtype)
+    g = rand((xs[0], ws[0]) + out_hw, dtype, 3, 0.1)
+    g64 = g.astype(np.float64)
+    assert_winograd_close(NB.conv2d_grad_input(g, w, xs, *geo),
+                          NP.conv2d_grad_input(g64, w64, xs, *geo), dtype)
+    assert_winograd_close(NB.conv2d_grad_weight(g, x, ws, *geo),
+                          NP.conv2d_grad_weight(g64, x64, ws, *geo), dtype)
 
 
 def test_conv2d_rejects_mismatched_channels():

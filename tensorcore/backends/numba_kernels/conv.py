@@ -5,9 +5,15 @@ The column matrix is laid out [C, kh, kw, N, Ho*Wo], i.e. [groups, K, N*Ho*Wo] w
 K = C/groups * kh * kw, so the forward, the input gradient and the weight gradient
 are each one large GEMM per group.  ``im2col_`` fills a caller-owned buffer: the
 column matrix is the largest temporary of a convolution, and reusing it spares the
-page faults of a fresh allocation (which parallel threads take slowly).  Both
-kernels run one (channel, image) plane per task: col2im then writes only its own
-input plane, so no two threads add into the same element.
+page faults of a fresh allocation (which parallel threads take slowly).
+
+One row of the column matrix holds one tap (a, b) of one channel for every output
+position.  With stride 1 and Wo == W (a "same"-width convolution such as 3x3 with
+padding 1), output position p of a tap reads input position p + offset of the
+flattened plane, so the row is one contiguous shifted copy of the plane, after which
+the positions whose tap falls in the padding are zeroed.  Other geometries copy row
+by row.  col2im runs one (channel, image) plane per task, so no two threads add into
+the same element.
 """
 
 from __future__ import annotations
@@ -29,62 +35,110 @@ def _valid_outputs(tap, dilation, stride, pad, in_size, out_size):
     return lo, max(min(hi, out_size), lo)
 
 
+@helper
+def _shifted_span(offset, in_size, out_lo, out_hi):
+    """[lo, hi) within [out_lo, out_hi): the output positions p of a flat shifted copy
+    whose input position p + offset lies inside [0, in_size)."""
+    lo = max(out_lo, -offset)
+    return lo, max(min(out_hi, in_size - offset), lo)
+
+
+@helper
+def _zero_padding_reads(plane, wo, oh_lo, oh_hi, ow_lo, ow_hi):
+    """Zero the entries of a flat output plane [Ho*Wo] outside rows [oh_lo, oh_hi) x
+    columns [ow_lo, ow_hi): the positions where the tap reads padding."""
+    t = plane.dtype.type
+    for p in range(oh_lo * wo):
+        plane[p] = t(0.0)
+    for p in range(oh_hi * wo, plane.size):
+        plane[p] = t(0.0)
+    if ow_lo > 0 or ow_hi < wo:
+        for oh in range(oh_lo, oh_hi):
+            for ow in range(ow_lo):
+                plane[oh * wo + ow] = t(0.0)
+            for ow in range(ow_hi, wo):
+                plane[oh * wo + ow] = t(0.0)
+
+
 @kernel
 def im2col_(cols, x, sh, sw, ph, pw, dh, dw, ho, wo):
     """Fill ``cols`` [C, kh, kw, N, Ho*Wo] with the taps of x [N, C, H, W], zero where
-    a tap reads padding."""
+    a tap reads padding.  One task per (channel, tap) row."""
     n, c, h, w = x.shape
     kh, kw = cols.shape[1], cols.shape[2]
-    t = x.dtype.type
-    for task in prange(c * n):
-        ch, i = task // n, task % n
-        for a in range(kh):
-            oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
-            for b in range(kw):
-                ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
-                shift = b * dw - pw
-                for oh in range(ho):
-                    base = oh * wo
-                    if oh < oh_lo or oh >= oh_hi:
-                        for ow in range(wo):
-                            cols[ch, a, b, i, base + ow] = t(0.0)
-                        continue
-                    ih = oh * sh - ph + a * dh
-                    for ow in range(ow_lo):
-                        cols[ch, a, b, i, base + ow] = t(0.0)
-                    for ow in range(ow_lo, ow_hi):
-                        cols[ch, a, b, i, base + ow] = x[i, ch, ih, ow * sw + shift]
-                    for ow in range(ow_hi, wo):
-                        cols[ch, a, b, i, base + ow] = t(0.0)
+    shifted = sh == 1 and sw == 1 and wo == w
+    for task in prange(c * kh * kw):
+        ch, a, b = task // (kh * kw), task // kw % kh, task % kw
+        oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
+        ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
+        offset = (a * dh - ph) * w + b * dw - pw
+        lo, hi = _shifted_span(offset, h * w, oh_lo * wo, oh_hi * wo)
+        col_shift = b * dw - pw
+        for i in range(n):
+            dst = cols[ch, a, b, i]
+            if shifted:
+                src = x[i, ch].reshape(-1)[lo + offset:hi + offset]
+                part = dst[lo:hi]
+                for p in range(part.size):
+                    part[p] = src[p]
+            else:
+                for oh in range(oh_lo, oh_hi):
+                    src_row = x[i, ch, oh * sh - ph + a * dh, ow_lo * sw + col_shift::sw]
+                    dst_row = dst[oh * wo + ow_lo:oh * wo + ow_hi]
+                    for ow in range(dst_row.size):
+                        dst_row[ow] = src_row[ow]
+            _zero_padding_reads(dst, wo, oh_lo, oh_hi, ow_lo, ow_hi)
 
 
 @kernel
-def col2im(cols, h, w, sh, sw, ph, pw, dh, dw, ho, wo):
-    """Adjoint of ``im2col``: columns [C, kh, kw, N, Ho*Wo] -> x-shaped [N, C, H, W],
-    adding every tap's value into the input position it read."""
+def col2im_(cols, h, w, sh, sw, ph, pw, dh, dw, ho, wo):
+    """Adjoint of ``im2col_``: columns [C, kh, kw, N, Ho*Wo] -> x-shaped [N, C, H, W],
+    adding every tap's value into the input position it read.  Overwrites the entries
+    of ``cols`` whose tap reads padding with zeros."""
     c, kh, kw, n, _ = cols.shape
-    dx = np.zeros((n, c, h, w), dtype=cols.dtype)
+    t = cols.dtype.type
+    dx = np.empty((n, c, h, w), dtype=cols.dtype)
+    shifted = sh == 1 and sw == 1 and wo == w
     for task in prange(c * n):
         ch, i = task // n, task % n
+        plane = dx[i, ch].reshape(-1)
+        for q in range(plane.size):
+            plane[q] = t(0.0)
         for a in range(kh):
             oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
             for b in range(kw):
                 ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
-                shift = b * dw - pw
-                for oh in range(oh_lo, oh_hi):
-                    ih = oh * sh - ph + a * dh
-                    base = oh * wo
-                    for ow in range(ow_lo, ow_hi):
-                        dx[i, ch, ih, ow * sw + shift] += cols[ch, a, b, i, base + ow]
+                src = cols[ch, a, b, i]
+                if shifted:
+                    _zero_padding_reads(src, wo, oh_lo, oh_hi, ow_lo, ow_hi)
+                    offset = (a * dh - ph) * w + b * dw - pw
+                    lo, hi = _shifted_span(offset, h * w, oh_lo * wo, oh_hi * wo)
+                    part, dst = src[lo:hi], plane[lo + offset:hi + offset]
+                    for p in range(part.size):
+                        dst[p] += part[p]
+                else:
+                    col_shift = b * dw - pw
+                    for oh in range(oh_lo, oh_hi):
+                        dst_row = dx[i, ch, oh * sh - ph + a * dh, ow_lo * sw + col_shift::sw]
+                        src_row = src[oh * wo + ow_lo:oh * wo + ow_hi]
+                        for ow in range(src_row.size):
+                            dst_row[ow] += src_row[ow]
     return dx
 
 
 @kernel
 def swap_leading_axes(x):
-    """[A, B, *rest] -> contiguous [B, A, *rest] (a parallel copy)."""
+    """Contiguous [A, B, *rest] -> contiguous [B, A, *rest] (a parallel copy, one task
+    per index of B)."""
     a, b = x.shape[0], x.shape[1]
     out = np.empty((b, a) + x.shape[2:], dtype=x.dtype)
-    for task in prange(a * b):
-        i, j = task // b, task % b
-        out[j, i] = x[i, j]
+    if out.size == 0:
+        return out
+    inner = x.size // (a * b)
+    src, dst = x.reshape(a, b, inner), out.reshape(b, a, inner)
+    for j in prange(b):
+        for i in range(a):
+            s, d = src[i, j], dst[j, i]
+            for k in range(inner):
+                d[k] = s[k]
     return out
