@@ -51,8 +51,13 @@ WIDENED_OPS = (
 _WRITES_ARGUMENTS = frozenset(name for name in WIDENED_OPS if name.endswith("_")) | {"batch_norm"}
 
 
+# the array types the wrapped ops may receive; the CuPy backend adds cupy.ndarray.  A
+# type test first keeps the check cheap for the other arguments (names, flags, None).
+ARRAY_TYPES: set[type] = {numpy.ndarray}
+
+
 def _is_bfloat16(a: Any) -> bool:
-    return getattr(a, "dtype", None) == bfloat16 and hasattr(a, "astype")
+    return type(a) in ARRAY_TYPES and a.dtype == bfloat16
 
 
 def _widened(op: str, method: Callable) -> Callable:
@@ -61,8 +66,10 @@ def _widened(op: str, method: Callable) -> Callable:
 
     @functools.wraps(method)
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        if not any(_is_bfloat16(a) for a in args) and not any(
-                _is_bfloat16(v) for v in kwargs.values()):
+        for a in (*args, *kwargs.values()):
+            if _is_bfloat16(a):
+                break
+        else:
             return method(self, *args, **kwargs)
         wide = [a.astype(FLOAT32) if _is_bfloat16(a) else a for a in args]
         wide_kw = {k: v.astype(FLOAT32) if _is_bfloat16(v) else v for k, v in kwargs.items()}
@@ -75,7 +82,7 @@ def _widened(op: str, method: Callable) -> Callable:
                 if wide_kw[key] is not orig:
                     orig[...] = wide_kw[key]
         floats = [a.dtype for i, a in enumerate((*args, *kwargs.values()))
-                  if i not in stat_args and hasattr(a, "dtype")
+                  if i not in stat_args and type(a) in ARRAY_TYPES
                   and (a.dtype.kind == "f" or a.dtype == bfloat16)]
         if numpy.result_type(*floats) != bfloat16:
             return out

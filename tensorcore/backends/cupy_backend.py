@@ -15,7 +15,10 @@ from .cupy_linalg import CupyLinalgKernels
 from .cupy_nn import CupyNNKernels
 from .cupy_optim import CupyOptimKernels
 from .cupy_random import CupyRandomKernels
+from .bfloat16 import ARRAY_TYPES
 from .numpy_backend import NumpyBackend
+
+ARRAY_TYPES.add(cupy.ndarray)  # the reference fallbacks widen CuPy bfloat16 arrays too
 
 
 class CupyBackend(CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
