@@ -57,6 +57,22 @@ def _bilinear_taps(in_size: int, out_size: int, align_corners: bool,
     return lo, hi, np.clip(src - lo, 0.0, 1.0).astype(dtype)
 
 
+# Contractions up to this length (C/groups * kh * kw) skip BLAS in the forward and the
+# weight gradient: [128, 1, 8, 8] -> 32 (K = 9) takes 0.50 -> 0.19 ms forward and
+# 0.51 -> 0.26 ms for the weight gradient.
+_SMALL_K = 16
+
+
+def _small_same_plane(x_shape: Shape, stride: Pair, out_hw: Pair) -> bool:
+    """True for a stride-1 convolution whose output plane is the input plane's size
+    and small (under 128 values): im2col / col2im then work on the channel-major
+    layout, one long shifted copy per tap instead of one short copy per plane
+    ([128, 32, 8, 8]: 0.58 -> 0.36 ms; from 16x16 planes on the per-plane copies are
+    faster)."""
+    return (stride == (1, 1) and tuple(x_shape[2:]) == tuple(out_hw)
+            and out_hw[0] * out_hw[1] < 128)
+
+
 def _winograd_fits(w_shape: Shape, stride: Pair, dilation: Pair, groups: int, n: int,
                    out_hw: Pair) -> bool:
     """True when Winograd F(4x4, 3x3) beats im2col: a 3x3, stride-1, undilated,
@@ -118,7 +134,11 @@ class NumbaSpatialKernels:
         n, c = x.shape[:2]
         shape = (c, kernel[0], kernel[1], n, out_hw[0] * out_hw[1])
         cols = _scratch.take(math.prod(shape), x.dtype).reshape(shape)
-        K.im2col_(cols, np.ascontiguousarray(x), *stride, *padding, *dilation, *out_hw)
+        x = np.ascontiguousarray(x)
+        if _small_same_plane(x.shape, stride, out_hw):
+            K.im2col_same_(cols, K.swap_leading_axes(x), *padding, *dilation)
+        else:
+            K.im2col_(cols, x, *stride, *padding, *dilation, *out_hw)
         return cols.reshape(groups, -1, n * out_hw[0] * out_hw[1])
 
     @staticmethod
@@ -141,7 +161,12 @@ class NumbaSpatialKernels:
             return _winograd_conv(x, w, padding, (ho, wo))
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         cols = self._columns(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
-        out = np.matmul(np.ascontiguousarray(w).reshape(groups, cout // groups, -1), cols)
+        w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
+        if w_rows.shape[2] <= _SMALL_K:
+            n = x.shape[0]
+            return K.small_k_forward(w_rows, cols.reshape(groups, -1, n, ho * wo)).reshape(
+                n, cout, ho, wo)
+        out = np.matmul(w_rows, cols)
         return K.swap_leading_axes(out.reshape(cout, x.shape[0], ho, wo))
 
     def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
@@ -164,6 +189,9 @@ class NumbaSpatialKernels:
         shape = (c, kh, kw, n, ho * wo)
         cols = _scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
         np.matmul(w_t, self._grad_columns(grad, groups), out=cols)
+        if _small_same_plane(x_shape, stride, (ho, wo)):
+            return K.swap_leading_axes(K.col2im_same_(cols.reshape(shape), n, h, wd, *padding,
+                                                      *dilation))
         return K.col2im_(cols.reshape(shape), h, wd, *stride, *padding, *dilation, ho, wo)
 
     def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
@@ -177,6 +205,13 @@ class NumbaSpatialKernels:
             return _winograd_weight_grad(grad, x, padding)
         cols = self._columns(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding, dilation,
                              groups)
+        if cols.shape[1] <= _SMALL_K:
+            from .numba_kernels import conv as K
+
+            n, cout = grad.shape[:2]
+            dw = K.small_k_weight_grad(np.ascontiguousarray(grad).reshape(n, cout, -1),
+                                       cols.reshape(groups, cols.shape[1], n, -1))
+            return dw.reshape(w_shape)
         # computed transposed, [groups, K, Cout/groups]: BLAS runs this shape (long
         # contraction, the wide column matrix as the left operand) ~20 % faster
         dw_t = np.matmul(cols, self._grad_columns(grad, groups).transpose(0, 2, 1))
