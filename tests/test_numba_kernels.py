@@ -301,6 +301,17 @@ def test_max_pool_ties_pick_the_first_and_nan_propagates():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_max_pool_many_small_planes(dtype):
+    """Backward tasks take several planes each (210 planes of 64, a partial last task);
+    a window of -inf only reports its first position, as the reference does."""
+    x = rand((3, 70, 8, 8), dtype, 4)
+    x[1, 5, 2:4, 4:6] = -np.inf
+    out, arg = check("max_pool2d", x, (2, 2), (2, 2), (0, 0), dtype=dtype)
+    np.testing.assert_array_equal(arg, NP.max_pool2d(x, (2, 2), (2, 2), (0, 0))[1])
+    check("max_pool2d_backward", rand(out.shape, dtype, 5), arg, x.shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_hw, out_hw", [((4, 5), (8, 10)), ((3, 3), (7, 4)), ((1, 1), (3, 2)),
                                            ((5, 4), (2, 3))])
 def test_upsampling(in_hw, out_hw, dtype):

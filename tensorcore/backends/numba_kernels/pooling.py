@@ -1,7 +1,7 @@
 """Max / average pooling and nearest / bilinear upsampling (NCHW), fwd and bwd.
 
-Every kernel runs one (image, channel) plane per task; backward kernels add only into
-their own plane, so overlapping windows accumulate without races.
+Every kernel runs whole (image, channel) planes per task; backward kernels add only
+into their own planes, so overlapping windows accumulate without races.
 """
 
 from __future__ import annotations
@@ -11,7 +11,36 @@ import math
 import numpy as np
 from numba import prange
 
-from .jit import kernel
+from .jit import helper, kernel
+
+PLANE_CHUNK = 4096  # input elements per parallel task in the pooling backward
+
+
+@helper
+def _window_pick(best, where, v, k):
+    """The running window maximum after seeing v at flat index k: the first maximum
+    wins and NaN wins."""
+    if v > best or math.isnan(v):
+        return v, k
+    return best, where
+
+
+@helper
+def _max_pool_halving(src, out, arg, w, ho, wo):
+    """2x2 windows at stride 2 without padding (the common CNN pooling) on one flat
+    plane: four straight-line picks per window instead of two nested loops whose
+    bounds are clipped per window (3x faster on 8x8 planes)."""
+    for oh in range(ho):
+        r0 = 2 * oh * w
+        r1 = r0 + w
+        for ow in range(wo):
+            k = 2 * ow
+            best, where = src[r0 + k], r0 + k
+            best, where = _window_pick(best, where, src[r0 + k + 1], r0 + k + 1)
+            best, where = _window_pick(best, where, src[r1 + k], r1 + k)
+            best, where = _window_pick(best, where, src[r1 + k + 1], r1 + k + 1)
+            out[oh * wo + ow] = best
+            arg[oh * wo + ow] = where
 
 
 @kernel
@@ -20,11 +49,15 @@ def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
     wins, NaN wins, and an all -inf window reports its first position in the image."""
     t = x.dtype.type
     n, c, h, w = x.shape
-    out = np.empty((n, c, ho, wo), dtype=x.dtype)
-    arg = np.empty((n, c, ho, wo), dtype=np.int64)
-    for task in prange(n * c):
-        i, ch = task // c, task % c
-        src = x[i, ch]
+    planes = n * c
+    src = x.reshape(planes, h * w)
+    out = np.empty((planes, ho * wo), dtype=x.dtype)
+    arg = np.empty((planes, ho * wo), dtype=np.int64)
+    halving = kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0
+    for p in prange(planes):
+        if halving:
+            _max_pool_halving(src[p], out[p], arg[p], w, ho, wo)
+            continue
         for oh in range(ho):
             h0 = oh * sh - ph
             for ow in range(wo):
@@ -33,13 +66,10 @@ def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
                 where = max(h0, 0) * w + max(w0, 0)
                 for ih in range(max(h0, 0), min(h0 + kh, h)):
                     for iw in range(max(w0, 0), min(w0 + kw, w)):
-                        v = src[ih, iw]
-                        if v > best or math.isnan(v):
-                            best = v
-                            where = ih * w + iw
-                out[i, ch, oh, ow] = best
-                arg[i, ch, oh, ow] = where
-    return out, arg
+                        best, where = _window_pick(best, where, src[p, ih * w + iw], ih * w + iw)
+                out[p, oh * wo + ow] = best
+                arg[p, oh * wo + ow] = where
+    return out.reshape(n, c, ho, wo), arg.reshape(n, c, ho, wo)
 
 
 @kernel
@@ -48,23 +78,27 @@ def max_pool_backward(grad, arg, h, w):
 
     Returns (dx, ok): ok is False when some argmax lies outside its H*W plane (those
     gradients are dropped, so dx must then not be used).  Each task zeroes and fills
-    its own plane, so the zeroing runs in parallel and in cache."""
+    its own planes, so the zeroing runs in parallel and in cache; small planes are
+    taken several per task (one 8x8 plane per task costs more to schedule than to
+    fill)."""
     t = grad.dtype.type
     n, c, ho, wo = grad.shape
-    plane = h * w
-    dx = np.empty((n, c, plane), dtype=grad.dtype)
-    bad = np.zeros(n * c, dtype=np.bool_)
-    for task in prange(n * c):
-        i, ch = task // c, task % c
-        dst, g, a = dx[i, ch], grad[i, ch].ravel(), arg[i, ch].ravel()
-        for k in range(plane):
-            dst[k] = t(0.0)
-        for k in range(ho * wo):
-            j = a[k]
-            if j < 0 or j >= plane:
-                bad[task] = True
-            else:
-                dst[j] += g[k]
+    planes, plane, outs = n * c, h * w, ho * wo
+    g, a = grad.reshape(planes, outs), arg.reshape(planes, outs)
+    dx = np.empty((planes, plane), dtype=grad.dtype)
+    chunk = max(1, PLANE_CHUNK // max(plane, 1))
+    tasks = (planes + chunk - 1) // chunk
+    bad = np.zeros(tasks, dtype=np.bool_)
+    for task in prange(tasks):
+        for p in range(task * chunk, min(planes, task * chunk + chunk)):
+            for k in range(plane):
+                dx[p, k] = t(0.0)
+            for k in range(outs):
+                j = a[p, k]
+                if j < 0 or j >= plane:
+                    bad[task] = True
+                else:
+                    dx[p, j] += g[p, k]
     return dx.reshape(n, c, h, w), not bad.any()
 
 
