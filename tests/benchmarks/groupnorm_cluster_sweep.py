@@ -43,9 +43,9 @@ def variant(cluster: int, packs: int, exchange: bool = True, clustered: bool = T
     if not clustered:
         text = text.replace("#define CLUSTER_DIMS __cluster_dims__(CLUSTER, 1, 1)",
                             "#define CLUSTER_DIMS")
-        text = text.replace('asm volatile("barrier.cluster.arrive.release.aligned;\\n\\t"\n'
-                            '                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");',
+        text = text.replace('asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");',
                             "__syncthreads();")
+        text = text.replace('asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");', "")
         text = text.replace('asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"\n'
                             '                 : "=r"(remote) : "r"((unsigned int)local), "r"(rank));',
                             "remote = (unsigned int)local;")

@@ -8,7 +8,9 @@
 // shared memory.
 // After a cluster barrier every block reads the CLUSTER partials through distributed
 // shared memory, merges them, and writes act(xhat * w[c] + b[c]) from its registers.
-// A second barrier keeps each block's shared memory alive until the others have read it.
+// A second barrier, split into its arrive (after the reads) and its wait (after the
+// stores), keeps each block's shared memory alive until the others have read it
+// without holding back any block's stores.
 // The hardware schedules a cluster's blocks together, so the barrier cannot deadlock.
 //
 // Launch: grid = stats * CLUSTER blocks (1-D), blockDim.x threads with
@@ -27,10 +29,17 @@
 #define CLUSTER_DIMS
 #endif
 
-__device__ __forceinline__ void cluster_sync() {
+// The two halves of the cluster barrier: arrive once this block is done with the
+// others' shared memory (release), wait before relying on theirs being done (acquire).
+__device__ __forceinline__ void cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
 
@@ -115,7 +124,8 @@ group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
         partial[1] = block_mean;
         partial[2] = m2;
     }
-    cluster_sync();
+    cluster_arrive();
+    cluster_wait();  // every block's partial is published
     if (threadIdx.x < 32) {
         Welford<A> m{(A)0, (A)0, (A)0};
         if (threadIdx.x < CLUSTER) {
@@ -134,7 +144,8 @@ group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
             }
         }
     }
-    cluster_sync();  // partials read by every block; scratch[0..1] visible block-wide
+    cluster_arrive();  // this block has read the partials it needs
+    __syncthreads();   // scratch[0..1] visible block-wide
 
     const A mu = scratch[0], rs = scratch[1];
     Pack<T>* out = reinterpret_cast<Pack<T>*>(y + base);
@@ -152,4 +163,5 @@ group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
             out[i] = o;
         }
     }
+    cluster_wait();  // every block has read this block's partial: its shared memory may go
 }
