@@ -60,42 +60,50 @@ def _is_bfloat16(a: Any) -> bool:
     return type(a) in ARRAY_TYPES and a.dtype == bfloat16
 
 
+def _widen(a: Any) -> Any:
+    return a.astype(FLOAT32) if _is_bfloat16(a) else a
+
+
+def _narrowed(result: Any) -> Any:
+    """A float32 result rounded to bfloat16; anything else (indices, None) as it is."""
+    return result.astype(bfloat16) if getattr(result, "dtype", None) == FLOAT32 else result
+
+
+def _promoted(values: tuple, skip: tuple[int, ...]) -> Any:
+    """NumPy's promotion of the floating array arguments, leaving out positions ``skip``."""
+    floats = [a.dtype for i, a in enumerate(values) if i not in skip and type(a) in ARRAY_TYPES
+              and (a.dtype.kind == "f" or a.dtype == bfloat16)]
+    return numpy.result_type(*floats)
+
+
 def _widened(op: str, method: Callable) -> Callable:
+    """``method`` run on float32 copies of its bfloat16 arguments (written back where the
+    op writes into them), its results rounded back where the promotion is bfloat16."""
     stat_args, stat_results = _NORM_STATS.get(op, ((), ()))
     writes_back = op in _WRITES_ARGUMENTS
 
     @functools.wraps(method)
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        for a in (*args, *kwargs.values()):
-            if _is_bfloat16(a):
+        values = (*args, *kwargs.values())
+        for a in values:  # a plain loop: this check runs on every call of the op
+            if type(a) in ARRAY_TYPES and a.dtype == bfloat16:
                 break
         else:
             return method(self, *args, **kwargs)
-        wide = [a.astype(FLOAT32) if _is_bfloat16(a) else a for a in args]
-        wide_kw = {k: v.astype(FLOAT32) if _is_bfloat16(v) else v for k, v in kwargs.items()}
+        wide_kw = {key: _widen(v) for key, v in kwargs.items()}
+        wide = [_widen(a) for a in args]
         out = method(self, *wide, **wide_kw)
         if writes_back:
-            for orig, copy in zip(args, wide):
+            for orig, copy in zip(values, (*wide, *wide_kw.values())):
                 if copy is not orig:
                     orig[...] = copy
-            for key, orig in kwargs.items():
-                if wide_kw[key] is not orig:
-                    orig[...] = wide_kw[key]
-        floats = [a.dtype for i, a in enumerate((*args, *kwargs.values()))
-                  if i not in stat_args and type(a) in ARRAY_TYPES
-                  and (a.dtype.kind == "f" or a.dtype == bfloat16)]
-        if numpy.result_type(*floats) != bfloat16:
+        if _promoted(values, stat_args) != bfloat16:
             return out
         if isinstance(out, tuple):
             return tuple(r if i in stat_results else _narrowed(r) for i, r in enumerate(out))
         return _narrowed(out)
 
     return run
-
-
-def _narrowed(result: Any) -> Any:
-    """A float32 result rounded to bfloat16; anything else (indices, None) as it is."""
-    return result.astype(bfloat16) if getattr(result, "dtype", None) == FLOAT32 else result
 
 
 def computes_bfloat16_in_float32(cls: type) -> type:
