@@ -30,6 +30,8 @@ def reshape_target(draw, shape):
             f = draw(st.sampled_from([p for p in factors if rest % p == 0]))
             target.append(f)
             rest //= f
+        if rest > 1:  # four factors drawn before the size was used up: the last takes the rest
+            target[-1] *= rest
         target += [1] * draw(st.integers(0, 1))
         target = draw(st.permutations(target))
         if target and draw(st.booleans()):
