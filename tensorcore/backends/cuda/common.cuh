@@ -45,6 +45,34 @@ template <typename T> struct alignas(16) Pack {
     T v[16 / sizeof(T)];
 };
 
+// Sum, and sum of squared deviations from `mean`, of the first `held` packs of v: the
+// two passes of an exact (count, mean, M2) over values held in registers.  N is a
+// compile-time bound, so the loops unroll and v stays in registers.
+template <int N, typename T>
+__device__ __forceinline__ acc_t<T> packs_sum(const Pack<T> (&v)[N], int held) {
+    acc_t<T> s = (acc_t<T>)0;
+#pragma unroll
+    for (int q = 0; q < N; ++q)
+        if (q < held)
+#pragma unroll
+            for (int e = 0; e < Pack<T>::N; ++e) s += load_acc(v[q].v[e]);
+    return s;
+}
+
+template <int N, typename T>
+__device__ __forceinline__ acc_t<T> packs_m2(const Pack<T> (&v)[N], int held, acc_t<T> mean) {
+    acc_t<T> m2 = (acc_t<T>)0;
+#pragma unroll
+    for (int q = 0; q < N; ++q)
+        if (q < held)
+#pragma unroll
+            for (int e = 0; e < Pack<T>::N; ++e) {
+                acc_t<T> d = load_acc(v[q].v[e]) - mean;
+                m2 += d * d;
+            }
+    return m2;
+}
+
 // ----- math overloads (float and double) -------------------------------------------
 __device__ __forceinline__ float m_exp(float x) { return expf(x); }
 __device__ __forceinline__ double m_exp(double x) { return exp(x); }

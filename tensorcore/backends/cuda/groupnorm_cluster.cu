@@ -101,24 +101,9 @@ group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
         }
     }
     // The block's share: exact two-pass mean and M2 from registers, plain block sums
-    A sum = (A)0;
-#pragma unroll
-    for (int q = 0; q < GN_PACKS; ++q)
-        if (q < held)
-#pragma unroll
-            for (int e = 0; e < P; ++e) sum += load_acc(v[q].v[e]);
     const A count = (A)((hi > lo ? hi - lo : 0) * P);
-    const A block_mean = count > (A)0 ? block_sum(sum, scratch) / count : (A)0;
-    A m2 = (A)0;
-#pragma unroll
-    for (int q = 0; q < GN_PACKS; ++q)
-        if (q < held)
-#pragma unroll
-            for (int e = 0; e < P; ++e) {
-                A d = load_acc(v[q].v[e]) - block_mean;
-                m2 += d * d;
-            }
-    m2 = block_sum(m2, scratch);
+    const A block_mean = count > (A)0 ? block_sum(packs_sum(v, held), scratch) / count : (A)0;
+    const A m2 = block_sum(packs_m2(v, held, block_mean), scratch);
     if (threadIdx.x == 0) {
         partial[0] = count;
         partial[1] = block_mean;

@@ -99,22 +99,8 @@ __global__ void plane_stats_kernel(const T* __restrict__ x, acc_t<T>* __restrict
                     v[q] = pk[i + q * blockDim.x];
                     held = q + 1;
                 }
-            A sum = (A)0, m2 = (A)0;
-#pragma unroll
-            for (int q = 0; q < PLANE_BATCH; ++q)
-                if (q < held)
-#pragma unroll
-                    for (int e = 0; e < P; ++e) sum += load_acc(v[q].v[e]);
-            A cnt = (A)(held * P), mean = sum / cnt;
-#pragma unroll
-            for (int q = 0; q < PLANE_BATCH; ++q)
-                if (q < held)
-#pragma unroll
-                    for (int e = 0; e < P; ++e) {
-                        A d = load_acc(v[q].v[e]) - mean;
-                        m2 += d * d;
-                    }
-            st.merge(cnt, mean, m2);
+            A cnt = (A)(held * P), mean = packs_sum(v, held) / cnt;
+            st.merge(cnt, mean, packs_m2(v, held, mean));
         }
         j = lo + npack * P;
     }
