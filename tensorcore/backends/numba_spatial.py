@@ -73,6 +73,13 @@ def _small_same_plane(x_shape: Shape, stride: Pair, out_hw: Pair) -> bool:
             and out_hw[0] * out_hw[1] < 128)
 
 
+def _tile_grid(out_hw: Pair) -> Pair:
+    """Winograd output tiles per plane, (rows, columns)."""
+    from .numba_kernels.winograd import TILE
+
+    return -(-out_hw[0] // TILE), -(-out_hw[1] // TILE)
+
+
 def _winograd_fits(w_shape: Shape, stride: Pair, dilation: Pair, groups: int, n: int,
                    out_hw: Pair) -> bool:
     """True when Winograd F(4x4, 3x3) beats im2col: a 3x3, stride-1, undilated,
@@ -80,7 +87,7 @@ def _winograd_fits(w_shape: Shape, stride: Pair, dilation: Pair, groups: int, n:
     enough to run at BLAS speed (64+ channels on both sides, 1024+ tiles) on planes of
     64+ tiles (measured: [16, 64, 32, 32] -> 64 wins 1.2-1.4x on all three passes;
     [64, 64, 16, 16] or 32 channels do not)."""
-    tiles = -(-out_hw[0] // 4) * -(-out_hw[1] // 4)
+    tiles = math.prod(_tile_grid(out_hw))
     return (tuple(w_shape[2:]) == (3, 3) and stride == (1, 1) and dilation == (1, 1)
             and groups == 1 and min(w_shape[0], w_shape[1]) >= 64
             and tiles >= 64 and n * tiles >= 1024)
@@ -91,7 +98,7 @@ def _winograd_input(x: Array, padding: Pair, out_hw: Pair) -> tuple[Array, Pair]
     from .numba_kernels import winograd as K
 
     n, c = x.shape[:2]
-    tiles = (-(-out_hw[0] // K.TILE), -(-out_hw[1] // K.TILE))
+    tiles = _tile_grid(out_hw)
     v = _scratch.take(36 * c * n * tiles[0] * tiles[1], x.dtype, 1).reshape(36, c, -1)
     K.input_tiles_(v, np.ascontiguousarray(x), *padding, *tiles)
     return v, tiles
