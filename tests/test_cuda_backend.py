@@ -15,31 +15,9 @@ cp = pytest.importorskip("cupy")
 
 from tensorcore.backends.cupy_backend import CupyBackend  # noqa: E402
 from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
+from gpu_check import ACTS, RNG, cancellation_atol, check, on_gpu, rand  # noqa: E402
 
 GPU, REF = CupyBackend(), NumpyBackend()
-RNG = np.random.default_rng(0)
-TOL = {np.float32: dict(rtol=2e-4, atol=2e-5), np.float64: dict(rtol=1e-9, atol=1e-11),
-       np.float16: dict(rtol=2e-2, atol=2e-3)}
-ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]
-
-
-def rand(*shape, scale=1.0):
-    return RNG.standard_normal(shape) * scale
-
-
-def on_gpu(a, dtype=np.float32):
-    return cp.asarray(np.asarray(a).astype(dtype))
-
-
-def check(got, want, dtype=np.float32, atol=0.0):
-    """Elementwise rtol, plus an atol scaled to the result's magnitude (or ``atol`` when
-    larger): float32 sums with cancellation are only accurate to that scale."""
-    got = cp.asnumpy(got).astype(np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    tol = TOL[dtype]
-    scale = float(np.max(np.abs(want))) if want.size else 0.0
-    np.testing.assert_allclose(got, want, rtol=tol["rtol"],
-                               atol=max(tol["atol"], tol["rtol"] * scale, atol))
 
 
 # ----- elementwise ------------------------------------------------------------------
@@ -156,15 +134,6 @@ def test_attention(causal, with_mask):
 
 
 # ----- normalisation ----------------------------------------------------------------
-def cancellation_atol(rstd, g, w=None) -> float:
-    """An atol for a norm's input gradient, dx = rstd * (g*w - mean(g*w) - xhat *
-    mean(g*w*xhat)): on one- or two-element rows or groups those terms cancel almost
-    exactly, so float32 leaves a few ulps of rstd * |g*w| (rstd is large when the few
-    values are close), however small the result."""
-    terms = np.max(rstd) * np.max(np.abs(g)) * (1.0 if w is None else np.max(np.abs(w)))
-    return float(terms) * 1e-6
-
-
 @pytest.mark.parametrize("shape, n_norm", [((6, 33), 1), ((3, 2, 1500), 1), ((4, 3, 5), 2),
                                            ((1, 1), 1)])
 @pytest.mark.parametrize("affine", [True, False])
@@ -180,36 +149,6 @@ def test_layer_norm(shape, n_norm, affine):
     check(rstd, rrstd)
     got = GPU.layer_norm_backward(on_gpu(g), on_gpu(x), opt(w), mean, rstd, n_norm)
     want = REF.layer_norm_backward(g, x, w, rmean, rrstd, n_norm)
-    atol = cancellation_atol(rrstd, g, w)
-    for a, b_ in zip(got, want):
-        assert (a is None) == (b_ is None)
-        if a is not None:
-            check(a, b_, atol=atol)
-
-
-# On Hopper the forward of (1, 32, 40, 40), (2, 64, 64, 64) (256-thread blocks) and
-# (1, 64, 64, 64) (512-thread blocks) runs the one-pass cluster kernel; the others the
-# two-pass kernels: packed loads for (1, 4, 256, 260) and (1, 4, 512, 512) (groups too
-# large for a cluster: chunked planes, a partial last batch of packs), element loads
-# for the odd plane sizes.
-@pytest.mark.parametrize("shape, groups", [((2, 6, 5, 3), 3), ((1, 8, 65, 63), 2),
-                                           ((3, 8, 1), 4), ((1, 32, 40, 40), 32),
-                                           ((2, 64, 64, 64), 8), ((1, 64, 64, 64), 4),
-                                           ((1, 4, 256, 260), 1), ((1, 4, 512, 512), 1)])
-@pytest.mark.parametrize("act", ["none", "silu"])
-@pytest.mark.parametrize("affine", [True, False])
-def test_group_norm(shape, groups, act, affine):
-    x, g = rand(*shape) * 2 + 0.5, rand(*shape)
-    w = rand(shape[1]) if affine else None
-    b = rand(shape[1]) if affine else None
-    opt = (lambda a: None if a is None else on_gpu(a))
-    y, mean, rstd = GPU.group_norm(on_gpu(x), opt(w), opt(b), groups, 1e-5, act)
-    ry, rmean, rrstd = REF.group_norm(x, w, b, groups, 1e-5, act)
-    check(y, ry)
-    check(mean, rmean)
-    check(rstd, rrstd)
-    got = GPU.group_norm_backward(on_gpu(g), on_gpu(x), opt(w), opt(b), mean, rstd, groups, act)
-    want = REF.group_norm_backward(g, x, w, b, rmean, rrstd, groups, act)
     atol = cancellation_atol(rrstd, g, w)
     for a, b_ in zip(got, want):
         assert (a is None) == (b_ is None)
@@ -236,45 +175,6 @@ def test_batch_norm(training, shape):
     got = GPU.batch_norm_backward(on_gpu(g), on_gpu(x), on_gpu(w), mean, rstd, training)
     for a, b_ in zip(got, REF.batch_norm_backward(g, x, w, rmean, rrstd, training)):
         check(a, b_)
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float16])
-def test_group_norm_dtypes(dtype):
-    x = rand(2, 64, 16, 16) * 2 + 1
-    w, b = rand(64), rand(64)
-    y, mean, rstd = GPU.group_norm(on_gpu(x, dtype), on_gpu(w, dtype), on_gpu(b, dtype), 8,
-                                   1e-5, "silu")
-    as_stored = (lambda a: a.astype(dtype).astype(np.float64))  # float64 reference
-    ry, rmean, rrstd = REF.group_norm(as_stored(x), as_stored(w), as_stored(b), 8, 1e-5, "silu")
-    check(y, ry, dtype)
-    check(mean, rmean, dtype)
-    check(rstd, rrstd, dtype)
-
-
-@pytest.mark.parametrize("shape, groups", [((2, 64, 32, 32), 16), ((1, 4, 512, 512), 1)])
-def test_group_norm_repeats_and_replays(shape, groups):
-    """Repeated calls and replays of a captured call stay correct: the cluster kernel,
-    and the two-pass kernels whose arrival counters are zero again after every launch."""
-    import cupy
-
-    w, b = on_gpu(rand(shape[1])), on_gpu(rand(shape[1]))
-    for _ in range(3):
-        x = rand(*shape) * 3 - 1
-        y, _, _ = GPU.group_norm(on_gpu(x), w, b, groups, 1e-5, "silu")
-        check(y, REF.group_norm(x, w.get(), b.get(), groups, 1e-5, "silu")[0])
-    x_gpu = on_gpu(rand(*shape))
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        GPU.group_norm(x_gpu, w, b, groups, 1e-5, "none")
-        stream.begin_capture()
-        y_gpu, _, _ = GPU.group_norm(x_gpu, w, b, groups, 1e-5, "none")
-        graph = stream.end_capture()
-        for _ in range(3):
-            x = rand(*shape) + 2
-            x_gpu[...] = on_gpu(x)
-            graph.launch(stream)
-            stream.synchronize()
-            check(y_gpu, REF.group_norm(x, w.get(), b.get(), groups, 1e-5, "none")[0])
 
 
 # ----- convolution (im2col + GEMM) ----------------------------------------------------

@@ -48,12 +48,19 @@ def source(filename: str) -> str:
     return (CUDA_DIR / filename).read_text().replace(f'#include "{HEADER}"', header)
 
 
+def is_cooperative(filename: str) -> bool:
+    """Whether the file's kernels synchronise their whole grid (cooperative groups): they
+    must be launched with ``enable_cooperative_groups=True``, all blocks resident."""
+    return "<cooperative_groups.h>" in (CUDA_DIR / filename).read_text()
+
+
 @functools.lru_cache(maxsize=None)
 def _module(filename: str, ctype: str | None) -> Any:
     import cupy
 
     return cupy.RawModule(code=source(filename), options=OPTIONS,
-                          name_expressions=name_expressions(filename, ctype))
+                          name_expressions=name_expressions(filename, ctype),
+                          enable_cooperative_groups=is_cooperative(filename))
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,6 +129,14 @@ def sm_count() -> int:
     import cupy
 
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+@functools.lru_cache(maxsize=None)
+def shared_memory_optin() -> int:
+    """The most shared memory (bytes) one block of the current device may opt in to."""
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
 
 
 _grid_cap = 0  # sm_count() * BLOCKS_PER_SM once known: every launch reads it

@@ -14,6 +14,7 @@ import numpy
 from . import cuda_loader
 from .cuda_loader import kernel, launch
 from .cupy_elementwise import ACT_CODES
+from .cupy_groupnorm import one_pass_group_norm
 from .cupy_util import (acc_dtype, aligned, as_rows, contiguous, empty_as, has_kernels,
                         pack_width, ptr, row_launch, zeroed_counters)
 from .numpy_act import check_activation
@@ -21,8 +22,6 @@ from .numpy_pool import _pool_geometry
 from .numpy_upsample import _check_image
 
 SOFTMAX, LN, PLANE = "softmax.cu", "layernorm.cu", "planenorm.cu"
-GN_CLUSTER = "groupnorm_cluster.cu"
-CLUSTER, GN_PACKS = 8, 4  # blocks per statistic and packs per thread there
 POOL, UPSAMPLE, EMBED = "pool.cu", "upsample.cu", "embedding.cu"
 THREADS = 256
 ROW_PACKS = 8  # packs per thread of a row held in registers (ROW_PACKS in common.cuh)
@@ -225,33 +224,11 @@ class CupyNNKernels:
             return super().group_norm(x, weight, bias, groups, eps, act)
         for name, p in (("weight", weight), ("bias", bias)):
             self._check_param("group_norm", name, p, x.shape[1:2])
-        one_pass = self._group_norm_cluster(x, weight, bias, groups, eps, act)
+        one_pass = one_pass_group_norm(x, weight, bias, groups, eps, act)
         if one_pass is not None:
             return one_pass
         return self._plane_forward(x, weight, bias, (x.shape[0], groups), x.shape[1] // groups,
                                    False, eps, act)
-
-    def _group_norm_cluster(self, x, weight, bias, groups: int, eps: float, act: str):
-        """The one-pass forward of cuda/groupnorm_cluster.cu, or None where it does not
-        apply (before Hopper, unaligned or odd planes, groups too large for a cluster)."""
-        if cuda_loader.compute_capability() < 90:
-            return None
-        x, weight, bias = contiguous(x), _contiguous_or_none(weight), _contiguous_or_none(bias)
-        n, c = x.shape[:2]
-        s = x.size // (n * c)
-        pack = pack_width(x.dtype)
-        stat_len = c // groups * s
-        share = -(-(stat_len // pack) // CLUSTER)  # packs per block
-        threads = next((t for t in (256, 512) if share <= t * GN_PACKS), None)
-        if threads is None or s % pack or not aligned(x):
-            return None
-        y = empty_as(x)
-        mean, rstd = cupy.empty((2, n, groups), dtype=acc_dtype(x.dtype))
-        kernel(GN_CLUSTER, "group_norm_cluster_kernel", x.dtype)(
-            (n * groups * CLUSTER,), (threads,),
-            (x, ptr(weight), ptr(bias), y, mean, rstd, stat_len, s, c, float(eps),
-             ACT_CODES[act]))
-        return y, mean, rstd
 
     def group_norm_backward(self, grad, x, weight, bias, mean, rstd, groups, act="none"):
         self._check_groups("group_norm_backward", x, groups)

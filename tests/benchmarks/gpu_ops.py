@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import tensorcore as tc
 from tensorcore import settings
 from tensorcore.backends.cupy_backend import CupyBackend
-from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
+from gpu_timing import graph_ms, queued_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()
 
@@ -44,22 +44,6 @@ def median_ms(fn, iters: int = 40, warmup: int = 5) -> float:
         stop.record()
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
-
-
-def queued_ms(fn, calls: int = 20, reps: int = 15) -> float:
-    """Median over ``reps`` of (time of ``calls`` back-to-back calls) / calls."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / calls)
     return statistics.median(times)
 
 

@@ -31,3 +31,19 @@ def graph_ms(fn, iters: int = 40) -> float:
             times.append(cp.cuda.get_elapsed_time(start, stop))
     del kept
     return statistics.median(times)
+
+
+def queued_ms(fn, calls: int = 20, reps: int = 15) -> float:
+    """Median over ``reps`` of (time of ``calls`` back-to-back calls) / calls."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / calls)
+    return statistics.median(times)

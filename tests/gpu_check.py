@@ -1,0 +1,40 @@
+"""Helpers shared by the GPU test modules: random float64 inputs, upload, and a
+comparison with float32/float16/float64 tolerances scaled to the result."""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+RNG = np.random.default_rng(0)
+TOL = {np.float32: dict(rtol=2e-4, atol=2e-5), np.float64: dict(rtol=1e-9, atol=1e-11),
+       np.float16: dict(rtol=2e-2, atol=2e-3)}
+ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]
+
+
+def rand(*shape, scale=1.0):
+    return RNG.standard_normal(shape) * scale
+
+
+def on_gpu(a, dtype=np.float32):
+    return cp.asarray(np.asarray(a).astype(dtype))
+
+
+def check(got, want, dtype=np.float32, atol=0.0):
+    """Elementwise rtol, plus an atol scaled to the result's magnitude (or ``atol`` when
+    larger): float32 sums with cancellation are only accurate to that scale."""
+    got = cp.asnumpy(got).astype(np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    tol = TOL[dtype]
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    np.testing.assert_allclose(got, want, rtol=tol["rtol"],
+                               atol=max(tol["atol"], tol["rtol"] * scale, atol))
+
+
+def cancellation_atol(rstd, g, w=None) -> float:
+    """An atol for a norm's input gradient, dx = rstd * (g*w - mean(g*w) - xhat *
+    mean(g*w*xhat)): on one- or two-element rows or groups those terms cancel almost
+    exactly, so float32 leaves a few ulps of rstd * |g*w| (rstd is large when the few
+    values are close), however small the result."""
+    terms = np.max(rstd) * np.max(np.abs(g)) * (1.0 if w is None else np.max(np.abs(w)))
+    return float(terms) * 1e-6
