@@ -1,15 +1,18 @@
 """One-pass GroupNorm forward on Hopper: x is read once and y written once.
 
-Two kernels, tried in this order:
+Two kernels:
 
-* ``cuda/groupnorm_resident.cu`` when the whole tensor fits on chip: one block per SM
-  holds its range in registers and shared memory, one grid barrier separates the reads
-  of the tensor from the writes;
-* ``cuda/groupnorm_cluster.cu`` otherwise: a cluster of blocks per statistic, each
-  holding a slice in registers.
+* ``cuda/groupnorm_cluster.cu``: a cluster of blocks per statistic, each holding a
+  slice in registers, for groups of up to 64 Ki elements (float32);
+* ``cuda/groupnorm_resident.cu``: one block per SM holds its range of the whole tensor
+  in registers and shared memory, one grid barrier separates the reads of the tensor
+  from the writes, for any group size as long as the tensor fits on chip (~38 MB of
+  float32 on an H100/H200).
 
-Either returns ``None`` where it does not apply (before Hopper, unaligned data, planes
-that are not whole packs, groups too large), and the caller takes the two-pass path.
+Where both apply, ``_cluster_suits`` picks by the shape of the cluster launch.  Each
+returns None where it does not apply, and ``one_pass_group_norm`` returns None before
+Hopper, for unaligned data and for planes that are not whole packs: the caller then
+takes the two-pass path (cuda/planenorm.cu).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from .cupy_elementwise import ACT_CODES
 from .cupy_util import acc_dtype, aligned, contiguous, empty_as, pack_width, ptr
 
 GN_CLUSTER, GN_RESIDENT = "groupnorm_cluster.cu", "groupnorm_resident.cu"
-CLUSTER, GN_PACKS = 8, 4  # blocks per statistic and packs per thread (groupnorm_cluster.cu)
+# blocks per statistic, packs per thread, and threads resident per SM under the kernel's
+# register cap, __launch_bounds__(512, 3) (groupnorm_cluster.cu)
+CLUSTER, GN_PACKS, CLUSTER_THREADS_PER_SM = 8, 4, 1536
 # threads per block, packs per thread in registers and (at most) in shared memory,
 # statistics one block may touch, and a bound on the static shared memory of every
 # instantiation (groupnorm_resident.cu)
@@ -49,11 +54,33 @@ def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str):
     if s % pack or not aligned(x):
         return None
     stat_len = c // groups * s
-    for run in (_clustered, _resident):
-        out = run(x, weight, bias, (n, groups), stat_len, s, eps, act)
+    args = (x, weight, bias, (n, groups), stat_len, s, eps, act)
+    order = (_clustered, _resident) if _cluster_suits(n * groups, stat_len // pack) else (
+        _resident, _clustered)
+    for run in order:
+        out = run(*args)
         if out is not None:
             return out
     return None
+
+
+def _cluster_suits(stats: int, stat_packs: int) -> bool:
+    """Whether the cluster kernel is the faster one: when its blocks are at least three
+    quarters full, or all of them fit on the GPU at once.  Otherwise it runs waves of
+    partly idle load-reduce-store blocks and the resident kernel, whose single wave
+    streams the whole tensor, is ahead (tests/benchmarks/groupnorm_onepass.py)."""
+    share = -(-stat_packs // CLUSTER)
+    threads = _cluster_threads(share)
+    if threads is None:
+        return False
+    full = 4 * share >= 3 * threads * GN_PACKS
+    one_wave = stats * CLUSTER <= cuda_loader.sm_count() * (CLUSTER_THREADS_PER_SM // threads)
+    return full or one_wave
+
+
+def _cluster_threads(share: int) -> int | None:
+    """Threads per cluster block holding ``share`` packs, None when none can."""
+    return next((t for t in (256, 512) if share <= t * GN_PACKS), None)
 
 
 def _outputs(x, stats: tuple[int, int]):
@@ -106,8 +133,7 @@ def _resident_kernel(dtype: Any, device: int) -> Any:
 
 def _clustered(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
     """groupnorm_cluster.cu, or None for groups too large for a cluster's registers."""
-    share = -(-(stat_len // pack_width(x.dtype)) // CLUSTER)  # packs per block
-    threads = next((t for t in (256, 512) if share <= t * GN_PACKS), None)
+    threads = _cluster_threads(-(-(stat_len // pack_width(x.dtype)) // CLUSTER))
     if threads is None:
         return None
     y, mean, rstd = _outputs(x, stats)

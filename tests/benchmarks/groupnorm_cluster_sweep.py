@@ -70,7 +70,7 @@ def main() -> None:
     print(f"{'cluster':>7s} {'packs':>5s} {'threads':>7s} {'variant':>16s} {'us':>7s} {'GB/s':>6s}")
     # (blocks per cluster, packs per thread, threads, register cap for N 512-thread blocks)
     cases = [(8, 4, 256, 0), (8, 4, 256, 3), (8, 4, 256, 4), (8, 8, 128, 0), (8, 2, 512, 0),
-             (4, 8, 256, 0), (1, 8, 1024, 0)]
+             (4, 8, 256, 0), (4, 4, 512, 0), (4, 4, 512, 2), (2, 8, 512, 0), (1, 8, 1024, 0)]
     for cluster, packs, threads, min_blocks in cases:
         for name, exchange, clustered in (("one pass", True, True), ("no exchange", False, True),
                                           ("no cluster", False, False)):

@@ -3,7 +3,8 @@ graphs, next to torch (queued eager calls) and a device copy of the tensor: the 
 one-pass kernels, cuda/groupnorm_cluster.cu (a cluster of blocks per statistic) and
 cuda/groupnorm_resident.cu (whole tensor on chip, one grid barrier), and the two-pass
 kernels of cuda/planenorm.cu.  Each output is checked against a float64 reference
-first.  "-" marks a kernel that does not apply.
+first.  "-" marks a kernel that does not apply; "picked" is the one-pass kernel the
+backend prefers for the shape (it falls back to the other where that one declines).
 
     PYTHONPATH=. python3 tests/benchmarks/groupnorm_onepass.py
 """
@@ -52,7 +53,7 @@ def run(name: str, fn, x, ref) -> str:
 
 def main() -> None:
     print(f"{'shape':>20s} {'dtype':>7s} {'MiB':>5s} {'copy':>6s} {'resident':>8s} "
-          f"{'cluster':>7s} {'two-pass':>8s} {'torch':>6s} {'speedup':>7s}  (us; speedup = torch / best)")
+          f"{'cluster':>7s} {'two-pass':>8s} {'torch':>6s} {'speedup':>7s}  picked (us; speedup = torch / best)")
     for shape, groups, dtype in SHAPES:
         x = (cp.random.standard_normal(shape, dtype=np.float32) * 2 + 0.5).astype(dtype)
         w = cp.random.standard_normal(shape[1], dtype=np.float32).astype(dtype)
@@ -73,8 +74,10 @@ def main() -> None:
         tx, tw, tb = (torch.from_dlpack(a) for a in (x, w, b))
         t = queued_ms(lambda: F.group_norm(tx, groups, tw, tb, 1e-5)) * 1e3
         best = min(float(v) for v in (resident, cluster, two_pass) if v != "-")
+        picked = ("cluster" if gn._cluster_suits(n * groups, stat_len // (16 // x.itemsize))
+                  else "resident")
         print(f"{str(list(shape)):>20s} {dtype:>7s} {x.nbytes / 2**20:5.0f} {copy:6.1f} "
-              f"{resident:>8s} {cluster:>7s} {two_pass:>8s} {t:6.1f} {t / best:6.2f}x")
+              f"{resident:>8s} {cluster:>7s} {two_pass:>8s} {t:6.1f} {t / best:6.2f}x  {picked}")
 
 
 if __name__ == "__main__":
