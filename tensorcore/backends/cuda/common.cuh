@@ -73,6 +73,25 @@ __device__ __forceinline__ acc_t<T> packs_m2(const Pack<T> (&v)[N], int held, ac
     return m2;
 }
 
+// ----- grid-stride loops over 16-byte packs --------------------------------------------
+// pack_fn(i) for every whole pack i of n elements when `vec` (the caller's pointers are
+// 16-byte aligned), then elem_fn(i) for each element past the last whole pack (every
+// element without `vec`), the grid striding over both.  One pack per thread per step:
+// with 8 blocks of 256 threads per SM that keeps enough bytes in flight (elementwise.cu).
+template <typename T, typename PackFn, typename ElemFn>
+__device__ __forceinline__ void grid_packs_then_elements(long long n, bool vec, PackFn pack_fn,
+                                                         ElemFn elem_fn) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long done = 0;
+    if (vec) {
+        const long long packs = n / Pack<T>::N;
+        for (long long i = start; i < packs; i += stride) pack_fn(i);
+        done = packs * Pack<T>::N;
+    }
+    for (long long i = done + start; i < n; i += stride) elem_fn(i);
+}
+
 // ----- math overloads (float and double) -------------------------------------------
 __device__ __forceinline__ float m_exp(float x) { return expf(x); }
 __device__ __forceinline__ double m_exp(double x) { return exp(x); }

@@ -5,14 +5,13 @@
 // Bound: memory.  Launch: 1-D grid-stride loops, 256 threads per block, grid capped
 // at a few blocks per SM (the host sizes it for the device's SM count).  When every
 // pointer is 16-byte aligned and `vec` is set, each thread moves whole 16-byte packs
-// (float4 for float32), UNROLL packs loaded before any is used; the tail past the last
-// whole pack is done element by element.  UNROLL 1 with 8 blocks of 256 per SM (full
-// occupancy) measured best on the H200: act(x * scale + bias) on 64 M floats at 89% of
-// the memcpy bandwidth, against 75% with UNROLL 4 (more registers, fewer resident
-// warps); 4 MB in flight already covers the memory latency.
+// (float4 for float32), one per step of the grid-stride loop (grid_packs_then_elements
+// in common.cuh); the tail past the last whole pack is done element by element.  One
+// pack per step with 8 blocks of 256 per SM (full occupancy) measured best on the H200:
+// act(x * scale + bias) on 64 M floats at 89% of the memcpy bandwidth, against 75% with
+// four packs loaded before any is used (more registers, fewer resident warps); 4 MB in
+// flight already covers the memory latency.
 #include "common.cuh"
-
-#define UNROLL 1
 
 // Unary op codes, shared with cupy_backend.UNARY_OPS.
 enum Unary {
@@ -68,32 +67,18 @@ template <typename A> __device__ __forceinline__ A binary_op(int op, A a, A b) {
 template <typename T>
 __global__ void unary_kernel(const T* __restrict__ x, T* __restrict__ y, long long n,
                              long long op, long long vec) {
-    const int P = Pack<T>::N;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (vec) {
-        long long npack = n / P;
-        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
-        Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
-        for (long long base = start; base < npack; base += UNROLL * stride) {
-            Pack<T> p[UNROLL];
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+    Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
+    grid_packs_then_elements<T>(
+        n, vec != 0,
+        [&](long long i) {
+            Pack<T> p = xp[i];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (base + u * stride < npack) p[u] = xp[base + u * stride];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (base + u * stride >= npack) break;
-#pragma unroll
-                for (int k = 0; k < P; ++k)
-                    p[u].v[k] = store_as<T>(unary_op((int)op, load_acc(p[u].v[k])));
-                yp[base + u * stride] = p[u];
-            }
-        }
-        done = npack * P;
-    }
-    for (long long i = done + start; i < n; i += stride)
-        y[i] = store_as<T>(unary_op((int)op, load_acc(x[i])));
+            for (int k = 0; k < Pack<T>::N; ++k)
+                p.v[k] = store_as<T>(unary_op((int)op, load_acc(p.v[k])));
+            yp[i] = p;
+        },
+        [&](long long i) { y[i] = store_as<T>(unary_op((int)op, load_acc(x[i]))); });
 }
 
 // a and b have n elements each; a_step / b_step is 1, or 0 for a broadcast scalar.
@@ -111,32 +96,21 @@ __global__ void binary_kernel(const T* __restrict__ a, const T* __restrict__ b,
 template <typename T>
 __global__ void binary_vec_kernel(const T* __restrict__ a, const T* __restrict__ b,
                                   T* __restrict__ out, long long n, long long op) {
-    const int P = Pack<T>::N;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long npack = n / P;
     const Pack<T>* ap = reinterpret_cast<const Pack<T>*>(a);
     const Pack<T>* bp = reinterpret_cast<const Pack<T>*>(b);
-    Pack<T>* op_ = reinterpret_cast<Pack<T>*>(out);
-    for (long long base = start; base < npack; base += UNROLL * stride) {
-        Pack<T> pa[UNROLL], pb[UNROLL];
+    Pack<T>* outp = reinterpret_cast<Pack<T>*>(out);
+    grid_packs_then_elements<T>(
+        n, true,
+        [&](long long i) {
+            Pack<T> pa = ap[i], pb = bp[i];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (base + u * stride < npack) {
-                pa[u] = ap[base + u * stride];
-                pb[u] = bp[base + u * stride];
-            }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (base + u * stride >= npack) break;
-#pragma unroll
-            for (int k = 0; k < P; ++k)
-                pa[u].v[k] = store_as<T>(binary_op((int)op, load_acc(pa[u].v[k]), load_acc(pb[u].v[k])));
-            op_[base + u * stride] = pa[u];
-        }
-    }
-    for (long long i = npack * P + start; i < n; i += stride)
-        out[i] = store_as<T>(binary_op((int)op, load_acc(a[i]), load_acc(b[i])));
+            for (int k = 0; k < Pack<T>::N; ++k)
+                pa.v[k] = store_as<T>(binary_op((int)op, load_acc(pa.v[k]), load_acc(pb.v[k])));
+            outp[i] = pa;
+        },
+        [&](long long i) {
+            out[i] = store_as<T>(binary_op((int)op, load_acc(a[i]), load_acc(b[i])));
+        });
 }
 
 // Broadcasting binary op over at most 4 (collapsed) output dims d0..d3, d3 fastest;
@@ -169,40 +143,28 @@ __global__ void affine_act_kernel(const T* __restrict__ x, const T* __restrict__
                                   long long vec) {
     typedef acc_t<T> A;
     const int P = Pack<T>::N;
-    unsigned int uC = (unsigned int)C, uinner = (unsigned int)inner;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (vec) {
-        long long npack = n / P;
-        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
-        Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
-        for (long long base = start; base < npack; base += UNROLL * stride) {
-            Pack<T> p[UNROLL];
+    const unsigned int uC = (unsigned int)C, uinner = (unsigned int)inner;
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+    Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
+    // the channel of element e, and its scale and bias
+    auto channel = [&](long long e) { return ((unsigned int)e / uinner) % uC; };
+    auto scale_of = [&](unsigned int c) { return scale ? load_acc(scale[c]) : (A)1; };
+    auto bias_of = [&](unsigned int c) { return bias ? load_acc(bias[c]) : (A)0; };
+    grid_packs_then_elements<T>(
+        n, vec != 0,
+        [&](long long i) {  // a pack lies within one channel
+            Pack<T> p = xp[i];
+            const unsigned int c = channel(i * P);
+            const A s = scale_of(c), b = bias_of(c);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (base + u * stride < npack) p[u] = xp[base + u * stride];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                long long i = base + u * stride;
-                if (i >= npack) break;
-                unsigned int c = ((unsigned int)(i * P) / uinner) % uC;
-                A s = scale ? load_acc(scale[c]) : (A)1;
-                A b = bias ? load_acc(bias[c]) : (A)0;
-#pragma unroll
-                for (int k = 0; k < P; ++k)
-                    p[u].v[k] = store_as<T>(act_fwd((int)act, load_acc(p[u].v[k]) * s + b));
-                yp[i] = p[u];
-            }
-        }
-        done = npack * P;
-    }
-    for (long long i = done + start; i < n; i += stride) {
-        unsigned int c = ((unsigned int)i / uinner) % uC;
-        A s = scale ? load_acc(scale[c]) : (A)1;
-        A b = bias ? load_acc(bias[c]) : (A)0;
-        y[i] = store_as<T>(act_fwd((int)act, load_acc(x[i]) * s + b));
-    }
+            for (int k = 0; k < P; ++k)
+                p.v[k] = store_as<T>(act_fwd((int)act, load_acc(p.v[k]) * s + b));
+            yp[i] = p;
+        },
+        [&](long long i) {
+            const unsigned int c = channel(i);
+            y[i] = store_as<T>(act_fwd((int)act, load_acc(x[i]) * scale_of(c) + bias_of(c)));
+        });
 }
 
 // dx = grad * act'(x + bias[c]) with the same [outer, C, inner] view (bias may be null).
@@ -213,29 +175,25 @@ __global__ void bias_act_grad_kernel(const T* __restrict__ grad, const T* __rest
                                      long long vec) {
     typedef acc_t<T> A;
     const int P = Pack<T>::N;
-    unsigned int uC = (unsigned int)C, uinner = (unsigned int)inner;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (vec) {
-        long long npack = n / P;
-        const Pack<T>* gp = reinterpret_cast<const Pack<T>*>(grad);
-        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
-        Pack<T>* dp = reinterpret_cast<Pack<T>*>(dx);
-        for (long long i = start; i < npack; i += stride) {
-            unsigned int c = ((unsigned int)(i * P) / uinner) % uC;
-            A b = bias ? load_acc(bias[c]) : (A)0;
+    const unsigned int uC = (unsigned int)C, uinner = (unsigned int)inner;
+    const Pack<T>* gp = reinterpret_cast<const Pack<T>*>(grad);
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+    Pack<T>* dp = reinterpret_cast<Pack<T>*>(dx);
+    // the bias of element e's channel
+    auto bias_at = [&](long long e) {
+        return bias ? load_acc(bias[((unsigned int)e / uinner) % uC]) : (A)0;
+    };
+    grid_packs_then_elements<T>(
+        n, vec != 0,
+        [&](long long i) {  // a pack lies within one channel
+            const A b = bias_at(i * P);
             Pack<T> g = gp[i], p = xp[i];
 #pragma unroll
             for (int k = 0; k < P; ++k)
                 g.v[k] = store_as<T>(load_acc(g.v[k]) * act_grad((int)act, load_acc(p.v[k]) + b));
             dp[i] = g;
-        }
-        done = npack * P;
-    }
-    for (long long i = done + start; i < n; i += stride) {
-        unsigned int c = ((unsigned int)i / uinner) % uC;
-        A b = bias ? load_acc(bias[c]) : (A)0;
-        dx[i] = store_as<T>(load_acc(grad[i]) * act_grad((int)act, load_acc(x[i]) + b));
-    }
+        },
+        [&](long long i) {
+            dx[i] = store_as<T>(load_acc(grad[i]) * act_grad((int)act, load_acc(x[i]) + bias_at(i)));
+        });
 }

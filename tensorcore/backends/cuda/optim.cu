@@ -94,24 +94,20 @@ __device__ __forceinline__ void update_flat(const Rule& rule, T* __restrict__ p,
                                             T* __restrict__ s1, T* __restrict__ s2,
                                             long long n, long long vec) {
     typedef acc_t<T> A;
-    const int P = Pack<T>::N;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (vec) {
-        long long npack = n / P;
-        Pack<T>* pp = reinterpret_cast<Pack<T>*>(p);
-        const Pack<T>* gp = reinterpret_cast<const Pack<T>*>(g);
-        Pack<T>* p0 = reinterpret_cast<Pack<T>*>(s0);
-        Pack<T>* p1 = reinterpret_cast<Pack<T>*>(s1);
-        Pack<T>* p2 = reinterpret_cast<Pack<T>*>(s2);
-        for (long long k = start; k < npack; k += stride) {
+    Pack<T>* pp = reinterpret_cast<Pack<T>*>(p);
+    const Pack<T>* gp = reinterpret_cast<const Pack<T>*>(g);
+    Pack<T>* p0 = reinterpret_cast<Pack<T>*>(s0);
+    Pack<T>* p1 = reinterpret_cast<Pack<T>*>(s1);
+    Pack<T>* p2 = reinterpret_cast<Pack<T>*>(s2);
+    grid_packs_then_elements<T>(
+        n, vec != 0,
+        [&](long long k) {
             Pack<T> vp = pp[k], vg = gp[k], v0, v1, v2;
             if (s0) v0 = p0[k];
             if (s1) v1 = p1[k];
             if (s2) v2 = p2[k];
 #pragma unroll
-            for (int j = 0; j < P; ++j) {
+            for (int j = 0; j < Pack<T>::N; ++j) {
                 A x = load_acc(vp.v[j]);
                 A a0 = s0 ? load_acc(v0.v[j]) : (A)0;
                 A a1 = s1 ? load_acc(v1.v[j]) : (A)0;
@@ -126,20 +122,18 @@ __device__ __forceinline__ void update_flat(const Rule& rule, T* __restrict__ p,
             if (s0) p0[k] = v0;
             if (s1) p1[k] = v1;
             if (s2) p2[k] = v2;
-        }
-        done = npack * P;
-    }
-    for (long long i = done + start; i < n; i += stride) {
-        A x = load_acc(p[i]);
-        A a0 = s0 ? load_acc(s0[i]) : (A)0;
-        A a1 = s1 ? load_acc(s1[i]) : (A)0;
-        A a2 = s2 ? load_acc(s2[i]) : (A)0;
-        rule(x, load_acc(g[i]), a0, a1, a2);
-        p[i] = store_as<T>(x);
-        if (s0) s0[i] = store_as<T>(a0);
-        if (s1) s1[i] = store_as<T>(a1);
-        if (s2) s2[i] = store_as<T>(a2);
-    }
+        },
+        [&](long long i) {
+            A x = load_acc(p[i]);
+            A a0 = s0 ? load_acc(s0[i]) : (A)0;
+            A a1 = s1 ? load_acc(s1[i]) : (A)0;
+            A a2 = s2 ? load_acc(s2[i]) : (A)0;
+            rule(x, load_acc(g[i]), a0, a1, a2);
+            p[i] = store_as<T>(x);
+            if (s0) s0[i] = store_as<T>(a0);
+            if (s1) s1[i] = store_as<T>(a1);
+            if (s2) s2[i] = store_as<T>(a2);
+        });
 }
 
 template <typename T>
