@@ -134,11 +134,16 @@ group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
 
     const A mu = scratch[0], rs = scratch[1];
     Pack<T>* out = reinterpret_cast<Pack<T>*>(y + base);
+    // The statistic's first channel, and the channel of each pack from its offset in
+    // the statistic, in 32 bits (a group fits a cluster, so every operand does): a 64-bit
+    // division costs ~5x more, and every thread of every block pays these.
+    const unsigned int plane = (unsigned int)S, cpg = (unsigned int)stat_len / plane;
+    const unsigned int first_channel = (unsigned int)stat % ((unsigned int)C / cpg) * cpg;
 #pragma unroll
     for (int q = 0; q < GN_PACKS; ++q) {
         if (q < held) {
             long long i = lo + threadIdx.x + (long long)q * blockDim.x;
-            long long c = ((base + i * P) / S) % C;
+            unsigned int c = first_channel + (unsigned int)(i * P) / plane;
             A scale = rs * (w ? load_acc(w[c]) : (A)1);
             A shift = (b ? load_acc(b[c]) : (A)0) - mu * scale;
             Pack<T> o;
