@@ -111,6 +111,19 @@ def bench_rows() -> None:
         lambda: F.group_norm(tu, 32, tuw, tuw, 1e-5), "GB/s", 2 * u.nbytes)
 
 
+def bench_indexed() -> None:
+    """Ops whose kernels decompose each element's index: broadcasting, resampling, pooling."""
+    h, th = randn_pair(8, 256, 64, 64)
+    e, te = randn_pair(8, 256, 1, 1)
+    row("add [8,256,64,64] + [8,256,1,1]", lambda: GPU.binary("add", h, e), lambda: th + te,
+        "GB/s", 2 * h.nbytes)
+    s, ts = randn_pair(8, 256, 32, 32)
+    row("upsample nearest x2 [8,256,32,32]", lambda: GPU.upsample_nearest2d(s, (64, 64)),
+        lambda: F.interpolate(ts, scale_factor=2, mode="nearest"), "GB/s", 5 * s.nbytes)
+    row("max_pool 2x2 [8,256,64,64]", lambda: GPU.max_pool2d(h, (2, 2), (2, 2), (0, 0)),
+        lambda: F.max_pool2d(th, 2), "GB/s", 1.25 * h.nbytes)
+
+
 def bench_conv() -> None:
     settings.set_matmul_precision("high")
     torch.backends.cudnn.allow_tf32 = True
@@ -185,6 +198,7 @@ def main() -> None:
           f"CuPy {cp.__version__}, torch {torch.__version__}")
     bench_copy_and_fused()
     bench_rows()
+    bench_indexed()
     bench_conv()
     bench_matmul()
     launches = bench_launch()

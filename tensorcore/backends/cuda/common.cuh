@@ -73,6 +73,21 @@ __device__ __forceinline__ acc_t<T> packs_m2(const Pack<T> (&v)[N], int held, ac
     return m2;
 }
 
+// ----- flat index -> coordinates -------------------------------------------------------
+// Returns r % d and leaves r / d in r.  With `narrow` (r and d below 2^31, uniform over
+// the grid) the division is 32-bit: a 64-bit one costs ~5x more, and kernels that split
+// every element's index into coordinates are otherwise bound by it, not by memory.
+__device__ __forceinline__ long long divmod_index(long long& r, long long d, bool narrow) {
+    if (narrow) {
+        const unsigned int u = (unsigned int)r, ud = (unsigned int)d, q = u / ud;
+        r = q;
+        return u - q * ud;
+    }
+    const long long q = r / d, m = r - q * d;
+    r = q;
+    return m;
+}
+
 // ----- grid-stride loops over 16-byte packs --------------------------------------------
 // pack_fn(i) for every whole pack i of n elements when `vec` (the caller's pointers are
 // 16-byte aligned), then elem_fn(i) for each element past the last whole pack (every

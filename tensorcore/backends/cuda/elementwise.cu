@@ -121,12 +121,12 @@ __global__ void binary_bcast_kernel(const T* __restrict__ a, const T* __restrict
                                     long long d1, long long d2, long long d3, long long n,
                                     long long sa0, long long sa1, long long sa2, long long sa3,
                                     long long sb0, long long sb1, long long sb2, long long sb3) {
-    long long stride = (long long)gridDim.x * blockDim.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const bool narrow = n < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         long long r = i;
-        long long i3 = r % d3; r /= d3;
-        long long i2 = r % d2; r /= d2;
-        long long i1 = r % d1; long long i0 = r / d1;
+        const long long i3 = divmod_index(r, d3, narrow), i2 = divmod_index(r, d2, narrow);
+        const long long i1 = divmod_index(r, d1, narrow), i0 = r;
         long long ia = i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3;
         long long ib = i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3;
         out[i] = store_as<T>(binary_op((int)op, load_acc(a[ia]), load_acc(b[ib])));

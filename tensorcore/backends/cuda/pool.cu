@@ -26,8 +26,10 @@ __global__ void max_pool_fwd_kernel(const T* __restrict__ x, T* __restrict__ y,
     typedef acc_t<T> A;
     long long total = planes * OH * OW;
     long long stride = (long long)gridDim.x * blockDim.x;
+    const bool narrow = total < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long ox = i % OW, r = i / OW, oy = r % OH, p = r / OH;
+        long long p = i;
+        const long long ox = divmod_index(p, OW, narrow), oy = divmod_index(p, OH, narrow);
         const T* xp = x + p * H * W;
         A best = neg_inf<A>();
         long long arg = -1;
@@ -59,9 +61,11 @@ __global__ void max_pool_bwd_kernel(const T* __restrict__ g, const long long* __
                                     long long OHW) {
     long long total = planes * OHW;
     long long stride = (long long)gridDim.x * blockDim.x;
+    const bool narrow = total < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long a = argmax[i];
-        if (a >= 0 && a < HW) atomic_add_acc(dx + (i / OHW) * HW + a, load_acc(g[i]));
+        long long a = argmax[i], plane = i;
+        divmod_index(plane, OHW, narrow);
+        if (a >= 0 && a < HW) atomic_add_acc(dx + plane * HW + a, load_acc(g[i]));
     }
 }
 
@@ -75,8 +79,10 @@ __global__ void avg_pool_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, 
     long long total = planes * OH * OW;
     long long stride = (long long)gridDim.x * blockDim.x;
     A inv = (A)1 / (A)(kh * kw);
+    const bool narrow = total < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long ox = i % OW, r = i / OW, oy = r % OH, p = r / OH;
+        long long p = i;
+        const long long ox = divmod_index(p, OW, narrow), oy = divmod_index(p, OH, narrow);
         const T* xp = x + p * H * W;
         A acc = (A)0;
         for (long long ki = 0; ki < kh; ++ki) {
@@ -100,8 +106,10 @@ __global__ void avg_pool_bwd_kernel(const T* __restrict__ g, T* __restrict__ dx,
     long long total = planes * H * W;
     long long stride = (long long)gridDim.x * blockDim.x;
     A inv = (A)1 / (A)(kh * kw);
+    const bool narrow = total < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long xx = i % W, r = i / W, yy = r % H, p = r / H;
+        long long p = i;
+        const long long xx = divmod_index(p, W, narrow), yy = divmod_index(p, H, narrow);
         long long ylo, yhi, xlo, xhi;
         window_span(yy, kh, sh, ph, OH, ylo, yhi);
         window_span(xx, kw, sw, pw, OW, xlo, xhi);

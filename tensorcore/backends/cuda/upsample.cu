@@ -25,8 +25,10 @@ __global__ void nearest_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, l
     bool dbl = sizeof(T) == 8;
     long long total = planes * OH * OW;
     long long stride = (long long)gridDim.x * blockDim.x;
+    const bool narrow = total < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long ox = i % OW, r = i / OW, oy = r % OH, p = r / OH;
+        long long p = i;
+        const long long ox = divmod_index(p, OW, narrow), oy = divmod_index(p, OH, narrow);
         long long iy = nearest_src(oy, H, OH, dbl), ix = nearest_src(ox, W, OW, dbl);
         y[i] = x[(p * H + iy) * W + ix];
     }
@@ -39,8 +41,10 @@ __global__ void nearest_bwd_kernel(const T* __restrict__ g, T* __restrict__ dx, 
     bool dbl = sizeof(T) == 8;
     long long total = planes * H * W;
     long long stride = (long long)gridDim.x * blockDim.x;
+    const bool narrow = total < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long ix = i % W, r = i / W, iy = r % H, p = r / H;
+        long long p = i;
+        const long long ix = divmod_index(p, W, narrow), iy = divmod_index(p, H, narrow);
         long long y0 = ceil_div(iy * OH, H) - 1, y1 = ceil_div((iy + 1) * OH, H) + 1;
         long long x0 = ceil_div(ix * OW, W) - 1, x1 = ceil_div((ix + 1) * OW, W) + 1;
         if (y0 < 0) y0 = 0;
@@ -86,8 +90,10 @@ __global__ void bilinear_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, 
     typedef acc_t<T> A;
     long long total = planes * OH * OW;
     long long stride = (long long)gridDim.x * blockDim.x;
+    const bool narrow = total < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long ox = i % OW, r = i / OW, oy = r % OH, p = r / OH;
+        long long p = i;
+        const long long ox = divmod_index(p, OW, narrow), oy = divmod_index(p, OH, narrow);
         Taps ty = bilinear_taps(oy, H, OH, align), tx = bilinear_taps(ox, W, OW, align);
         const T* xp = x + p * H * W;
         A ly = (A)ty.l1, lx = (A)tx.l1;
@@ -105,8 +111,10 @@ __global__ void bilinear_bwd_kernel(const T* __restrict__ g, T* __restrict__ dx,
     typedef acc_t<T> A;
     long long total = planes * OH * OW;
     long long stride = (long long)gridDim.x * blockDim.x;
+    const bool narrow = total < (1LL << 31);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long ox = i % OW, r = i / OW, oy = r % OH, p = r / OH;
+        long long p = i;
+        const long long ox = divmod_index(p, OW, narrow), oy = divmod_index(p, OH, narrow);
         Taps ty = bilinear_taps(oy, H, OH, align), tx = bilinear_taps(ox, W, OW, align);
         T* dp = dx + p * H * W;
         A gv = load_acc(g[i]), ly = (A)ty.l1, lx = (A)tx.l1;
