@@ -350,7 +350,7 @@ def as_tensor_like(value: Any, like: Any, op: str) -> Tensor:
         array = backend.array(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{op}: cannot use a {type(value).__name__} as a tensor") from exc
-    if array.dtype.kind not in "biuf" and array.dtype != dtypes.bfloat16:  # e.g. strings: no arithmetic is defined on them
+    if array.dtype.kind not in "biu" and not dtypes.is_floating(array.dtype):  # e.g. strings: no arithmetic on them
         raise TypeError(f"{op}: cannot use a {type(value).__name__} of dtype {array.dtype} as a tensor")
     return Tensor._wrap(array, device)
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy
 
-from ..dtypes import bfloat16
+from ..dtypes import bfloat16, is_floating
 
 FLOAT32 = numpy.dtype(numpy.float32)
 
@@ -72,7 +72,7 @@ def _narrowed(result: Any) -> Any:
 def _promoted(values: tuple, skip: tuple[int, ...]) -> Any:
     """NumPy's promotion of the floating array arguments, leaving out positions ``skip``."""
     floats = [a.dtype for i, a in enumerate(values) if i not in skip and type(a) in ARRAY_TYPES
-              and (a.dtype.kind == "f" or a.dtype == bfloat16)]
+              and is_floating(a.dtype)]
     return numpy.result_type(*floats)
 
 
