@@ -15,8 +15,8 @@ from typing import Any
 
 import cupy
 
-from .cuda_loader import kernel, launch, sm_count
-from .cupy_util import acc_dtype, aligned, has_kernels, pack_width, ptr
+from .loader import kernel, launch, sm_count
+from .util import acc_dtype, aligned, has_kernels, pack_width, ptr
 
 OPTIM = "optim.cu"
 RANGE_THREADS = 256

@@ -1,8 +1,8 @@
 """The NumPy backend: the complete, readable reference for every kernel.
 
 Primitives live here and are written against ``self.xp`` so the CuPy backend inherits
-them by swapping the array module; the fused ops live in ``numpy_nn`` and the optimizer
-updates in ``numpy_optim``.
+them by swapping the array module; the fused ops live in ``nn`` and the optimizer
+updates in ``optim``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 import numpy
 
-from .bfloat16 import computes_bfloat16_in_float32
-from .numpy_nn import NumpyNNKernels
-from .numpy_optim import NumpyOptimKernels
+from ..bfloat16 import computes_bfloat16_in_float32
+from .nn import NumpyNNKernels
+from .optim import NumpyOptimKernels
 from .special import erf
 
 _UNARY = {

@@ -149,7 +149,7 @@ template <typename A> __device__ __forceinline__ A nan_min(A a, A b) {
 }
 
 // ----- activations ------------------------------------------------------------------
-// Codes shared with the Python side (cupy_backend.ACTIVATIONS).
+// Codes shared with the Python side (cupy.elementwise.ACT_CODES).
 enum Act { ACT_NONE = 0, ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU, ACT_SIGMOID, ACT_TANH };
 
 template <typename A> __device__ __forceinline__ A sigmoid_of(A x) {

@@ -2,7 +2,7 @@
 
 Scalar coefficients (bias corrections, decays) are computed once per call in float64
 from the 1-element ``lr`` / ``step`` arrays and cast to the parameters' dtype, the
-same arithmetic as the reference in ``numpy_optim``.  ``None`` state buffers select a
+same arithmetic as the reference in ``numpy.optim``.  ``None`` state buffers select a
 specialisation in which that branch does not exist.
 """
 

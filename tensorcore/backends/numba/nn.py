@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .numba_kernels import fast_path
-from .numpy_act import check_activation
+from .kernels import fast_path
+from ..numpy.act import check_activation
 
 Array = Any
 
@@ -31,7 +31,7 @@ class NumbaNNKernels:
     # ----- activations -------------------------------------------------------------
     def unary(self, op: str, a: Array) -> Array:
         if op in _FUSED_UNARY and fast_path(a):
-            from .numba_kernels import activations as K
+            from .kernels import activations as K
 
             flat = np.ascontiguousarray(a).reshape(-1)
             return K.act_forward_flat(flat, K.ACT_CODES[op]).reshape(a.shape)
@@ -41,7 +41,7 @@ class NumbaNNKernels:
         check_activation("activation_grad", act)
         if not fast_path(x, grad) or x.shape != grad.shape:
             return super().activation_grad(act, x, grad)
-        from .numba_kernels import activations as K
+        from .kernels import activations as K
 
         flat_x = np.ascontiguousarray(x).reshape(-1)
         flat_g = np.ascontiguousarray(grad).reshape(-1)
@@ -58,7 +58,7 @@ class NumbaNNKernels:
         check_activation("bias_act", act)
         if bias is None or not fast_path(x, bias):
             return super().bias_act(x, bias, act, axis)
-        from .numba_kernels import activations as K
+        from .kernels import activations as K
 
         outer, channels, inner = self._bias_layout("bias_act", x, bias, axis)
         xc, code = np.ascontiguousarray(x), K.ACT_CODES[act]
@@ -71,8 +71,8 @@ class NumbaNNKernels:
         check_activation("bias_act_backward", act)
         if bias is None or not fast_path(grad, x, bias) or grad.shape != x.shape:
             return super().bias_act_backward(grad, x, bias, act, axis)
-        from .numba_kernels import activations as K
-        from .numba_kernels.jit import thread_count
+        from .kernels import activations as K
+        from .kernels.jit import thread_count
 
         outer, channels, inner = self._bias_layout("bias_act_backward", x, bias, axis)
         xc, gc, code = np.ascontiguousarray(x), np.ascontiguousarray(grad), K.ACT_CODES[act]
@@ -89,14 +89,14 @@ class NumbaNNKernels:
     def softmax(self, x: Array) -> Array:
         if not fast_path(x) or x.ndim == 0 or x.size == 0:
             return super().softmax(x)
-        from .numba_kernels import softmax as K
+        from .kernels import softmax as K
 
         return K.softmax_rows(_rows(x, x.shape[-1])).reshape(x.shape)
 
     def softmax_backward(self, grad: Array, y: Array) -> Array:
         if not fast_path(grad, y) or grad.shape != y.shape or y.ndim == 0 or y.size == 0:
             return super().softmax_backward(grad, y)
-        from .numba_kernels import softmax as K
+        from .kernels import softmax as K
 
         width = y.shape[-1]
         return K.softmax_rows_backward(_rows(grad, width), _rows(y, width)).reshape(y.shape)
@@ -104,14 +104,14 @@ class NumbaNNKernels:
     def log_softmax(self, x: Array) -> Array:
         if not fast_path(x) or x.ndim == 0 or x.size == 0:
             return super().log_softmax(x)
-        from .numba_kernels import softmax as K
+        from .kernels import softmax as K
 
         return K.log_softmax_rows(_rows(x, x.shape[-1])).reshape(x.shape)
 
     def log_softmax_backward(self, grad: Array, y: Array) -> Array:
         if not fast_path(grad, y) or grad.shape != y.shape or y.ndim == 0 or y.size == 0:
             return super().log_softmax_backward(grad, y)
-        from .numba_kernels import softmax as K
+        from .kernels import softmax as K
 
         width = y.shape[-1]
         return K.log_softmax_rows_backward(_rows(grad, width), _rows(y, width)).reshape(y.shape)
@@ -128,7 +128,7 @@ class NumbaNNKernels:
                       label_smoothing: float) -> tuple[Array, Array]:
         if not fast_path(logits) or logits.ndim != 2 or logits.shape[0] == 0:
             return super().cross_entropy(logits, target, ignore_index, label_smoothing)
-        from .numba_kernels import softmax as K
+        from .kernels import softmax as K
 
         target = self._checked_targets("cross_entropy", logits.shape, target, ignore_index)
         return K.cross_entropy_rows(np.ascontiguousarray(logits), target, ignore_index,
@@ -140,7 +140,7 @@ class NumbaNNKernels:
                 or grad_rows.shape != logp.shape[:1]):
             return super().cross_entropy_backward(grad_rows, logp, target, ignore_index,
                                                   label_smoothing)
-        from .numba_kernels import softmax as K
+        from .kernels import softmax as K
 
         target = self._checked_targets("cross_entropy_backward", logp.shape, target, ignore_index)
         return K.cross_entropy_rows_backward(np.ascontiguousarray(grad_rows),
@@ -160,7 +160,7 @@ class NumbaNNKernels:
                    n_norm: int, eps: float) -> tuple[Array, Array, Array]:
         if not fast_path(x, weight, bias) or x.size == 0:
             return super().layer_norm(x, weight, bias, n_norm, eps)
-        from .numba_kernels import norms as K
+        from .kernels import norms as K
 
         _, feats = self._layer_rows("layer_norm", x, n_norm)
         for name, p in (("weight", weight), ("bias", bias)):
@@ -174,8 +174,8 @@ class NumbaNNKernels:
                             ) -> tuple[Array, Array | None, Array | None]:
         if not fast_path(grad, x, weight, mean, rstd) or x.size == 0 or grad.shape != x.shape:
             return super().layer_norm_backward(grad, x, weight, mean, rstd, n_norm)
-        from .numba_kernels import norms as K
-        from .numba_kernels.jit import thread_count
+        from .kernels import norms as K
+        from .kernels.jit import thread_count
 
         rows, feats = self._layer_rows("layer_norm_backward", x, n_norm)
         w, _ = self._affine_params(weight, None, feats, x.dtype)
@@ -198,7 +198,7 @@ class NumbaNNKernels:
         check_activation("group_norm", act)
         if not fast_path(x, weight, bias) or x.size == 0:
             return super().group_norm(x, weight, bias, groups, eps, act)
-        from .numba_kernels import activations, norms as K
+        from .kernels import activations, norms as K
 
         blocks = self._group_blocks("group_norm", x, groups)
         for name, p in (("weight", weight), ("bias", bias)):
@@ -215,7 +215,7 @@ class NumbaNNKernels:
         if (not fast_path(grad, x, weight, bias, mean, rstd) or x.size == 0
                 or grad.shape != x.shape):
             return super().group_norm_backward(grad, x, weight, bias, mean, rstd, groups, act)
-        from .numba_kernels import activations, norms as K
+        from .kernels import activations, norms as K
 
         blocks = self._group_blocks("group_norm_backward", x, groups)
         w, b = self._affine_params(weight, bias, x.shape[1], x.dtype)
@@ -234,7 +234,7 @@ class NumbaNNKernels:
         if not usable or (not training and (running_mean is None or running_var is None)):
             return super().batch_norm(x, weight, bias, running_mean, running_var, training,
                                       momentum, eps)
-        from .numba_kernels import norms as K
+        from .kernels import norms as K
 
         channels = x.shape[1]
         for name, p in (("weight", weight), ("bias", bias), ("running_mean", running_mean),
@@ -257,7 +257,7 @@ class NumbaNNKernels:
     def _batch_moments(planes: Array) -> tuple[Array, Array]:
         """Per-channel (mean, biased variance) in float64 of planes [N, C, S]: plane
         moments merged over N with the equal-count form of Chan's update."""
-        from .numba_kernels import norms as K
+        from .kernels import norms as K
 
         plane_mean, plane_m2 = K.plane_moments(planes)
         n, size = planes.shape[0], planes.shape[2]
@@ -270,7 +270,7 @@ class NumbaNNKernels:
                             ) -> tuple[Array, Array | None, Array | None]:
         if not fast_path(grad, x, weight, mean, rstd) or x.ndim < 2 or grad.shape != x.shape:
             return super().batch_norm_backward(grad, x, weight, mean, rstd, training)
-        from .numba_kernels import norms as K
+        from .kernels import norms as K
 
         channels = x.shape[1]
         planes = np.ascontiguousarray(x).reshape(x.shape[0], channels, -1)
@@ -295,7 +295,7 @@ class NumbaNNKernels:
     def embedding_backward(self, grad: Array, indices: Array, num_embeddings: int) -> Array:
         if not fast_path(grad) or grad.ndim == 0 or indices.size == 0:
             return super().embedding_backward(grad, indices, num_embeddings)
-        from .numba_kernels import embedding as K
+        from .kernels import embedding as K
 
         if tuple(grad.shape[:-1]) != tuple(indices.shape):
             raise ValueError(f"embedding_backward: grad of shape {grad.shape} does not "

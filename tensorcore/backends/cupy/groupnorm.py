@@ -23,10 +23,10 @@ from typing import Any
 import cupy
 import numpy
 
-from . import cuda_loader
-from .cuda_loader import kernel
-from .cupy_elementwise import ACT_CODES
-from .cupy_util import acc_dtype, aligned, contiguous, empty_as, pack_width, ptr
+from . import loader
+from .loader import kernel
+from .elementwise import ACT_CODES
+from .util import acc_dtype, aligned, contiguous, empty_as, pack_width, ptr
 
 GN_CLUSTER, GN_RESIDENT = "groupnorm_cluster.cu", "groupnorm_resident.cu"
 # blocks per statistic, packs per thread, and threads resident per SM under the kernel's
@@ -43,7 +43,7 @@ PACK_BYTES = 16
 def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str):
     """(y, mean, rstd) of GroupNorm in one read of x, or None where no one-pass kernel
     applies.  x, weight and bias are checked by the caller."""
-    if cuda_loader.compute_capability() < 90:
+    if loader.compute_capability() < 90:
         return None
     x = contiguous(x)
     weight = None if weight is None else contiguous(weight)
@@ -74,7 +74,7 @@ def _cluster_suits(stats: int, stat_packs: int) -> bool:
     if threads is None:
         return False
     full = 4 * share >= 3 * threads * GN_PACKS
-    one_wave = stats * CLUSTER <= cuda_loader.sm_count() * (CLUSTER_THREADS_PER_SM // threads)
+    one_wave = stats * CLUSTER <= loader.sm_count() * (CLUSTER_THREADS_PER_SM // threads)
     return full or one_wave
 
 
@@ -95,7 +95,7 @@ def _resident(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: st
     packs = x.size // pack_width(x.dtype)
     stat_packs = stat_len // pack_width(x.dtype)
     per_block = RES_THREADS * (RES_REG_PACKS + _resident_shared_packs())
-    sms = cuda_loader.sm_count()
+    sms = loader.sm_count()
     # enough blocks for the packs (registers first) and for at most RES_STATS
     # statistics per block, no more than one per SM
     grid = max(-(-packs // (RES_THREADS * RES_REG_PACKS)),
@@ -119,14 +119,14 @@ def _resident(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: st
 
 def _resident_shared_packs() -> int:
     """Packs per thread the resident kernel can keep in dynamic shared memory."""
-    fits = (cuda_loader.shared_memory_optin() - RES_STATIC_SHARED) // (RES_THREADS * PACK_BYTES)
+    fits = (loader.shared_memory_optin() - RES_STATIC_SHARED) // (RES_THREADS * PACK_BYTES)
     return min(RES_SHARED_PACKS, fits)
 
 
 @functools.lru_cache(maxsize=None)
 def _resident_kernel(dtype: Any, device: int) -> Any:
     """The resident kernel for ``dtype``, allowed all the shared memory it may use."""
-    raw = cuda_loader.raw_kernel(GN_RESIDENT, "group_norm_resident_kernel", dtype)
+    raw = loader.raw_kernel(GN_RESIDENT, "group_norm_resident_kernel", dtype)
     raw.max_dynamic_shared_size_bytes = (_resident_shared_packs() * RES_THREADS * PACK_BYTES)
     return raw.kernel
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .numpy_act import NumpyActivationKernels
+from .act import NumpyActivationKernels
 
 Array = Any
 

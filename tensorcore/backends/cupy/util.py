@@ -8,7 +8,7 @@ from typing import Any
 import cupy
 import numpy
 
-from . import cuda_loader
+from . import loader
 
 NULL = numpy.uint64(0)  # a null pointer argument for optional kernel inputs
 INT32_LIMIT = 2**31 - 1
@@ -16,7 +16,7 @@ INT32_LIMIT = 2**31 - 1
 
 # dtype objects (not names: ``dtype.name`` builds a string on every call) the templated
 # kernels are instantiated for; bfloat16 is there only where NumPy knows it (ml_dtypes)
-_KERNEL_DTYPES = frozenset(numpy.dtype(name) for name in cuda_loader.C_TYPES
+_KERNEL_DTYPES = frozenset(numpy.dtype(name) for name in loader.C_TYPES
                            if name in numpy.sctypeDict)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import ACTIVATIONS
+from ..base import ACTIVATIONS
 from .special import erf
 
 Array = Any

@@ -15,8 +15,8 @@ import cupy
 import numpy
 
 from . import cublas
-from .cuda_loader import kernel, launch
-from .cupy_util import INT32_LIMIT, contiguous, empty_as, has_kernels, ptr, row_launch
+from .loader import kernel, launch
+from .util import INT32_LIMIT, contiguous, empty_as, has_kernels, ptr, row_launch
 
 CONV = "im2col.cu"
 SOFTMAX = "softmax.cu"
@@ -24,7 +24,7 @@ SOFTMAX = "softmax.cu"
 
 def allow_tf32() -> bool:
     """Whether float32 GEMMs may use TF32 (matmul precision "high")."""
-    from .. import settings
+    from ... import settings
 
     return getattr(settings, "get_matmul_precision", lambda: "highest")() == "high"
 

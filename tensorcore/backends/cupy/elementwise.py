@@ -10,10 +10,10 @@ from typing import Any
 import cupy
 import numpy
 
-from . import cuda_loader
-from .cuda_loader import grid_for, kernel, launch
-from .numpy_act import ACTIVATIONS, check_activation
-from .cupy_util import (acc_dtype, aligned, contiguous, empty_as, has_kernels, pack_width,
+from . import loader
+from .loader import grid_for, kernel, launch
+from ..numpy.act import ACTIVATIONS, check_activation
+from .util import (acc_dtype, aligned, contiguous, empty_as, has_kernels, pack_width,
                         ptr, row_launch)
 
 EW = "elementwise.cu"
@@ -220,7 +220,7 @@ class CupyElementwiseKernels:
 
     def _reduce_cols(self, a, rows: int, cols: int, code: int):
         col_blocks = -(-cols // 32)
-        chunks = max(1, min(-(-rows // 8), -(-4 * cuda_loader.sm_count() // col_blocks)))
+        chunks = max(1, min(-(-rows // 8), -(-4 * loader.sm_count() // col_blocks)))
         per_chunk = -(-rows // chunks)
         acc = acc_dtype(a.dtype)
         partial = cupy.empty((chunks, cols), dtype=acc)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .numpy_act import NumpyActivationKernels
-from .numpy_conv import NumpyConvKernels
-from .numpy_norm import NumpyNormKernels
-from .numpy_pool import NumpyPoolKernels
-from .numpy_softmax import NumpySoftmaxKernels
-from .numpy_upsample import NumpyUpsampleKernels
+from .act import NumpyActivationKernels
+from .conv import NumpyConvKernels
+from .norm import NumpyNormKernels
+from .pool import NumpyPoolKernels
+from .softmax import NumpySoftmaxKernels
+from .upsample import NumpyUpsampleKernels
 from .scatter import scatter_add
 
 Array = Any

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import cupy
 
-from .cupy_elementwise import CupyElementwiseKernels
-from .cupy_linalg import CupyLinalgKernels
-from .cupy_nn import CupyNNKernels
-from .cupy_optim import CupyOptimKernels
-from .cupy_random import CupyRandomKernels
-from .bfloat16 import ARRAY_TYPES
-from .numpy_backend import NumpyBackend
+from .elementwise import CupyElementwiseKernels
+from .linalg import CupyLinalgKernels
+from .nn import CupyNNKernels
+from .optim import CupyOptimKernels
+from .random import CupyRandomKernels
+from ..bfloat16 import ARRAY_TYPES
+from ..numpy.backend import NumpyBackend
 
 ARRAY_TYPES.add(cupy.ndarray)  # the reference fallbacks widen CuPy bfloat16 arrays too
 

@@ -3,7 +3,7 @@
 Convolution is parallel im2col / col2im plus one BLAS GEMM per group (NumPy's
 ``matmul`` on the column matrix); large 3x3 stride-1 convolutions run all three
 passes through Winograd F(4x4, 3x3) tile transforms and 36 batched GEMMs instead
-(``numba_kernels/winograd.py``).  Shapes are validated by the reference's checks
+(``kernels/winograd.py``).  Shapes are validated by the reference's checks
 before any kernel runs; other dtypes defer to the NumPy reference.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .numba_kernels import fast_path
-from .numpy_pool import _pool_geometry
-from .numpy_upsample import _check_image
+from .kernels import fast_path
+from ..numpy.pool import _pool_geometry
+from ..numpy.upsample import _check_image
 
 Array = Any
 Pair = tuple[int, int]
@@ -75,7 +75,7 @@ def _small_same_plane(x_shape: Shape, stride: Pair, out_hw: Pair) -> bool:
 
 def _tile_grid(out_hw: Pair) -> Pair:
     """Winograd output tiles per plane, (rows, columns)."""
-    from .numba_kernels.winograd import TILE
+    from .kernels.winograd import TILE
 
     return -(-out_hw[0] // TILE), -(-out_hw[1] // TILE)
 
@@ -95,7 +95,7 @@ def _winograd_fits(w_shape: Shape, stride: Pair, dilation: Pair, groups: int, n:
 
 def _winograd_input(x: Array, padding: Pair, out_hw: Pair) -> tuple[Array, Pair]:
     """V [36, C, tiles] of x (in this thread's scratch slot 1) and the tile grid."""
-    from .numba_kernels import winograd as K
+    from .kernels import winograd as K
 
     n, c = x.shape[:2]
     tiles = _tile_grid(out_hw)
@@ -107,7 +107,7 @@ def _winograd_input(x: Array, padding: Pair, out_hw: Pair) -> tuple[Array, Pair]
 def _winograd_conv(x: Array, w: Array, padding: Pair, out_hw: Pair) -> Array:
     """Stride-1 3x3 convolution of x [N, C, H, W] with w [Cout, C, 3, 3] by Winograd
     F(4x4, 3x3): transform, 36 batched GEMMs, inverse transform."""
-    from .numba_kernels import winograd as K
+    from .kernels import winograd as K
 
     v, tiles = _winograd_input(x, padding, out_hw)
     u = K.weight_tiles(np.ascontiguousarray(w))
@@ -119,7 +119,7 @@ def _winograd_conv(x: Array, w: Array, padding: Pair, out_hw: Pair) -> Array:
 def _winograd_weight_grad(grad: Array, x: Array, padding: Pair) -> Array:
     """dL/dw [Cout, C, 3, 3] of a Winograd-shaped convolution: G^T (dM @ V^T) G with
     dM = A dY A^T per tile."""
-    from .numba_kernels import winograd as K
+    from .kernels import winograd as K
 
     v, tiles = _winograd_input(x, padding, grad.shape[2:])
     cout = grad.shape[1]
@@ -136,7 +136,7 @@ class NumbaSpatialKernels:
                  dilation: Pair, groups: int) -> Array:
         """x [N, C, H, W] -> column matrix [groups, C/groups * kh * kw, N * Ho * Wo],
         in this thread's scratch buffer (valid until the next call)."""
-        from .numba_kernels import conv as K
+        from .kernels import conv as K
 
         n, c = x.shape[:2]
         shape = (c, kernel[0], kernel[1], n, out_hw[0] * out_hw[1])
@@ -151,7 +151,7 @@ class NumbaSpatialKernels:
     @staticmethod
     def _grad_columns(grad: Array, groups: int) -> Array:
         """grad [N, Cout, Ho, Wo] -> [groups, Cout/groups, N * Ho * Wo]."""
-        from .numba_kernels import conv as K
+        from .kernels import conv as K
 
         n, cout, ho, wo = grad.shape
         return K.swap_leading_axes(np.ascontiguousarray(grad)).reshape(groups, cout // groups,
@@ -161,7 +161,7 @@ class NumbaSpatialKernels:
                dilation: Pair, groups: int) -> Array:
         if not fast_path(x, w):
             return super().conv2d(x, w, stride, padding, dilation, groups)
-        from .numba_kernels import conv as K
+        from .kernels import conv as K
 
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
         if _winograd_fits(w.shape, stride, dilation, groups, x.shape[0], (ho, wo)):
@@ -180,7 +180,7 @@ class NumbaSpatialKernels:
                           padding: Pair, dilation: Pair, groups: int) -> Array:
         if not fast_path(grad, w):
             return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
-        from .numba_kernels import conv as K
+        from .kernels import conv as K
 
         ho, wo = self._conv_geometry("conv2d_grad_input", x_shape, w.shape, stride, padding,
                                      dilation, groups)
@@ -213,7 +213,7 @@ class NumbaSpatialKernels:
         cols = self._columns(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding, dilation,
                              groups)
         if cols.shape[1] <= _SMALL_K:
-            from .numba_kernels import conv as K
+            from .kernels import conv as K
 
             n, cout = grad.shape[:2]
             dw = K.small_k_weight_grad(np.ascontiguousarray(grad).reshape(n, cout, -1),
@@ -229,7 +229,7 @@ class NumbaSpatialKernels:
                    padding: Pair) -> tuple[Array, Array]:
         if not fast_path(x):
             return super().max_pool2d(x, kernel, stride, padding)
-        from .numba_kernels import pooling as K
+        from .kernels import pooling as K
 
         ho, wo = _pool_geometry("max_pool2d", x.shape, kernel, stride, padding)
         return K.max_pool(np.ascontiguousarray(x), *kernel, *stride, *padding, ho, wo)
@@ -237,7 +237,7 @@ class NumbaSpatialKernels:
     def max_pool2d_backward(self, grad: Array, argmax: Array, x_shape: Shape) -> Array:
         if not fast_path(grad) or argmax.shape != grad.shape or grad.size == 0:
             return super().max_pool2d_backward(grad, argmax, x_shape)
-        from .numba_kernels import pooling as K
+        from .kernels import pooling as K
 
         dx, ok = K.max_pool_backward(np.ascontiguousarray(grad),
                                      np.ascontiguousarray(argmax, dtype=np.int64),
@@ -250,7 +250,7 @@ class NumbaSpatialKernels:
     def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
         if not fast_path(x):
             return super().avg_pool2d(x, kernel, stride, padding)
-        from .numba_kernels import pooling as K
+        from .kernels import pooling as K
 
         ho, wo = _pool_geometry("avg_pool2d", x.shape, kernel, stride, padding)
         return K.avg_pool(np.ascontiguousarray(x), *kernel, *stride, *padding, ho, wo)
@@ -259,7 +259,7 @@ class NumbaSpatialKernels:
                             stride: Pair, padding: Pair) -> Array:
         if not fast_path(grad):
             return super().avg_pool2d_backward(grad, x_shape, kernel, stride, padding)
-        from .numba_kernels import pooling as K
+        from .kernels import pooling as K
 
         ho, wo = _pool_geometry("avg_pool2d_backward", x_shape, kernel, stride, padding)
         if tuple(grad.shape) != tuple(x_shape[:2]) + (ho, wo):
@@ -272,7 +272,7 @@ class NumbaSpatialKernels:
     def upsample_nearest2d(self, x: Array, out_hw: Pair) -> Array:
         if not fast_path(x):
             return super().upsample_nearest2d(x, out_hw)
-        from .numba_kernels import pooling as K
+        from .kernels import pooling as K
 
         _check_image("upsample_nearest2d", x.shape, out_hw)
         rows = self._nearest_source(x.shape[2], out_hw[0])
@@ -282,7 +282,7 @@ class NumbaSpatialKernels:
     def upsample_nearest2d_backward(self, grad: Array, x_shape: Shape) -> Array:
         if not fast_path(grad) or grad.ndim != 4:
             return super().upsample_nearest2d_backward(grad, x_shape)
-        from .numba_kernels import pooling as K
+        from .kernels import pooling as K
 
         _check_image("upsample_nearest2d_backward", x_shape)
         rows = self._nearest_source(x_shape[2], grad.shape[2])
@@ -292,7 +292,7 @@ class NumbaSpatialKernels:
     def upsample_bilinear2d(self, x: Array, out_hw: Pair, align_corners: bool) -> Array:
         if not fast_path(x):
             return super().upsample_bilinear2d(x, out_hw, align_corners)
-        from .numba_kernels import pooling as K
+        from .kernels import pooling as K
 
         _check_image("upsample_bilinear2d", x.shape, out_hw)
         taps_h = _bilinear_taps(x.shape[2], out_hw[0], align_corners, x.dtype)
@@ -303,7 +303,7 @@ class NumbaSpatialKernels:
                                      align_corners: bool) -> Array:
         if not fast_path(grad) or grad.ndim != 4:
             return super().upsample_bilinear2d_backward(grad, x_shape, align_corners)
-        from .numba_kernels import pooling as K
+        from .kernels import pooling as K
 
         _check_image("upsample_bilinear2d_backward", x_shape)
         taps_h = _bilinear_taps(x_shape[2], grad.shape[2], align_corners, grad.dtype)

@@ -12,7 +12,7 @@ from typing import Any
 import cupy
 import numpy
 
-from .cuda_loader import grid_for, kernel, supports
+from .loader import grid_for, kernel, supports
 
 RNG = "rng.cu"
 _UNIFORM, _NORMAL = 0, 1

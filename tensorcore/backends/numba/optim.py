@@ -1,5 +1,5 @@
 """Numba versions of the optimizer updates: one fused parallel pass per call over
-the flat parameter / gradient / state buffers (see ``numpy_optim`` for the maths and
+the flat parameter / gradient / state buffers (see ``numpy.optim`` for the maths and
 the meaning of every argument)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .numba_kernels import fast_path
+from .kernels import fast_path
 
 Array = Any
 
@@ -40,7 +40,7 @@ class NumbaOptimKernels:
         if not _flat(p, g, buf):
             return super().sgd_update_(p, g, buf, lr, momentum, dampening, nesterov,
                                        weight_decay, first_step)
-        from .numba_kernels import optim as K
+        from .kernels import optim as K
 
         K.sgd(p, g, buf if momentum != 0 else None, lr, float(momentum), float(dampening),
               bool(nesterov), float(weight_decay), first_step)
@@ -51,7 +51,7 @@ class NumbaOptimKernels:
         if not _flat(p, g, m, v, vmax):
             return super().adam_update_(p, g, m, v, vmax, lr, step, beta1, beta2, eps,
                                         weight_decay, decoupled)
-        from .numba_kernels import optim as K
+        from .kernels import optim as K
 
         K.adam(p, g, m, v, vmax, lr, step, float(beta1), float(beta2), float(eps),
                float(weight_decay), bool(decoupled))
@@ -62,7 +62,7 @@ class NumbaOptimKernels:
         if not _flat(p, g, square_avg, grad_avg, buf):
             return super().rmsprop_update_(p, g, square_avg, grad_avg, buf, lr, alpha, eps,
                                            weight_decay, momentum, centered)
-        from .numba_kernels import optim as K
+        from .kernels import optim as K
 
         K.rmsprop(p, g, square_avg, grad_avg if centered else None,
                   buf if momentum > 0 else None, lr, float(alpha), float(eps),
@@ -72,7 +72,7 @@ class NumbaOptimKernels:
                         lr_decay: float, weight_decay: float, eps: float) -> None:
         if not _flat(p, g, state_sum):
             return super().adagrad_update_(p, g, state_sum, lr, step, lr_decay, weight_decay, eps)
-        from .numba_kernels import optim as K
+        from .kernels import optim as K
 
         K.adagrad(p, g, state_sum, lr, step, float(lr_decay), float(weight_decay), float(eps))
 
@@ -81,7 +81,7 @@ class NumbaOptimKernels:
         if not _flat(p, g, m, v):
             return super().lamb_update_(p, g, m, v, ranges, lr, step, beta1, beta2, eps,
                                         weight_decay)
-        from .numba_kernels import optim as K
+        from .kernels import optim as K
 
         K.lamb(p, g, m, v, _checked_ranges("lamb_update_", ranges, p.size), lr, step,
                float(beta1), float(beta2), float(eps), float(weight_decay))
@@ -92,7 +92,7 @@ class NumbaOptimKernels:
         if not _flat(p, g, buf):
             return super().lars_update_(p, g, buf, ranges, lr, momentum, weight_decay,
                                         trust_coefficient, eps)
-        from .numba_kernels import optim as K
+        from .kernels import optim as K
 
         K.lars(p, g, buf, _checked_ranges("lars_update_", ranges, p.size), lr, float(momentum),
                float(weight_decay), float(trust_coefficient), float(eps))
@@ -101,6 +101,6 @@ class NumbaOptimKernels:
                      weight_decay: float) -> None:
         if not _flat(p, g, m):
             return super().lion_update_(p, g, m, lr, beta1, beta2, weight_decay)
-        from .numba_kernels import optim as K
+        from .kernels import optim as K
 
         K.lion(p, g, m, lr, float(beta1), float(beta2), float(weight_decay))

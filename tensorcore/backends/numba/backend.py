@@ -2,7 +2,7 @@
 
 Overrides activations, bias + activation, the softmax family and cross-entropy,
 layer/group/batch norm, convolution, pooling, upsampling, embedding backward and the
-optimizer updates with parallel ``@njit`` kernels (``numba_kernels/``); everything
+optimizer updates with parallel ``@njit`` kernels (``kernels/``); everything
 else, and every call in a dtype the kernels do not cover (only float32 and float64
 are), runs the NumPy reference.
 
@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy
 
-from .bfloat16 import computes_bfloat16_in_float32
-from .numba_nn import NumbaNNKernels
-from .numba_optim import NumbaOptimKernels
-from .numba_spatial import NumbaSpatialKernels
-from .numpy_backend import NumpyBackend
+from ..bfloat16 import computes_bfloat16_in_float32
+from .nn import NumbaNNKernels
+from .optim import NumbaOptimKernels
+from .spatial import NumbaSpatialKernels
+from ..numpy.backend import NumpyBackend
 
 
 @computes_bfloat16_in_float32

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..dtypes import is_floating
+from ...dtypes import is_floating
 
 Array = Any
 

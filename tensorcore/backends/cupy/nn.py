@@ -11,15 +11,15 @@ from typing import Any
 import cupy
 import numpy
 
-from . import cuda_loader
-from .cuda_loader import kernel, launch
-from .cupy_elementwise import ACT_CODES
-from .cupy_groupnorm import one_pass_group_norm
-from .cupy_util import (acc_dtype, aligned, as_rows, contiguous, empty_as, has_kernels,
+from . import loader
+from .loader import kernel, launch
+from .elementwise import ACT_CODES
+from .groupnorm import one_pass_group_norm
+from .util import (acc_dtype, aligned, as_rows, contiguous, empty_as, has_kernels,
                         pack_width, ptr, row_launch, zeroed_counters)
-from .numpy_act import check_activation
-from .numpy_pool import _pool_geometry
-from .numpy_upsample import _check_image
+from ..numpy.act import check_activation
+from ..numpy.pool import _pool_geometry
+from ..numpy.upsample import _check_image
 
 SOFTMAX, LN, PLANE = "softmax.cu", "layernorm.cu", "planenorm.cu"
 POOL, UPSAMPLE, EMBED = "pool.cu", "upsample.cu", "embedding.cu"
@@ -39,7 +39,7 @@ def _contiguous_or_none(a):
 def _plane_chunks(planes: int, size: int) -> int:
     """Chunks per plane so that planes * chunks fills the GPU with blocks of at least
     ~1024 elements."""
-    target = 8 * cuda_loader.sm_count()
+    target = 8 * loader.sm_count()
     return max(1, min(-(-target // planes), -(-size // 1024)))
 
 
@@ -149,7 +149,7 @@ class CupyNNKernels:
         kernel(LN, "layer_norm_bwd_kernel", x.dtype)(
             grid, block, (grad, x, ptr(weight), mean, rstd, dx, rows, cols, tpr))
         col_blocks = -(-cols // 32)
-        chunks = max(1, min(-(-rows // 64), -(-4 * cuda_loader.sm_count() // col_blocks)))
+        chunks = max(1, min(-(-rows // 64), -(-4 * loader.sm_count() // col_blocks)))
         per_chunk = -(-rows // chunks)
         dw_part = cupy.empty((chunks, cols), dtype=acc)
         db_part = empty_as(dw_part)

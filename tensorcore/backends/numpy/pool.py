@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dtypes import is_floating
-from .numpy_conv import conv_out_size, window_slice
+from ...dtypes import is_floating
+from .conv import conv_out_size, window_slice
 from .scatter import scatter_add
 
 Array = Any
