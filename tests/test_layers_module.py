@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+import safetensors.numpy as safetensors_numpy
 
 import layers
 import tensorcore as tc
@@ -220,7 +221,6 @@ def test_loading_another_models_file_names_the_keys(tmp_path) -> None:
 
 
 def test_safetensors_files_are_readable_by_the_reference_library(tmp_path) -> None:
-    safetensors_numpy = pytest.importorskip("safetensors.numpy")
     m = mlp()
     m.save(tmp_path / "m.safetensors")
     loaded = safetensors_numpy.load_file(str(tmp_path / "m.safetensors"))

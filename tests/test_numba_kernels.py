@@ -13,11 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-pytest.importorskip("numba")
-
-from tensorcore.backends.numba import spatial  # noqa: E402
-from tensorcore.backends.numba.backend import NumbaBackend  # noqa: E402
-from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
+from tensorcore.backends.numba import spatial
+from tensorcore.backends.numba.backend import NumbaBackend
+from tensorcore.backends.numpy.backend import NumpyBackend
 
 NB, NP = NumbaBackend(), NumpyBackend()
 DTYPES = [np.float32, np.float64]
