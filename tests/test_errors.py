@@ -203,4 +203,6 @@ def test_unavailable_cupy_backend_names_the_install_extra():
         pytest.skip("CuPy and a GPU are available here")
     result = _import_with("cupy")
     assert result.returncode != 0
-    assert "tensorcore[cuda12]" in result.stderr and "tensorcore[cuda13]" in result.stderr
+    # commands that install this project: from a checkout, or by its distribution name
+    assert 'pip install -e ".[cuda12]"' in result.stderr and 'pip install "tensorcore-engine[cuda12]"' in result.stderr
+    assert "pip install tensorcore[" not in result.stderr

@@ -22,7 +22,8 @@ _MODULES = {
 }
 _INSTALL_HINT = {
     "numba": "pip install numba",
-    "cupy": "pip install tensorcore[cuda12] or tensorcore[cuda13] (CuPy needs a working NVIDIA GPU)",
+    "cupy": ('pip install -e ".[cuda12]" (or ".[cuda13]") in a checkout, or pip install "tensorcore-engine[cuda12]" '
+             '(or "[cuda13]"); CuPy needs a working NVIDIA GPU'),
 }
 _instances: dict[str, Backend] = {}
 
@@ -37,7 +38,7 @@ def load(name: str) -> Backend:
             module = importlib.import_module(module_name)
             backend = getattr(module, class_name)()
         except ImportError as exc:
-            raise RuntimeError(f"backend {name!r} is unavailable ({exc}); install it with: {_INSTALL_HINT.get(name, 'pip install tensorcore')}") from exc
+            raise RuntimeError(f"backend {name!r} is unavailable ({exc}); install it with: {_INSTALL_HINT.get(name, 'pip install tensorcore-engine')}") from exc
         _instances[name] = backend
     return _instances[name]
 
