@@ -17,7 +17,8 @@ cp = pytest.importorskip("cupy")
 from tensorcore.backends.cupy import elementwise as ew, nn  # noqa: E402
 from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
 from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
-from gpu_check import ACTS, RNG, cancellation_atol, check, on_gpu, rand  # noqa: E402
+from gpu_check import ACTS, RNG, as_float32, check, on_gpu, rand  # noqa: E402
+from norm_bounds import layer_norm_atols  # noqa: E402
 
 GPU, REF = CupyBackend(), NumpyBackend()
 STORAGE_DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
@@ -186,9 +187,9 @@ def test_attention(causal, with_mask):
                                            ((1, 1), 1)])
 @pytest.mark.parametrize("affine", [True, False])
 def test_layer_norm(shape, n_norm, affine):
-    x, g = rand(*shape, scale=2.0) + 1.0, rand(*shape)
-    w = rand(*shape[-n_norm:]) if affine else None
-    b = rand(*shape[-n_norm:]) if affine else None
+    x, g = as_float32(rand(*shape, scale=2.0) + 1.0), as_float32(rand(*shape))
+    w = as_float32(rand(*shape[-n_norm:])) if affine else None
+    b = as_float32(rand(*shape[-n_norm:])) if affine else None
     opt = (lambda a: None if a is None else on_gpu(a))
     y, mean, rstd = GPU.layer_norm(on_gpu(x), opt(w), opt(b), n_norm, 1e-5)
     ry, rmean, rrstd = REF.layer_norm(x, w, b, n_norm, 1e-5)
@@ -197,8 +198,8 @@ def test_layer_norm(shape, n_norm, affine):
     check(rstd, rrstd)
     got = GPU.layer_norm_backward(on_gpu(g), on_gpu(x), opt(w), mean, rstd, n_norm)
     want = REF.layer_norm_backward(g, x, w, rmean, rrstd, n_norm)
-    atol = cancellation_atol(rrstd, g, w)
-    for a, b_ in zip(got, want):
+    atols = layer_norm_atols(x, g, w, rmean, rrstd, n_norm)  # float32 bounds, norm_bounds.py
+    for a, b_, atol in zip(got, want, atols):
         assert (a is None) == (b_ is None)
         if a is not None:
             check(a, b_, atol=atol)
