@@ -14,7 +14,7 @@ from . import loader
 from .loader import grid_for, kernel, launch
 from ..numpy.act import ACTIVATIONS, check_activation
 from .util import (acc_dtype, aligned, contiguous, empty_as, has_kernels, pack_width,
-                        ptr, row_launch)
+                   ptr, row_launch)
 
 EW = "elementwise.cu"
 RED = "reduce.cu"
@@ -87,6 +87,9 @@ class CupyElementwiseKernels:
         if a.size == 1 and b.shape == shape and b.flags.c_contiguous:
             launch(EW, "binary_kernel", a.dtype, n, (a, b, out, n, code, 0, 1))
             return out
+        if (self._binary_channel(code, a, b, out, False)
+                or self._binary_channel(code, b, a, out, True)):
+            return out
         ab, bb = cupy.broadcast_to(a, shape), cupy.broadcast_to(b, shape)
         item = a.dtype.itemsize
         dims, (sa, sb) = _collapse(shape, tuple(s // item for s in ab.strides),
@@ -98,6 +101,26 @@ class CupyElementwiseKernels:
         launch(EW, "binary_bcast_kernel", a.dtype, n,
                (a, b, out, code, dims[1], dims[2], dims[3], n, *sa, *sb))
         return out
+
+    def _binary_channel(self, code: int, x, v, out, v_first: bool) -> bool:
+        """out = op(x, v) (op(v, x) with ``v_first``) on binary_channel_kernel when x is
+        C-contiguous with out's shape and v broadcasts to one contiguous value per channel
+        of out viewed as [outer, C, inner]; False, writing nothing, otherwise."""
+        if x.shape != out.shape or x.strides != out.strides:
+            return False
+        item = v.dtype.itemsize
+        pad = out.ndim - v.ndim
+        strides = [0] * pad + [st // item if size != 1 else 0 for size, st in zip(v.shape, v.strides)]
+        dims, (sv,) = _collapse(out.shape, tuple(strides))
+        moving = [k for k, st in enumerate(sv) if st]
+        if len(moving) != 1 or sv[moving[0]] != 1:
+            return False
+        k = moving[0]
+        inner = math.prod(dims[k + 1:])
+        vec = inner % pack_width(x.dtype) == 0 and aligned(x)
+        launch(EW, "binary_channel_kernel", x.dtype, _packed_work(out.size, vec, x.dtype),
+               (x, v, out, out.size, dims[k], inner, code, int(v_first), int(vec)))
+        return True
 
     # ----- fused activations -------------------------------------------------------
     def _channel_view(self, op: str, x, vec_arrays: tuple, per_channel: Any, axis: int

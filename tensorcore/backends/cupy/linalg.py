@@ -131,11 +131,10 @@ class CupyLinalgKernels:
     def conv2d_grad_input(self, grad, w, x_shape, stride, padding, dilation, groups):
         if not self._conv_ok(x_shape, w.shape, grad, w):
             return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
-        ho, wo = self._conv_geometry("conv2d_grad_input", x_shape, w.shape, stride, padding,
-                                     dilation, groups)
+        ho, wo = self._conv_grad_geometry("conv2d_grad_input", grad, x_shape, w.shape, stride,
+                                          padding, dilation, groups)
         n, c, h, wd = x_shape
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-        self._check_grad("conv2d_grad_input", grad, n, cout, ho, wo)
         grad, w = contiguous(grad), contiguous(w)
         pointwise = self._is_pointwise(w.shape, stride, padding, dilation)
         dx = cupy.empty(tuple(x_shape), dtype=grad.dtype)
@@ -153,10 +152,9 @@ class CupyLinalgKernels:
     def conv2d_grad_weight(self, grad, x, w_shape, stride, padding, dilation, groups):
         if not self._conv_ok(x.shape, w_shape, grad, x):
             return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
-        ho, wo = self._conv_geometry("conv2d_grad_weight", x.shape, w_shape, stride, padding,
-                                     dilation, groups)
+        ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
+                                          padding, dilation, groups)
         n, cout = x.shape[0], w_shape[0]
-        self._check_grad("conv2d_grad_weight", grad, n, cout, ho, wo)
         grad, x = contiguous(grad), contiguous(x)
         col = self._im2col_gpu(x, w_shape, (ho, wo), stride, padding, dilation)
         big_k, ohw = col.shape[1:]

@@ -15,8 +15,8 @@ from . import loader
 from .loader import kernel, launch
 from .elementwise import ACT_CODES
 from .groupnorm import one_pass_group_norm
-from .util import (acc_dtype, aligned, as_rows, contiguous, empty_as, has_kernels,
-                        pack_width, ptr, row_launch, zeroed_counters)
+from .util import (INT32_LIMIT, acc_dtype, aligned, as_rows, contiguous, empty_as,
+                   has_kernels, pack_width, ptr, row_launch, zeroed_counters)
 from ..numpy.act import check_activation
 from ..numpy.pool import _pool_geometry
 from ..numpy.upsample import _check_image
@@ -41,6 +41,24 @@ def _plane_chunks(planes: int, size: int) -> int:
     ~1024 elements."""
     target = 8 * loader.sm_count()
     return max(1, min(-(-target // planes), -(-size // 1024)))
+
+
+def _halving(kernel, stride, padding) -> bool:
+    """Whether a pooling is 2x2 windows at stride 2 without padding (max_pool_2x2_kernel)."""
+    return tuple(kernel) == (2, 2) and tuple(stride) == (2, 2) and tuple(padding) == (0, 0)
+
+
+def _exact_nearest_factors(h: int, w: int, oh: int, ow: int) -> tuple[int, int] | None:
+    """(row, column) factors when nearest upsampling from (h, w) to (oh, ow) reads source
+    o // factor on both axes, which nearest_up_packs_kernel assumes: the row factor a
+    power of two, the column factor 1 or 2 and both axes below 2^24, where PyTorch's
+    float rule floor(o * (in / out)) is exact (in / out is then 2^-k, and o a float)."""
+    if oh % h or ow % w or max(oh, ow) >= 1 << 24:
+        return None
+    sh, sw = oh // h, ow // w
+    if sh & (sh - 1) or sw not in (1, 2):
+        return None
+    return sh, sw
 
 
 class CupyNNKernels:
@@ -277,6 +295,11 @@ class CupyNNKernels:
         shape = x.shape[:2] + tuple(out_hw)
         y = cupy.empty(shape, dtype=x.dtype)
         argmax = cupy.empty(shape, dtype=numpy.int64)
+        h, w = x.shape[2:]
+        packs = y.size // pack_width(x.dtype)
+        if _halving(kernel, stride, padding) and w % (2 * pack_width(x.dtype)) == 0 and aligned(x):
+            launch(POOL, "max_pool_2x2_kernel", x.dtype, packs, (x, y, argmax, packs, h, w, h // 2))
+            return y, argmax
         launch(POOL, "max_pool_fwd_kernel", x.dtype, y.size,
                (x, y, argmax, *self._pool_args(x.shape, out_hw, kernel, stride, padding)))
         return y, argmax
@@ -320,6 +343,12 @@ class CupyNNKernels:
         x = contiguous(x)
         n, c, h, w = x.shape
         y = cupy.empty((n, c, *out_hw), dtype=x.dtype)
+        factors = _exact_nearest_factors(h, w, *out_hw)
+        if (factors and w % pack_width(x.dtype) == 0 and y.size <= INT32_LIMIT
+                and aligned(x)):
+            packs = x.size // pack_width(x.dtype)
+            launch(UPSAMPLE, "nearest_up_packs_kernel", x.dtype, packs, (x, y, packs, w, *factors))
+            return y
         launch(UPSAMPLE, "nearest_fwd_kernel", x.dtype, y.size, (x, y, n * c, h, w, *out_hw))
         return y
 

@@ -182,11 +182,10 @@ class NumbaSpatialKernels:
             return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
         from .kernels import conv as K
 
-        ho, wo = self._conv_geometry("conv2d_grad_input", x_shape, w.shape, stride, padding,
-                                     dilation, groups)
+        ho, wo = self._conv_grad_geometry("conv2d_grad_input", grad, x_shape, w.shape, stride,
+                                          padding, dilation, groups)
         n, c, h, wd = x_shape
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-        self._check_grad("conv2d_grad_input", grad, n, cout, ho, wo)
         if max(padding) <= 2 and _winograd_fits(w.shape, stride, dilation, groups, n, (h, wd)):
             # a stride-1 convolution's input gradient is the "full" convolution of the
             # output gradient with the flipped, transposed kernel
@@ -205,9 +204,8 @@ class NumbaSpatialKernels:
                            padding: Pair, dilation: Pair, groups: int) -> Array:
         if not fast_path(grad, x):
             return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
-        ho, wo = self._conv_geometry("conv2d_grad_weight", x.shape, w_shape, stride, padding,
-                                     dilation, groups)
-        self._check_grad("conv2d_grad_weight", grad, x.shape[0], w_shape[0], ho, wo)
+        ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
+                                          padding, dilation, groups)
         if _winograd_fits(w_shape, stride, dilation, groups, x.shape[0], (ho, wo)):
             return _winograd_weight_grad(grad, x, padding)
         cols = self._columns(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding, dilation,

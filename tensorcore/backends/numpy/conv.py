@@ -95,9 +95,8 @@ class NumpyConvKernels:
     def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
                            padding: Pair, dilation: Pair, groups: int) -> Array:
         """Gradient of conv2d w.r.t. its weight, shaped ``w_shape``."""
-        ho, wo = self._conv_geometry("conv2d_grad_weight", x.shape, w_shape, stride,
-                                     padding, dilation, groups)
-        self._check_grad("conv2d_grad_weight", grad, x.shape[0], w_shape[0], ho, wo)
+        ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
+                                          padding, dilation, groups)
         cols = self._im2col(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding,
                             dilation, groups)
         dw = self.xp.matmul(self._grad_by_group(grad, groups), cols.transpose(0, 2, 1))
@@ -107,11 +106,10 @@ class NumpyConvKernels:
                           padding: Pair, dilation: Pair, groups: int) -> Array:
         """Gradient of conv2d w.r.t. its input; also the forward of conv_transpose2d."""
         xp = self.xp
-        ho, wo = self._conv_geometry("conv2d_grad_input", x_shape, w.shape, stride,
-                                     padding, dilation, groups)
+        ho, wo = self._conv_grad_geometry("conv2d_grad_input", grad, x_shape, w.shape, stride,
+                                          padding, dilation, groups)
         n, c, h, wd = x_shape
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-        self._check_grad("conv2d_grad_input", grad, n, cout, ho, wo)
         w_t = w.reshape(groups, cout // groups, -1).transpose(0, 2, 1)
         cols = xp.matmul(w_t, self._grad_by_group(grad, groups))
         cols = cols.reshape(c, kh, kw, n, ho, wo)
@@ -124,8 +122,12 @@ class NumpyConvKernels:
         dx = dx[:, :, ph:ph + h, pw:pw + wd].transpose(1, 0, 2, 3)
         return xp.ascontiguousarray(dx)
 
-    @staticmethod
-    def _check_grad(op: str, grad: Array, n: int, cout: int, ho: int, wo: int) -> None:
-        if tuple(grad.shape) != (n, cout, ho, wo):
-            raise ValueError(f"{op}: grad has shape {tuple(grad.shape)}, expected "
-                             f"{(n, cout, ho, wo)}")
+    def _conv_grad_geometry(self, op: str, grad: Array, x_shape: Shape, w_shape: Shape,
+                            stride: Pair, padding: Pair, dilation: Pair, groups: int) -> Pair:
+        """Validate a gradient call (the geometry, and grad against the output it implies)
+        and return the output size (Ho, Wo)."""
+        ho, wo = self._conv_geometry(op, x_shape, w_shape, stride, padding, dilation, groups)
+        expected = (x_shape[0], w_shape[0], ho, wo)
+        if tuple(grad.shape) != expected:
+            raise ValueError(f"{op}: grad has shape {tuple(grad.shape)}, expected {expected}")
+        return ho, wo

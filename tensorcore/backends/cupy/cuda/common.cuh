@@ -88,23 +88,60 @@ __device__ __forceinline__ long long divmod_index(long long& r, long long d, boo
     return m;
 }
 
-// ----- grid-stride loops over 16-byte packs --------------------------------------------
-// pack_fn(i) for every whole pack i of n elements when `vec` (the caller's pointers are
-// 16-byte aligned), then elem_fn(i) for each element past the last whole pack (every
-// element without `vec`), the grid striding over both.  One pack per thread per step:
-// with 8 blocks of 256 threads per SM that keeps enough bytes in flight (elementwise.cu).
-template <typename T, typename PackFn, typename ElemFn>
-__device__ __forceinline__ void grid_packs_then_elements(long long n, bool vec, PackFn pack_fn,
-                                                         ElemFn elem_fn) {
+// fn(i, plane, row, col) for every element i of `planes` row-major planes of rows x cols,
+// the grid striding over them; the split of i is 32-bit when the total allows.
+template <typename Fn>
+__device__ __forceinline__ void grid_plane_elements(long long planes, long long rows,
+                                                    long long cols, Fn fn) {
+    const long long total = planes * rows * cols;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool narrow = total < (1LL << 31);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        long long plane = i;
+        const long long col = divmod_index(plane, cols, narrow);
+        const long long row = divmod_index(plane, rows, narrow);
+        fn(i, plane, row, col);
+    }
+}
+
+// The same for callers whose host keeps the total below 2^31: 32-bit throughout, which
+// saves the registers of the 64-bit path.
+template <typename Fn>
+__device__ __forceinline__ void grid_plane_elements_narrow(long long planes, long long rows,
+                                                           long long cols, Fn fn) {
+    const unsigned int total = (unsigned int)(planes * rows * cols);
+    const unsigned int urows = (unsigned int)rows, ucols = (unsigned int)cols;
+    const unsigned int stride = gridDim.x * blockDim.x;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const unsigned int r = i / ucols, plane = r / urows;
+        fn(i, plane, r - plane * urows, i - r * ucols);
+    }
+}
+
+// ----- strided loops over 16-byte packs -------------------------------------------------
+// pack_fn(i) for the whole packs i = start, start + stride, ... of n elements when `vec`
+// (the caller's pointers are 16-byte aligned), then elem_fn(j) for the elements past the
+// last whole pack (every element without `vec`), from `start` with the same stride.
+template <typename T, typename PackFn, typename ElemFn>
+__device__ __forceinline__ void strided_packs_then_elements(long long n, long long start,
+                                                            long long stride, bool vec,
+                                                            PackFn pack_fn, ElemFn elem_fn) {
     long long done = 0;
     if (vec) {
         const long long packs = n / Pack<T>::N;
         for (long long i = start; i < packs; i += stride) pack_fn(i);
         done = packs * Pack<T>::N;
     }
-    for (long long i = done + start; i < n; i += stride) elem_fn(i);
+    for (long long j = done + start; j < n; j += stride) elem_fn(j);
+}
+
+// The whole grid striding over n elements.  One pack per thread per step: with 8 blocks
+// of 256 threads per SM that keeps enough bytes in flight (elementwise.cu).
+template <typename T, typename PackFn, typename ElemFn>
+__device__ __forceinline__ void grid_packs_then_elements(long long n, bool vec, PackFn pack_fn,
+                                                         ElemFn elem_fn) {
+    strided_packs_then_elements<T>(n, (long long)blockIdx.x * blockDim.x + threadIdx.x,
+                                   (long long)gridDim.x * blockDim.x, vec, pack_fn, elem_fn);
 }
 
 // ----- math overloads (float and double) -------------------------------------------
@@ -295,6 +332,30 @@ template <typename H> __device__ __forceinline__ void atomic_add_16(H* p, float 
 }
 __device__ __forceinline__ void atomic_add_acc(half_t* p, float v) { atomic_add_16(p, v); }
 __device__ __forceinline__ void atomic_add_acc(bf16_t* p, float v) { atomic_add_16(p, v); }
+
+// ----- rows shared by groups of threads ---------------------------------------------------
+// Row kernels give each row `tpr` consecutive threads of a block (row_launch on the host:
+// a warp, or the whole block).  A thread's slot: its row, its rank t among the row's
+// threads, and whether the row exists (threads past the last row still join the
+// group's reductions, so they must not return early).
+struct RowSlot {
+    long long row;
+    int t, tpr;
+    bool live;
+};
+
+__device__ __forceinline__ RowSlot row_slot(long long rows, long long tpr) {
+    const int n = (int)tpr;
+    const long long row = (long long)blockIdx.x * (blockDim.x / n) + threadIdx.x / n;
+    return RowSlot{row, (int)(threadIdx.x % n), n, row < rows};
+}
+
+// The `tpr` threads of one row striding over its `cols` elements from rank t.
+template <typename T, typename PackFn, typename ElemFn>
+__device__ __forceinline__ void row_packs_then_elements(long long cols, int t, int tpr, bool vec,
+                                                        PackFn pack_fn, ElemFn elem_fn) {
+    strided_packs_then_elements<T>(cols, t, tpr, vec, pack_fn, elem_fn);
+}
 
 // ----- a row held in registers ----------------------------------------------------------
 // Rows up to tpr * ROW_PACKS packs are loaded once, all loads in flight together, and

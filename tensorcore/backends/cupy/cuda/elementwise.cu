@@ -133,36 +133,70 @@ __global__ void binary_bcast_kernel(const T* __restrict__ a, const T* __restrict
     }
 }
 
+// grid_packs_then_elements over x viewed as [outer, C, inner], each item with its
+// channel c = (e / inner) % C (32-bit: the host keeps n below 2^31): pack_fn(i, c) for
+// pack i, elem_fn(i, c) for element i.  Packs are used (`vec`) only when inner is a
+// multiple of the pack width, so a pack never straddles two channels.
+template <typename T, typename PackFn, typename ElemFn>
+__device__ __forceinline__ void grid_channel_items(long long n, long long C, long long inner,
+                                                   bool vec, PackFn pack_fn, ElemFn elem_fn) {
+    const unsigned int uC = (unsigned int)C, uinner = (unsigned int)inner;
+    auto channel = [&](long long e) { return ((unsigned int)e / uinner) % uC; };
+    grid_packs_then_elements<T>(
+        n, vec, [&](long long i) { pack_fn(i, channel(i * Pack<T>::N)); },
+        [&](long long i) { elem_fn(i, channel(i)); });
+}
+
+// out = op(x, v[c]), or op(v[c], x) with `v_first`: a tensor and an operand holding one
+// value per channel of the [outer, C, inner] view ([N, C, H, W] with [N, C, 1, 1] or
+// [1, C, 1, 1]; [..., D] with [D] has inner 1 and goes element by element).  Each
+// thread turns one 16-byte pack of x into one pack of out, with one read of v.
+template <typename T>
+__global__ void binary_channel_kernel(const T* __restrict__ x, const T* __restrict__ v,
+                                      T* __restrict__ out, long long n, long long C,
+                                      long long inner, long long op, long long v_first,
+                                      long long vec) {
+    typedef acc_t<T> A;
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+    Pack<T>* outp = reinterpret_cast<Pack<T>*>(out);
+    auto apply = [&](A a, A s) {
+        return store_as<T>(v_first ? binary_op((int)op, s, a) : binary_op((int)op, a, s));
+    };
+    grid_channel_items<T>(
+        n, C, inner, vec != 0,
+        [&](long long i, unsigned int c) {
+            const A s = load_acc(v[c]);
+            Pack<T> p = xp[i];
+#pragma unroll
+            for (int k = 0; k < Pack<T>::N; ++k) p.v[k] = apply(load_acc(p.v[k]), s);
+            outp[i] = p;
+        },
+        [&](long long i, unsigned int c) { out[i] = apply(load_acc(x[i]), load_acc(v[c])); });
+}
+
 // y = act(x * scale[c] + bias[c]) with x viewed as [outer, C, inner]; scale / bias may
-// be null (1 / 0).  The channel index uses 32-bit division (the host keeps n < 2^31).  Packs are used when inner is a multiple of the pack width, so a
-// pack never straddles two channels.
+// be null (1 / 0).
 template <typename T>
 __global__ void affine_act_kernel(const T* __restrict__ x, const T* __restrict__ scale,
                                   const T* __restrict__ bias, T* __restrict__ y,
                                   long long n, long long C, long long inner, long long act,
                                   long long vec) {
     typedef acc_t<T> A;
-    const int P = Pack<T>::N;
-    const unsigned int uC = (unsigned int)C, uinner = (unsigned int)inner;
     const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
     Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
-    // the channel of element e, and its scale and bias
-    auto channel = [&](long long e) { return ((unsigned int)e / uinner) % uC; };
     auto scale_of = [&](unsigned int c) { return scale ? load_acc(scale[c]) : (A)1; };
     auto bias_of = [&](unsigned int c) { return bias ? load_acc(bias[c]) : (A)0; };
-    grid_packs_then_elements<T>(
-        n, vec != 0,
-        [&](long long i) {  // a pack lies within one channel
-            Pack<T> p = xp[i];
-            const unsigned int c = channel(i * P);
+    grid_channel_items<T>(
+        n, C, inner, vec != 0,
+        [&](long long i, unsigned int c) {
             const A s = scale_of(c), b = bias_of(c);
+            Pack<T> p = xp[i];
 #pragma unroll
-            for (int k = 0; k < P; ++k)
+            for (int k = 0; k < Pack<T>::N; ++k)
                 p.v[k] = store_as<T>(act_fwd((int)act, load_acc(p.v[k]) * s + b));
             yp[i] = p;
         },
-        [&](long long i) {
-            const unsigned int c = channel(i);
+        [&](long long i, unsigned int c) {
             y[i] = store_as<T>(act_fwd((int)act, load_acc(x[i]) * scale_of(c) + bias_of(c)));
         });
 }
@@ -174,26 +208,21 @@ __global__ void bias_act_grad_kernel(const T* __restrict__ grad, const T* __rest
                                      long long n, long long C, long long inner, long long act,
                                      long long vec) {
     typedef acc_t<T> A;
-    const int P = Pack<T>::N;
-    const unsigned int uC = (unsigned int)C, uinner = (unsigned int)inner;
     const Pack<T>* gp = reinterpret_cast<const Pack<T>*>(grad);
     const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
     Pack<T>* dp = reinterpret_cast<Pack<T>*>(dx);
-    // the bias of element e's channel
-    auto bias_at = [&](long long e) {
-        return bias ? load_acc(bias[((unsigned int)e / uinner) % uC]) : (A)0;
-    };
-    grid_packs_then_elements<T>(
-        n, vec != 0,
-        [&](long long i) {  // a pack lies within one channel
-            const A b = bias_at(i * P);
+    auto bias_of = [&](unsigned int c) { return bias ? load_acc(bias[c]) : (A)0; };
+    grid_channel_items<T>(
+        n, C, inner, vec != 0,
+        [&](long long i, unsigned int c) {
+            const A b = bias_of(c);
             Pack<T> g = gp[i], p = xp[i];
 #pragma unroll
-            for (int k = 0; k < P; ++k)
+            for (int k = 0; k < Pack<T>::N; ++k)
                 g.v[k] = store_as<T>(load_acc(g.v[k]) * act_grad((int)act, load_acc(p.v[k]) + b));
             dp[i] = g;
         },
-        [&](long long i) {
-            dx[i] = store_as<T>(load_acc(grad[i]) * act_grad((int)act, load_acc(x[i]) + bias_at(i)));
+        [&](long long i, unsigned int c) {
+            dx[i] = store_as<T>(load_acc(grad[i]) * act_grad((int)act, load_acc(x[i]) + bias_of(c)));
         });
 }

@@ -5,8 +5,8 @@
 // images stacked: col is [N, C * kh * kw, OH * OW].
 //
 // Bound: memory (col is kh*kw times the input).  Launch: 1-D grid-stride, 256 threads;
-// thread indices are decomposed and taps addressed with 32-bit arithmetic (the host
-// keeps the thread count and the padded image below 2^31).
+// thread indices are decomposed (grid_plane_elements_narrow) and taps addressed with 32-bit
+// arithmetic (the host keeps the thread count and the padded image below 2^31).
 //   im2col_kernel: one thread per (n, c, oy, ox); it loops over the kh*kw taps, so the
 //     index arithmetic is done once per kh*kw stores; consecutive threads write
 //     consecutive ox (coalesced).  3x3 kernels take an unrolled path with all nine
@@ -41,23 +41,16 @@ __global__ void im2col_kernel(const T* __restrict__ x, T* __restrict__ col, long
                               long long C, long long H, long long W, long long kh, long long kw,
                               long long sh, long long sw, long long ph, long long pw,
                               long long dh, long long dw, long long OH, long long OW) {
-    long long total = N * C * OH * OW;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    long long ohw = OH * OW, taps = kh * kw;
-    unsigned int uOW = (unsigned int)OW, uOH = (unsigned int)OH, uC = (unsigned int)C;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        unsigned int ui = (unsigned int)i;  // the host keeps total below 2^32
-        int ox = (int)(ui % uOW);
-        unsigned int r = ui / uOW;
-        int oy = (int)(r % uOH);
-        r /= uOH;  // r = n * C + c
-        long long n = r / uC, c = r - n * C;
-        const T* xp = x + (long long)r * H * W;
+    const long long ohw = OH * OW, taps = kh * kw;
+    grid_plane_elements_narrow(N * C, OH, OW, [&](long long, long long r, long long oy_, long long ox_) {
+        const int oy = (int)oy_, ox = (int)ox_;  // r = n * C + c
+        const long long n = r / C, c = r - n * C;
+        const T* xp = x + r * H * W;
         T* cp = col + (n * C * taps + c * taps) * ohw + oy * (int)OW + ox;
         int y0 = oy * (int)sh - (int)ph, x0 = ox * (int)sw - (int)pw;
         if (kh == 3 && kw == 3) {
             im2col_taps<T, 3, 3>(xp, cp, y0, x0, (int)H, (int)W, (int)dh, (int)dw, ohw);
-            continue;
+            return;
         }
         for (int ki = 0; ki < (int)kh; ++ki) {
             int yy = y0 + ki * (int)dh;
@@ -69,7 +62,7 @@ __global__ void im2col_kernel(const T* __restrict__ x, T* __restrict__ col, long
                 cp[(long long)(ki * (int)kw + kj) * ohw] = v;
             }
         }
-    }
+    });
 }
 
 // Output row (or column) that tap position t = y + pad - k * dilation reads from, or -1
@@ -114,23 +107,16 @@ __global__ void col2im_kernel(const T* __restrict__ col, T* __restrict__ x, long
                               long long sh, long long sw, long long ph, long long pw,
                               long long dh, long long dw, long long OH, long long OW) {
     typedef acc_t<T> A;
-    long long total = N * C * H * W;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    long long ohw = OH * OW, taps = kh * kw;
-    unsigned int uW = (unsigned int)W, uH = (unsigned int)H, uC = (unsigned int)C;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        unsigned int ui = (unsigned int)i;  // the host keeps total below 2^32
-        int xx = (int)(ui % uW);
-        unsigned int r = ui / uW;
-        int yy = (int)(r % uH);
-        r /= uH;
-        long long n = r / uC, c = r - n * C;
+    const long long ohw = OH * OW, taps = kh * kw;
+    grid_plane_elements_narrow(N * C, H, W, [&](long long i, long long r, long long yy_, long long xx_) {
+        const int yy = (int)yy_, xx = (int)xx_;  // r = n * C + c
+        const long long n = r / C, c = r - n * C;
         const T* cp = col + (n * C * taps + c * taps) * ohw;
         if (kh == 3 && kw == 3) {
             x[i] = store_as<T>(col2im_taps<T, 3, 3>(cp, yy + (int)ph, xx + (int)pw, (int)sh,
                                                     (int)sw, (int)dh, (int)dw, (int)OH,
                                                     (int)OW, ohw));
-            continue;
+            return;
         }
         A acc = (A)0;
         for (int ki = 0; ki < (int)kh; ++ki) {
@@ -143,5 +129,5 @@ __global__ void col2im_kernel(const T* __restrict__ col, T* __restrict__ x, long
             }
         }
         x[i] = store_as<T>(acc);
-    }
+    });
 }

@@ -80,12 +80,10 @@ __global__ void __launch_bounds__(256, 4) layer_norm_fwd_cached_kernel(
         T* __restrict__ y, acc_t<T>* __restrict__ mean, acc_t<T>* __restrict__ rstd,
         long long rows, long long cols, double eps, long long tpr_) {
     __shared__ acc_t<T> scratch[96];
-    int tpr = (int)tpr_;
-    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    bool live = row < rows;
-    long long r = live ? row : 0;
-    layer_norm_row_cached(x + r * cols, w, b, y + r * cols, mean + r, rstd + r, cols, live,
-                          (int)(threadIdx.x % tpr), tpr, eps, scratch);
+    const RowSlot slot = row_slot(rows, tpr_);
+    const long long r = slot.live ? slot.row : 0;
+    layer_norm_row_cached(x + r * cols, w, b, y + r * cols, mean + r, rstd + r, cols, slot.live,
+                          slot.t, slot.tpr, eps, scratch);
 }
 
 // y = (x - mean) * rstd * w + b; mean / rstd (acc type) per row.  w, b may be null.
@@ -97,27 +95,22 @@ __global__ void layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restri
                                       long long tpr_, long long vec) {
     typedef acc_t<T> A;
     __shared__ A scratch[96];
-    int tpr = (int)tpr_;
-    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    int t = threadIdx.x % tpr;
-    bool live = row < rows;
-    const T* xr = x + (live ? row : 0) * cols;
-    long long n = live ? cols : 0;
-    const int P = Pack<T>::N;
+    const RowSlot slot = row_slot(rows, tpr_);
+    const int t = slot.t, tpr = slot.tpr;
+    const T* xr = x + (slot.live ? slot.row : 0) * cols;
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
     Welford<A> st{(A)0, (A)0, (A)0};
-    long long done = 0;
-    if (vec) {
-        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
-        for (long long i = t; i < n / P; i += tpr) {
+    row_packs_then_elements<T>(
+        slot.live ? cols : 0, t, tpr, vec != 0,
+        [&](long long i) {
             Pack<T> p = xp[i];
 #pragma unroll
-            for (int k = 0; k < P; ++k) st.push(load_acc(p.v[k]));
-        }
-        done = (n / P) * P;
-    }
-    for (long long j = done + t; j < n; j += tpr) st.push(load_acc(xr[j]));
+            for (int k = 0; k < Pack<T>::N; ++k) st.push(load_acc(p.v[k]));
+        },
+        [&](long long j) { st.push(load_acc(xr[j])); });
     group_welford(st, tpr, scratch);
-    if (!live) return;
+    if (!slot.live) return;
+    const long long row = slot.row;
     A mu = st.mean;
     A rs = m_rsqrt(st.m2 / (A)cols + (A)eps);
     if (t == 0) {
@@ -125,30 +118,23 @@ __global__ void layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restri
         rstd[row] = rs;
     }
     T* yr = y + row * cols;
-    done = 0;
-    if (vec) {
-        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
-        Pack<T>* yp = reinterpret_cast<Pack<T>*>(yr);
-        for (long long i = t; i < cols / P; i += tpr) {
-            Pack<T> p = xp[i];
-#pragma unroll
-            for (int k = 0; k < P; ++k) {
-                long long j = i * P + k;
-                A v = (load_acc(p.v[k]) - mu) * rs;
-                if (w) v *= load_acc(w[j]);
-                if (b) v += load_acc(b[j]);
-                p.v[k] = store_as<T>(v);
-            }
-            yp[i] = p;
-        }
-        done = (cols / P) * P;
-    }
-    for (long long j = done + t; j < cols; j += tpr) {
-        A v = (load_acc(xr[j]) - mu) * rs;
+    Pack<T>* yp = reinterpret_cast<Pack<T>*>(yr);
+    // (x - mean) * rstd, times w[j] and plus b[j] where given
+    auto normed = [&](A v, long long j) {
+        v = (v - mu) * rs;
         if (w) v *= load_acc(w[j]);
         if (b) v += load_acc(b[j]);
-        yr[j] = store_as<T>(v);
-    }
+        return store_as<T>(v);
+    };
+    row_packs_then_elements<T>(
+        cols, t, tpr, vec != 0,
+        [&](long long i) {
+            Pack<T> p = xp[i];
+#pragma unroll
+            for (int k = 0; k < Pack<T>::N; ++k) p.v[k] = normed(load_acc(p.v[k]), i * Pack<T>::N + k);
+            yp[i] = p;
+        },
+        [&](long long j) { yr[j] = normed(load_acc(xr[j]), j); });
 }
 
 // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),  gw = g * w.
@@ -159,12 +145,10 @@ __global__ void layer_norm_bwd_kernel(const T* __restrict__ g, const T* __restri
                                       long long rows, long long cols, long long tpr_) {
     typedef acc_t<T> A;
     __shared__ A scratch[32];
-    int tpr = (int)tpr_;
-    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    int t = threadIdx.x % tpr;
-    bool live = row < rows;
-    long long r = live ? row : 0;
-    long long base = r * cols;
+    const RowSlot slot = row_slot(rows, tpr_);
+    const int t = slot.t, tpr = slot.tpr;
+    const bool live = slot.live;
+    const long long r = live ? slot.row : 0, base = r * cols;
     A mu = mean[r], rs = rstd[r];
     A s1 = (A)0, s2 = (A)0;
     if (live)

@@ -66,19 +66,15 @@ __device__ __forceinline__ MaxSum<acc_t<T>> row_maxsum(const T* __restrict__ xr,
                                                        int t, int tpr, bool vec) {
     typedef acc_t<T> A;
     MaxSum<A> st{neg_inf<A>(), (A)0};
-    const int P = Pack<T>::N;
-    long long done = 0;
-    if (vec) {
-        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
-        long long npack = cols / P;
-        for (long long i = t; i < npack; i += tpr) {
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+    row_packs_then_elements<T>(
+        cols, t, tpr, vec,
+        [&](long long i) {
             Pack<T> p = xp[i];
 #pragma unroll
-            for (int k = 0; k < P; ++k) st.push(load_acc(p.v[k]));
-        }
-        done = npack * P;
-    }
-    for (long long j = done + t; j < cols; j += tpr) st.push(load_acc(xr[j]));
+            for (int k = 0; k < Pack<T>::N; ++k) st.push(load_acc(p.v[k]));
+        },
+        [&](long long j) { st.push(load_acc(xr[j])); });
     return st;
 }
 
@@ -129,41 +125,34 @@ __global__ void softmax_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, l
                                    long long cols, long long log, long long tpr_, long long vec) {
     typedef acc_t<T> A;
     __shared__ A scratch[64];
-    int tpr = (int)tpr_;
-    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    int t = threadIdx.x % tpr;
-    bool live = row < rows;
-    const T* xr = x + (live ? row : 0) * cols;
+    const RowSlot slot = row_slot(rows, tpr_);
+    const int t = slot.t, tpr = slot.tpr;
+    const long long r = slot.live ? slot.row : 0;
+    const T* xr = x + r * cols;
     if (vec && cols <= (long long)tpr * Pack<T>::N * ROW_PACKS) {
-        softmax_row_cached(xr, y + (live ? row : 0) * cols, cols, live, log != 0, t, tpr, scratch);
+        softmax_row_cached(xr, y + r * cols, cols, slot.live, log != 0, t, tpr, scratch);
         return;
     }
-    MaxSum<A> st = row_maxsum(xr, live ? cols : 0, t, tpr, vec != 0);
+    MaxSum<A> st = row_maxsum(xr, slot.live ? cols : 0, t, tpr, vec != 0);
     group_maxsum(st, tpr, scratch);
-    if (!live) return;
-    T* yr = y + row * cols;
-    A inv = (A)1 / st.s, logs = m_log(st.s);
-    const int P = Pack<T>::N;
-    long long done = 0;
-    if (vec) {
-        const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
-        Pack<T>* yp = reinterpret_cast<Pack<T>*>(yr);
-        long long npack = cols / P;
-        for (long long i = t; i < npack; i += tpr) {
+    if (!slot.live) return;
+    T* yr = y + r * cols;
+    const A inv = (A)1 / st.s, logs = m_log(st.s);
+    auto out = [&](A v) {
+        const A d = v - st.m;
+        return store_as<T>(log ? d - logs : m_exp(d) * inv);
+    };
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+    Pack<T>* yp = reinterpret_cast<Pack<T>*>(yr);
+    row_packs_then_elements<T>(
+        cols, t, tpr, vec != 0,
+        [&](long long i) {
             Pack<T> p = xp[i];
 #pragma unroll
-            for (int k = 0; k < P; ++k) {
-                A d = load_acc(p.v[k]) - st.m;
-                p.v[k] = store_as<T>(log ? d - logs : m_exp(d) * inv);
-            }
+            for (int k = 0; k < Pack<T>::N; ++k) p.v[k] = out(load_acc(p.v[k]));
             yp[i] = p;
-        }
-        done = npack * P;
-    }
-    for (long long j = done + t; j < cols; j += tpr) {
-        A d = load_acc(xr[j]) - st.m;
-        yr[j] = store_as<T>(log ? d - logs : m_exp(d) * inv);
-    }
+        },
+        [&](long long j) { yr[j] = out(load_acc(xr[j])); });
 }
 
 // softmax:     dx = y * (g - sum(g * y))
@@ -175,11 +164,10 @@ __global__ void softmax_bwd_kernel(const T* __restrict__ g, const T* __restrict_
                                    long long log, long long tpr_, double scale) {
     typedef acc_t<T> A;
     __shared__ A scratch[32];
-    int tpr = (int)tpr_;
-    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    int t = threadIdx.x % tpr;
-    bool live = row < rows;
-    long long base = (live ? row : 0) * cols;
+    const RowSlot slot = row_slot(rows, tpr_);
+    const int t = slot.t, tpr = slot.tpr;
+    const bool live = slot.live;
+    const long long base = (live ? slot.row : 0) * cols;
     A acc = (A)0;
     if (live)
         for (long long j = t; j < cols; j += tpr)
@@ -205,11 +193,10 @@ __global__ void attn_softmax_kernel(const T* __restrict__ s, const T* __restrict
                                     long long tpr_) {
     typedef acc_t<T> A;
     __shared__ A scratch[64];
-    int tpr = (int)tpr_;
-    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    int t = threadIdx.x % tpr;
-    bool live = row < rows;
-    long long r = live ? row : 0;
+    const RowSlot slot = row_slot(rows, tpr_);
+    const int t = slot.t, tpr = slot.tpr;
+    const bool live = slot.live;
+    const long long r = live ? slot.row : 0;
     long long i = r % Lq, bh = r / Lq, h = bh % H, b = bh / H;
     const T* sr = s + r * cols;
     const T* mr = mask ? mask + b * smb + h * smh + i * smi : mask;
@@ -238,10 +225,10 @@ __global__ void cross_entropy_fwd_kernel(const T* __restrict__ x, const long lon
                                          double smoothing, long long tpr_) {
     typedef acc_t<T> A;
     __shared__ A scratch[64];
-    int tpr = (int)tpr_;
-    long long row = (long long)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    int t = threadIdx.x % tpr;
-    bool live = row < rows;
+    const RowSlot slot = row_slot(rows, tpr_);
+    const int t = slot.t, tpr = slot.tpr;
+    const bool live = slot.live;
+    const long long row = slot.row;
     const T* xr = x + (live ? row : 0) * cols;
     MaxSum<A> st = row_maxsum(xr, live ? cols : 0, t, tpr, false);
     group_maxsum(st, tpr, scratch);

@@ -8,7 +8,8 @@
 // its backward scatters with atomic adds.
 //
 // Bound: memory.  Launch: 1-D grid-stride, 256 threads, one thread per output element
-// (per input element for the nearest backward).
+// (per input element for the nearest backward); upsampling by power-of-two factors
+// takes nearest_up_packs_kernel, one thread per 16-byte input pack.
 #include "common.cuh"
 
 __device__ __forceinline__ long long nearest_src(long long o, long long in, long long out, bool dbl) {
@@ -22,15 +23,47 @@ __device__ __forceinline__ long long ceil_div(long long a, long long b) { return
 template <typename T>
 __global__ void nearest_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, long long planes,
                                    long long H, long long W, long long OH, long long OW) {
-    bool dbl = sizeof(T) == 8;
-    long long total = planes * OH * OW;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    const bool narrow = total < (1LL << 31);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long p = i;
-        const long long ox = divmod_index(p, OW, narrow), oy = divmod_index(p, OH, narrow);
+    const bool dbl = sizeof(T) == 8;
+    grid_plane_elements(planes, OH, OW, [&](long long i, long long p, long long oy, long long ox) {
         long long iy = nearest_src(oy, H, OH, dbl), ix = nearest_src(ox, W, OW, dbl);
         y[i] = x[(p * H + iy) * W + ix];
+    });
+}
+
+// Nearest upsampling by a power-of-two row factor sh and a column factor sw of 1 or 2,
+// where the source index is exactly o / s (the host checks the factors, that W is a
+// whole number of packs and that the output stays below 2^31 elements, so indices are
+// 32-bit).  Row r of the input seen as [planes * H, W] becomes rows sh * r ... sh * r +
+// sh - 1 of the output seen as [planes * OH, OW].  One thread per input pack: one
+// 16-byte load, sw * sh 16-byte stores.
+template <typename T>
+__global__ void nearest_up_packs_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                        long long in_packs, long long W, long long sh,
+                                        long long sw) {
+    const int P = Pack<T>::N;
+    const unsigned int row_packs = (unsigned int)W / P, ush = (unsigned int)sh;
+    const unsigned int out_row_packs = row_packs * (unsigned int)sw;
+    const unsigned int stride = gridDim.x * blockDim.x;
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+    Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
+    for (unsigned int q = blockIdx.x * blockDim.x + threadIdx.x; q < in_packs; q += stride) {
+        const unsigned int r = q / row_packs, k = q - r * row_packs;
+        const Pack<T> in = xp[q];
+        Pack<T>* out = yp + r * ush * out_row_packs + k * (unsigned int)sw;
+        if (sw == 1) {
+            for (unsigned int t = 0; t < ush; ++t) out[t * out_row_packs] = in;
+            continue;
+        }
+        Pack<T> lo, hi;  // each input element twice: the first and second half of `in`
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+            lo.v[e] = in.v[e / 2];
+            hi.v[e] = in.v[P / 2 + e / 2];
+        }
+        for (unsigned int t = 0; t < ush; ++t) {
+            out[t * out_row_packs] = lo;
+            out[t * out_row_packs + 1] = hi;
+        }
     }
 }
 
@@ -38,13 +71,8 @@ template <typename T>
 __global__ void nearest_bwd_kernel(const T* __restrict__ g, T* __restrict__ dx, long long planes,
                                    long long H, long long W, long long OH, long long OW) {
     typedef acc_t<T> A;
-    bool dbl = sizeof(T) == 8;
-    long long total = planes * H * W;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    const bool narrow = total < (1LL << 31);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long p = i;
-        const long long ix = divmod_index(p, W, narrow), iy = divmod_index(p, H, narrow);
+    const bool dbl = sizeof(T) == 8;
+    grid_plane_elements(planes, H, W, [&](long long i, long long p, long long iy, long long ix) {
         long long y0 = ceil_div(iy * OH, H) - 1, y1 = ceil_div((iy + 1) * OH, H) + 1;
         long long x0 = ceil_div(ix * OW, W) - 1, x1 = ceil_div((ix + 1) * OW, W) + 1;
         if (y0 < 0) y0 = 0;
@@ -58,7 +86,7 @@ __global__ void nearest_bwd_kernel(const T* __restrict__ g, T* __restrict__ dx, 
                 if (nearest_src(ox, W, OW, dbl) == ix) acc += load_acc(g[(p * OH + oy) * OW + ox]);
         }
         dx[i] = store_as<T>(acc);
-    }
+    });
 }
 
 // Source coordinate of output index o along an axis of `in` -> `out` samples.
@@ -88,19 +116,14 @@ __global__ void bilinear_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, 
                                     long long H, long long W, long long OH, long long OW,
                                     long long align) {
     typedef acc_t<T> A;
-    long long total = planes * OH * OW;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    const bool narrow = total < (1LL << 31);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long p = i;
-        const long long ox = divmod_index(p, OW, narrow), oy = divmod_index(p, OH, narrow);
+    grid_plane_elements(planes, OH, OW, [&](long long i, long long p, long long oy, long long ox) {
         Taps ty = bilinear_taps(oy, H, OH, align), tx = bilinear_taps(ox, W, OW, align);
         const T* xp = x + p * H * W;
         A ly = (A)ty.l1, lx = (A)tx.l1;
         A top = ((A)1 - lx) * load_acc(xp[ty.i0 * W + tx.i0]) + lx * load_acc(xp[ty.i0 * W + tx.i1]);
         A bot = ((A)1 - lx) * load_acc(xp[ty.i1 * W + tx.i0]) + lx * load_acc(xp[ty.i1 * W + tx.i1]);
         y[i] = store_as<T>(((A)1 - ly) * top + ly * bot);
-    }
+    });
 }
 
 // dx must be zeroed by the caller.
@@ -109,12 +132,7 @@ __global__ void bilinear_bwd_kernel(const T* __restrict__ g, T* __restrict__ dx,
                                     long long H, long long W, long long OH, long long OW,
                                     long long align) {
     typedef acc_t<T> A;
-    long long total = planes * OH * OW;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    const bool narrow = total < (1LL << 31);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        long long p = i;
-        const long long ox = divmod_index(p, OW, narrow), oy = divmod_index(p, OH, narrow);
+    grid_plane_elements(planes, OH, OW, [&](long long i, long long p, long long oy, long long ox) {
         Taps ty = bilinear_taps(oy, H, OH, align), tx = bilinear_taps(ox, W, OW, align);
         T* dp = dx + p * H * W;
         A gv = load_acc(g[i]), ly = (A)ty.l1, lx = (A)tx.l1;
@@ -122,5 +140,5 @@ __global__ void bilinear_bwd_kernel(const T* __restrict__ g, T* __restrict__ dx,
         atomic_add_acc(dp + ty.i0 * W + tx.i1, ((A)1 - ly) * lx * gv);
         atomic_add_acc(dp + ty.i1 * W + tx.i0, ly * ((A)1 - lx) * gv);
         atomic_add_acc(dp + ty.i1 * W + tx.i1, ly * lx * gv);
-    }
+    });
 }

@@ -26,6 +26,14 @@ def _window_pick(best, where, v, k):
 
 
 @helper
+def _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w):
+    """The input rows [r0, r1) and columns [c0, c1) inside output (oh, ow)'s window,
+    clipped to the image."""
+    h0, w0 = oh * sh - ph, ow * sw - pw
+    return max(h0, 0), min(h0 + kh, h), max(w0, 0), min(w0 + kw, w)
+
+
+@helper
 def _max_pool_halving(src, out, arg, w, ho, wo):
     """2x2 windows at stride 2 without padding (the common CNN pooling) on one flat
     plane: four straight-line picks per window instead of two nested loops whose
@@ -59,13 +67,11 @@ def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
             _max_pool_halving(src[p], out[p], arg[p], w, ho, wo)
             continue
         for oh in range(ho):
-            h0 = oh * sh - ph
             for ow in range(wo):
-                w0 = ow * sw - pw
-                best = t(-np.inf)
-                where = max(h0, 0) * w + max(w0, 0)
-                for ih in range(max(h0, 0), min(h0 + kh, h)):
-                    for iw in range(max(w0, 0), min(w0 + kw, w)):
+                r0, r1, c0, c1 = _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w)
+                best, where = t(-np.inf), r0 * w + c0
+                for ih in range(r0, r1):
+                    for iw in range(c0, c1):
                         best, where = _window_pick(best, where, src[p, ih * w + iw], ih * w + iw)
                 out[p, oh * wo + ow] = best
                 arg[p, oh * wo + ow] = where
@@ -113,12 +119,11 @@ def avg_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
         i, ch = task // c, task % c
         src = x[i, ch]
         for oh in range(ho):
-            h0 = oh * sh - ph
             for ow in range(wo):
-                w0 = ow * sw - pw
+                r0, r1, c0, c1 = _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w)
                 total = t(0.0)
-                for ih in range(max(h0, 0), min(h0 + kh, h)):
-                    for iw in range(max(w0, 0), min(w0 + kw, w)):
+                for ih in range(r0, r1):
+                    for iw in range(c0, c1):
                         total += src[ih, iw]
                 out[i, ch, oh, ow] = total * inv
     return out
@@ -135,12 +140,11 @@ def avg_pool_backward(grad, h, w, kh, kw, sh, sw, ph, pw):
         i, ch = task // c, task % c
         dst = dx[i, ch]
         for oh in range(ho):
-            h0 = oh * sh - ph
             for ow in range(wo):
-                w0 = ow * sw - pw
+                r0, r1, c0, c1 = _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w)
                 share = grad[i, ch, oh, ow] * inv
-                for ih in range(max(h0, 0), min(h0 + kh, h)):
-                    for iw in range(max(w0, 0), min(w0 + kw, w)):
+                for ih in range(r0, r1):
+                    for iw in range(c0, c1):
                         dst[ih, iw] += share
     return dx
 
