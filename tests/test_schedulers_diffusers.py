@@ -233,3 +233,29 @@ def test_diffusers_runs_off_the_end_where_ours_finishes():
     assert run.timesteps.tolist() == theirs.timesteps.tolist()
     result = sample_loop(run, start_sample(), None, {})
     assert run.finished and np.all(np.isfinite(result))
+
+
+@pytest.mark.parametrize("name,config", [("DDPMScheduler", {"variance_type": "learned_range"}),
+                                         ("DDPMScheduler", {"variance_type": "learned"}),
+                                         ("DPMSolverMultistepScheduler", {"variance_type": "learned_range"})])
+def test_learned_variance_outputs_match_diffusers(name, config, monkeypatch):
+    """The model output holds 2 x 3 channels (ε, then the variance), as in guided diffusion."""
+    x, noises = start_sample(), step_noises(8)
+
+    def model(sample: np.ndarray, t: float) -> np.ndarray:
+        return np.concatenate([smooth_model(sample, t), 0.5 * np.tanh(sample) + 0.5], axis=1)
+
+    theirs = getattr(diffusers, name)(**config)
+    theirs.set_timesteps(8)
+    step = 0
+    monkeypatch.setattr(diffusers.schedulers.scheduling_ddpm, "randn_tensor",
+                        lambda shape, **kw: torch.from_numpy(noises[step]))
+    expected = torch.from_numpy(x)
+    for step, t in enumerate(theirs.timesteps):
+        expected = theirs.step(torch.from_numpy(model(expected.numpy(), float(t))), t, expected).prev_sample
+    run = getattr(diffusion, name)(**config).start(8)
+    got = tc.tensor(x)
+    for step, t in enumerate(run.timesteps):
+        kwargs = {"variance_noise": tc.tensor(noises[step])} if name == "DDPMScheduler" else {}
+        got = run.step(tc.tensor(model(got.numpy(), float(t))), t, got, **kwargs).prev_sample
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)

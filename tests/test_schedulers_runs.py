@@ -304,3 +304,25 @@ def test_cuda_runs_match_cpu(cls, config, step_kwargs):
         assert sample.device == "cuda" and t.device == "cuda"
     assert any(key[1] == "cuda" for key in scheduler.tables._device)  # the tables moved to the GPU
     np.testing.assert_allclose(sample.numpy(), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_schedulers_copy_and_pickle(cls):
+    import copy
+    import pickle
+
+    scheduler = cls(beta_schedule="scaled_linear")
+    x = tc.tensor(start_sample())
+    scheduler.add_noise(x, x, 10)  # fills the device table cache
+    for twin in (copy.deepcopy(scheduler), pickle.loads(pickle.dumps(scheduler))):
+        assert twin.config == scheduler.config
+        np.testing.assert_array_equal(twin.add_noise(x, x, 10).numpy(), scheduler.add_noise(x, x, 10).numpy())
+
+
+def test_ddpm_learned_variance_needs_the_variance_channels():
+    run = DDPMScheduler(variance_type="learned_range").start(4)
+    x = tc.zeros(1, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"needs a model output of 2 x 3 channels"):
+        run.step(x, run.timestep_at(0), x)
+    with pytest.raises(ValueError, match="whole number in"):
+        DDPMScheduler().step(x, 10.5, x)

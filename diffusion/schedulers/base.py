@@ -18,7 +18,8 @@ from tensorcore import dtypes
 from .betas import beta_schedule, cumprod, rescale_zero_terminal_snr
 from .config import ConfigMixin
 from .output import SchedulerOutput
-from .run import SchedulerRun, host_value
+from .run import SchedulerRun
+from .spacing import spaced_timesteps
 from .tables import DeviceTables
 
 
@@ -83,8 +84,13 @@ class SchedulerBase(ConfigMixin):
 
     def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None
                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """A run's timesteps (host, descending) and its own host tables."""
-        raise NotImplementedError(f"{type(self).__name__} does not define its schedule")
+        """A run's timesteps (host, descending) and its own host tables (DDPM's and DDIM's:
+        the spaced training timesteps, no tables)."""
+        if timesteps is None:
+            c = self._config
+            timesteps = spaced_timesteps(c["timestep_spacing"], c["num_train_timesteps"], num_inference_steps,
+                                         c["steps_offset"])
+        return timesteps, {}
 
     def _step(self, run: SchedulerRun, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               *args: Any, **kwargs: Any) -> SchedulerOutput | tuple:
@@ -240,11 +246,3 @@ def step_noise(op: str, like: tc.Tensor, generator: tc.Generator | None, varianc
         return variance_noise.to(dtype=dtype)
     device = like.device if generator is None else generator.device
     return tc.randn(*like.shape, dtype=dtype, device=device, generator=generator).to(like.device)
-
-
-def check_timestep_value(op: str, timestep: Any) -> int | float:
-    """The host value of a timestep given to a step that has no run to take it from."""
-    value = host_value(timestep, op)
-    if value is None:
-        raise ValueError(f"{op}: without set_timesteps the timestep must be a number or a CPU tensor")
-    return value
