@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import diffusion
+import tensorcore as tc
 from scheduler_cases import sample_loop, smooth_model, start_sample, step_noises
 
 diffusers = pytest.importorskip("diffusers")
@@ -120,7 +121,7 @@ def test_ddim_options(config, eta, monkeypatch):
     {"beta_schedule": "sigmoid", "clip_sample": False},
     {"beta_schedule": "laplace"},
     {"thresholding": True, "dynamic_thresholding_ratio": 0.9},
-    {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing"},
+    {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing", "prediction_type": "v_prediction"},
 ])
 def test_ddpm_options(config, monkeypatch):
     check_against_diffusers("DDPMScheduler", config, 10, monkeypatch, noisy=True)
@@ -162,3 +163,99 @@ def test_dpm_solver_options(config, steps, noisy, monkeypatch):
 def test_euler_options(config, step_kwargs, monkeypatch):
     check_against_diffusers("EulerDiscreteScheduler", config, 12, monkeypatch,
                             noisy="s_churn" in step_kwargs, step_kwargs=step_kwargs)
+
+
+@pytest.mark.parametrize("name", ["DDPMScheduler", "DDIMScheduler", "DPMSolverMultistepScheduler",
+                                  "EulerDiscreteScheduler"])
+@pytest.mark.parametrize("config", [{"beta_schedule": "linear"}, {"beta_schedule": "scaled_linear"},
+                                    {"beta_schedule": "squaredcos_cap_v2", "rescale_betas_zero_snr": True}])
+def test_tables_match_diffusers(name, config):
+    ours, theirs = getattr(diffusion, name)(**config), getattr(diffusers, name)(**config)
+    # (rescaled betas are 1 - α with α ≈ 1: they differ by float32 ulps of 1)
+    np.testing.assert_allclose(ours.betas.numpy(), theirs.betas.numpy(), rtol=1e-6, atol=5e-7)
+    np.testing.assert_allclose(ours.alphas_cumprod.numpy(), theirs.alphas_cumprod.numpy(), rtol=2e-6, atol=1e-9)
+    np.testing.assert_array_equal(ours.timesteps.numpy(), theirs.timesteps.numpy().astype(ours.timesteps.dtype))
+    if hasattr(theirs, "sigmas"):  # σ before set_timesteps (DPM keeps them ascending, Euler descending + 0)
+        # small σ = sqrt((1 - ᾱ) / ᾱ) inherit ᾱ's ulps of 1 (torch's float32 sqrt is not correctly rounded)
+        np.testing.assert_allclose(ours.sigmas.numpy(), theirs.sigmas.numpy(), rtol=2e-6, atol=1e-5)
+    assert ours.init_noise_sigma == pytest.approx(float(theirs.init_noise_sigma), rel=1e-6)
+
+
+@pytest.mark.parametrize("name,config", [("DPMSolverMultistepScheduler", {}),
+                                         ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),
+                                         ("EulerDiscreteScheduler", {"use_karras_sigmas": True}),
+                                         ("DDIMScheduler", {"clip_sample": False})])
+def test_image_to_image_start_matches_diffusers(name, config):
+    """Start at step 4 of 10 from a noised image: diffusers' set_begin_index + add_noise."""
+    x0, noise = start_sample(seed=3), step_noises(1, seed=4)[0]
+    theirs = getattr(diffusers, name)(**config)
+    theirs.set_timesteps(10)
+    if hasattr(theirs, "set_begin_index"):
+        theirs.set_begin_index(4)
+    sample = theirs.add_noise(torch.from_numpy(x0), torch.from_numpy(noise), theirs.timesteps[4:5])
+    for t in theirs.timesteps[4:]:
+        output = torch.from_numpy(smooth_model(theirs.scale_model_input(sample, t).numpy(), float(t)))
+        sample = theirs.step(output, t, sample).prev_sample
+    run = getattr(diffusion, name)(**config).start(10)
+    run.set_begin_index(4)
+    ours = run.add_noise(tc.tensor(x0), tc.tensor(noise))
+    for k in range(4, 10):
+        t = run.timesteps[k]
+        output = tc.tensor(smooth_model(run.scale_model_input(ours, t).numpy(), float(t)))
+        ours = run.step(output, t, ours).prev_sample
+    np.testing.assert_allclose(ours.numpy(), sample.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_ddpm_without_set_timesteps_matches_diffusers(monkeypatch):
+    x, noises = start_sample(), step_noises(5)
+    theirs = diffusers.DDPMScheduler()
+    step = 0
+    monkeypatch.setattr(diffusers.schedulers.scheduling_ddpm, "randn_tensor",
+                        lambda shape, **kw: torch.from_numpy(noises[step]))
+    ours = diffusion.DDPMScheduler()
+    expected, got = torch.from_numpy(x), tc.tensor(x)
+    for step, t in enumerate(range(999, 994, -1)):
+        expected = theirs.step(torch.from_numpy(smooth_model(expected.numpy(), t)), t, expected).prev_sample
+        got = ours.step(tc.tensor(smooth_model(got.numpy(), t)), t, got, variance_noise=tc.tensor(noises[step])).prev_sample
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_diffusers_runs_off_the_end_where_ours_finishes():
+    """DPM-Solver++ with Karras σ on the cosine schedule repeats timesteps (7 steps -> 998 three times)."""
+    config = {"beta_schedule": "squaredcos_cap_v2", "use_karras_sigmas": True}
+    theirs = diffusers.DPMSolverMultistepScheduler(**config)
+    theirs.set_timesteps(7)
+    sample = torch.from_numpy(start_sample())
+    with pytest.raises(IndexError):  # its step index searches the timestep list and overshoots
+        for t in theirs.timesteps:
+            sample = theirs.step(sample * 0.5, t, sample).prev_sample
+    run = diffusion.DPMSolverMultistepScheduler(**config).start(7)
+    assert run.timesteps.tolist() == theirs.timesteps.tolist()
+    result = sample_loop(run, start_sample(), None, {})
+    assert run.finished and np.all(np.isfinite(result))
+
+
+@pytest.mark.parametrize("name,config", [("DDPMScheduler", {"variance_type": "learned_range"}),
+                                         ("DDPMScheduler", {"variance_type": "learned"}),
+                                         ("DPMSolverMultistepScheduler", {"variance_type": "learned_range"})])
+def test_learned_variance_outputs_match_diffusers(name, config, monkeypatch):
+    """The model output holds 2 x 3 channels (ε, then the variance), as in guided diffusion."""
+    x, noises = start_sample(), step_noises(8)
+
+    def model(sample: np.ndarray, t: float) -> np.ndarray:
+        return np.concatenate([smooth_model(sample, t), 0.5 * np.tanh(sample) + 0.5], axis=1)
+
+    theirs = getattr(diffusers, name)(**config)
+    theirs.set_timesteps(8)
+    step = 0
+    monkeypatch.setattr(diffusers.schedulers.scheduling_ddpm, "randn_tensor",
+                        lambda shape, **kw: torch.from_numpy(noises[step]))
+    expected = torch.from_numpy(x)
+    for step, t in enumerate(theirs.timesteps):
+        expected = theirs.step(torch.from_numpy(model(expected.numpy(), float(t))), t, expected).prev_sample
+    run = getattr(diffusion, name)(**config).start(8)
+    got = tc.tensor(x)
+    for step, t in enumerate(run.timesteps):
+        kwargs = {"variance_noise": tc.tensor(noises[step])} if name == "DDPMScheduler" else {}
+        got = run.step(tc.tensor(model(got.numpy(), float(t))), t, got, **kwargs).prev_sample
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)

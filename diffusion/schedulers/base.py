@@ -7,6 +7,7 @@ diffusers' ``set_timesteps`` + ``step`` drive one default run kept on the schedu
 
 from __future__ import annotations
 
+import abc
 import numbers
 from typing import Any, ClassVar, Sequence
 
@@ -18,16 +19,16 @@ from tensorcore import dtypes
 from .betas import beta_schedule, cumprod, rescale_zero_terminal_snr
 from .config import ConfigMixin
 from .output import SchedulerOutput
-from .run import SchedulerRun, host_value
+from .run import SchedulerRun
+from .spacing import spaced_timesteps
 from .tables import DeviceTables
 
 
-class SchedulerBase(ConfigMixin):
+class SchedulerBase(ConfigMixin, abc.ABC):
     """Config, ᾱ tables and the parts of diffusers' scheduler API that all four share."""
 
     order: ClassVar[int] = 1
     timestep_dtype: ClassVar[Any] = np.int64
-    init_noise_sigma_default: ClassVar[float] = 1.0
 
     def __init__(self) -> None:
         config = self._config
@@ -61,40 +62,55 @@ class SchedulerBase(ConfigMixin):
         name = f"{type(self).__name__}.start"
         if (num_inference_steps is None) == (timesteps is None):
             raise ValueError(f"{name}: pass exactly one of num_inference_steps and timesteps")
-        T = self._config["num_train_timesteps"]
         if timesteps is not None:
-            custom = np.asarray(timesteps)
-            if custom.ndim != 1 or custom.size == 0 or custom.dtype.kind not in "iuf":
-                raise ValueError(f"{name}: timesteps must be a non-empty list of numbers, got {timesteps!r}")
-            if np.dtype(self.timestep_dtype).kind == "i" and np.any(custom != np.round(custom)):
-                raise ValueError(f"{name}: timesteps must be whole numbers, got {custom.tolist()}")
-            if np.any(np.diff(custom) >= 0) or custom[0] > T - 1 or custom[-1] < 0:
-                raise ValueError(f"{name}: timesteps must descend within [0, {T - 1}], got {custom.tolist()}")
-            schedule, tables = self._schedule(len(custom), custom.astype(np.float64))
+            custom = self._checked_timesteps(timesteps, name)
+            schedule, tables = self._schedule(len(custom), custom)
         else:
-            if not isinstance(num_inference_steps, numbers.Integral) or isinstance(num_inference_steps, bool) \
-                    or num_inference_steps < 1:
-                raise ValueError(f"{name}: num_inference_steps must be a positive int, got {num_inference_steps!r}")
-            if num_inference_steps > T:
-                raise ValueError(f"{name}: num_inference_steps ({num_inference_steps}) cannot be larger than "
-                                 f"num_train_timesteps ({T})")
-            schedule, tables = self._schedule(int(num_inference_steps), None)
+            schedule, tables = self._schedule(self._checked_steps(num_inference_steps, name), None)
         return SchedulerRun(self, schedule.astype(self.timestep_dtype), device or "cpu", tables)
+
+    def _checked_steps(self, num_inference_steps: Any, name: str) -> int:
+        T = self._config["num_train_timesteps"]
+        if not isinstance(num_inference_steps, numbers.Integral) or isinstance(num_inference_steps, bool) \
+                or num_inference_steps < 1:
+            raise ValueError(f"{name}: num_inference_steps must be a positive int, got {num_inference_steps!r}")
+        if num_inference_steps > T:
+            raise ValueError(f"{name}: num_inference_steps ({num_inference_steps}) cannot be larger than "
+                             f"num_train_timesteps ({T})")
+        return int(num_inference_steps)
+
+    def _checked_timesteps(self, timesteps: Sequence[float], name: str) -> np.ndarray:
+        """Custom timesteps as float64, checked: descending, within [0, T), whole where the dtype is."""
+        T = self._config["num_train_timesteps"]
+        custom = np.asarray(timesteps)
+        if custom.ndim != 1 or custom.size == 0 or custom.dtype.kind not in "iuf":
+            raise ValueError(f"{name}: timesteps must be a non-empty list of numbers, got {timesteps!r}")
+        if np.dtype(self.timestep_dtype).kind == "i" and np.any(custom != np.round(custom)):
+            raise ValueError(f"{name}: timesteps must be whole numbers, got {custom.tolist()}")
+        if np.any(np.diff(custom) >= 0) or custom[0] > T - 1 or custom[-1] < 0:
+            raise ValueError(f"{name}: timesteps must descend within [0, {T - 1}], got {custom.tolist()}")
+        return custom.astype(np.float64)
 
     def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None
                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """A run's timesteps (host, descending) and its own host tables."""
-        raise NotImplementedError(f"{type(self).__name__} does not define its schedule")
+        """A run's timesteps (host, descending) and its own host tables (DDPM's and DDIM's:
+        the spaced training timesteps, no tables)."""
+        if timesteps is None:
+            c = self._config
+            timesteps = spaced_timesteps(c["timestep_spacing"], c["num_train_timesteps"], num_inference_steps,
+                                         c["steps_offset"])
+        return timesteps, {}
 
+    @abc.abstractmethod
     def _step(self, run: SchedulerRun, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               *args: Any, **kwargs: Any) -> SchedulerOutput | tuple:
-        raise NotImplementedError(f"{type(self).__name__} does not define its step")
+        """One step of ``run``: what ``step`` does, with the scheduler's own arguments."""
 
     def _scale_model_input(self, run: SchedulerRun | None, sample: tc.Tensor, timestep: Any) -> tc.Tensor:
         return sample
 
     def _init_noise_sigma(self, run: SchedulerRun | None) -> float:
-        return self.init_noise_sigma_default
+        return 1.0
 
     def _add_noise_at(self, run: SchedulerRun, original_samples: tc.Tensor, noise: tc.Tensor) -> tc.Tensor:
         return self.add_noise(original_samples, noise, run.timestep_at(run.position))
@@ -240,11 +256,3 @@ def step_noise(op: str, like: tc.Tensor, generator: tc.Generator | None, varianc
         return variance_noise.to(dtype=dtype)
     device = like.device if generator is None else generator.device
     return tc.randn(*like.shape, dtype=dtype, device=device, generator=generator).to(like.device)
-
-
-def check_timestep_value(op: str, timestep: Any) -> int | float:
-    """The host value of a timestep given to a step that has no run to take it from."""
-    value = host_value(timestep, op)
-    if value is None:
-        raise ValueError(f"{op}: without set_timesteps the timestep must be a number or a CPU tensor")
-    return value

@@ -1,8 +1,9 @@
 """Beta schedules and ᾱ, computed in float32 on the host as diffusers computes them.
 
 diffusers builds these tables with torch in float32; the same operations in NumPy give
-the same values (torch's ``cumprod`` accumulates in float64, so this one does too;
-``linspace`` here is correctly rounded, torch's may differ from it by one float32 ulp).
+the same values up to rounding: torch's ``cumprod`` accumulates in float64, so this one
+does too, while NumPy's ``linspace`` and ``sqrt`` are correctly rounded where torch's
+may be one float32 ulp off.
 """
 
 from __future__ import annotations

@@ -82,7 +82,10 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 def _plain(value: Any) -> Any:
     """``value`` as a plain Python (JSON-able) value: NumPy scalars and arrays unwrapped."""
     if isinstance(value, np.ndarray | list | tuple):
-        return [float(v) for v in value]
+        try:
+            return [float(v) for v in value]
+        except (TypeError, ValueError):
+            return list(value)
     if isinstance(value, np.generic):
         return value.item()
     return value
@@ -110,22 +113,23 @@ class ConfigMixin:
         """Check and record the configuration; ``explicit`` names the keys the caller passed."""
         config = Config()
         for key, value in values.items():
-            value = _plain(value)
-            self._check_value(key, value)
-            config[key] = value
+            config[key] = self._checked(key, _plain(value))
         config["_use_default_values"] = sorted(set(values) - explicit)
         self._config = config
 
     @classmethod
-    def _check_value(cls, key: str, value: Any) -> None:
+    def _checked(cls, key: str, value: Any) -> Any:
+        """``value`` if it is valid for ``key`` (a choice as the allowed value itself), else ValueError."""
         if key in cls._choices:
             allowed = cls._choices[key]
-            if not any(_same(value, a) for a in allowed):
-                raise ValueError(f"{cls.__name__}: {key} must be one of {allowed}, got {value!r}")
-            return
-        check, expected = _RULES.get(key, (_flag, "a bool"))
+            for choice in allowed:
+                if _same(value, choice):
+                    return choice
+            raise ValueError(f"{cls.__name__}: {key} must be one of {allowed}, got {value!r}")
+        check, expected = _RULES.get(key, (_flag, "a bool"))  # keys with no rule are flags
         if not check(value):
             raise ValueError(f"{cls.__name__}: {key} must be {expected}, got {value!r}")
+        return value
 
     @property
     def config(self) -> Config:

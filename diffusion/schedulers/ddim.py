@@ -14,7 +14,7 @@ from .config import register_to_config
 from .output import SchedulerOutput
 from .prediction import PREDICTION_TYPES, bound_original, like, predict_epsilon, predict_original
 from .run import SchedulerRun
-from .spacing import SPACINGS, spaced_timesteps
+from .spacing import SPACINGS
 
 
 class DDIMScheduler(SchedulerBase):
@@ -49,13 +49,6 @@ class DDIMScheduler(SchedulerBase):
     @property
     def final_alpha_cumprod(self) -> tc.Tensor:
         return tc.tensor(self._host["final_alpha_cumprod"])
-
-    def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None) -> tuple[np.ndarray, dict]:
-        if timesteps is None:
-            c = self._config
-            timesteps = spaced_timesteps(c["timestep_spacing"], c["num_train_timesteps"], num_inference_steps,
-                                         c["steps_offset"])
-        return timesteps, {}
 
     def _prev_timestep(self, run: SchedulerRun, position: int, t: int) -> int:
         """The timestep this step goes to (negative: past the end, to ``final_alpha_cumprod``)."""

@@ -8,12 +8,12 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import SchedulerBase, check_pair, check_timestep_value, step_noise
+from .base import SchedulerBase, check_pair, step_noise
 from .config import register_to_config
 from .output import SchedulerOutput
 from .prediction import PREDICTION_TYPES, bound_original, like, predict_original
-from .run import SchedulerRun
-from .spacing import SPACINGS, spaced_timesteps
+from .run import SchedulerRun, host_value
+from .spacing import SPACINGS
 
 VARIANCE_TYPES = ("fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log", "learned", "learned_range")
 
@@ -45,13 +45,6 @@ class DDPMScheduler(SchedulerBase):
                  rescale_betas_zero_snr: bool = False) -> None:
         super().__init__()
         self._host["one"] = np.asarray(1.0, dtype=np.float32)
-
-    def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None) -> tuple[np.ndarray, dict]:
-        if timesteps is None:
-            c = self._config
-            timesteps = spaced_timesteps(c["timestep_spacing"], c["num_train_timesteps"], num_inference_steps,
-                                         c["steps_offset"])
-        return timesteps, {}
 
     def step(self, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor, *args: Any,
              **kwargs: Any) -> SchedulerOutput | tuple:
@@ -94,6 +87,15 @@ class DDPMScheduler(SchedulerBase):
             return (0.5 * variance).exp()
         return variance.sqrt()
 
+    def _training_timestep(self, timestep: Any, op: str) -> int:
+        """The value of a timestep stepped without a run: a whole number in [0, T)."""
+        value = host_value(timestep, op)
+        if value is None:
+            raise ValueError(f"{op}: without set_timesteps the timestep must be a number or a CPU tensor")
+        if value != int(value) or not 0 <= value < len(self):
+            raise ValueError(f"{op}: timestep must be a whole number in [0, {len(self)}), got {value}")
+        return int(value)
+
     def _step(self, run: SchedulerRun | None, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               generator: tc.Generator | None = None, variance_noise: tc.Tensor | None = None,
               return_dict: bool = True) -> SchedulerOutput | tuple:
@@ -104,10 +106,11 @@ class DDPMScheduler(SchedulerBase):
         if learned and isinstance(model_output, tc.Tensor) and channels and model_output.shape[1] == 2 * channels:
             model_output, predicted_variance = model_output[:, :channels], model_output[:, channels:]
         check_pair(op, sample, model_output, "model_output")
+        if learned and predicted_variance is None:
+            raise ValueError(f"{op}: variance_type {self._config['variance_type']!r} needs a model output of "
+                             f"2 x {channels} channels (the variance second), got shape {model_output.shape}")
         if run is None:  # no timesteps set: every training timestep, t -> t - 1
-            t = int(check_timestep_value(op, timestep))
-            if not 0 <= t < len(self):
-                raise ValueError(f"{op}: timestep {t} is outside [0, {len(self)})")
+            t = self._training_timestep(timestep, op)
             prev_t = t - 1
         else:
             position = run._position(timestep, op)

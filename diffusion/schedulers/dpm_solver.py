@@ -12,7 +12,7 @@ import tensorcore as tc
 from .base import SchedulerBase, check_pair, step_noise
 from .config import register_to_config
 from .output import SchedulerOutput
-from .prediction import PREDICTION_TYPES, dynamic_threshold, like, predict_original
+from .prediction import PREDICTION_TYPES, dynamic_threshold, like, predict_original, upcast
 from .run import SchedulerRun
 from .sigmas import exponential_sigmas, karras_sigmas, sigma_to_t, train_sigmas
 from .spacing import SPACINGS
@@ -157,7 +157,7 @@ class DPMSolverMultistepScheduler(SchedulerBase):
         noise = None
         if c["algorithm_type"] == "sde-dpmsolver++":
             noise = step_noise(op, model_output, generator, variance_noise, tc.float32)
-        prev_sample = self._update(run, i, order, history, sample.to(tc.float32), noise).to(model_output.dtype)
+        prev_sample = self._update(run, i, order, history, upcast(sample), noise).to(model_output.dtype)
         run._advance(history)
         out = SchedulerOutput(prev_sample, original)
         return out if return_dict else out.to_tuple()

@@ -13,7 +13,7 @@ import tensorcore as tc
 from .base import SchedulerBase, check_pair, step_noise, timestep_tensor
 from .config import register_to_config
 from .output import SchedulerOutput
-from .prediction import PREDICTION_TYPES
+from .prediction import PREDICTION_TYPES, upcast
 from .run import SchedulerRun
 from .sigmas import exponential_sigmas, karras_sigmas, sigma_to_t, train_sigmas
 from .spacing import SPACINGS, spaced_timesteps
@@ -164,7 +164,7 @@ class EulerDiscreteScheduler(SchedulerBase):
         sigmas = run.tables.get("sigmas", sample.device)
         sigma = sigmas[i]
         sigma_hat = sigma * (gamma + 1)
-        sample = sample.to(tc.float32)
+        sample = upcast(sample)
         if gamma > 0:
             eps = step_noise(op, model_output, generator, variance_noise) * s_noise
             sample = sample + eps * (sigma_hat * sigma_hat - sigma * sigma).sqrt()

@@ -24,6 +24,11 @@ def like(coefficient: tc.Tensor, x: tc.Tensor) -> tc.Tensor:
     return coefficient.to(x.dtype)
 
 
+def upcast(x: tc.Tensor) -> tc.Tensor:
+    """``x`` in float32 at least (half precision upcast, float64 kept) for a solver update."""
+    return x if x.dtype in (dtypes.float32, dtypes.float64) else x.to(dtypes.float32)
+
+
 def predict_original(prediction_type: str, model_output: tc.Tensor, sample: tc.Tensor,
                      alpha: tc.Tensor, sigma: tc.Tensor) -> tc.Tensor:
     """x̂₀ at the noise level (alpha, sigma)."""

@@ -22,6 +22,12 @@ class DeviceTables:
         self._device: dict[tuple[str, str, Any], tc.Tensor] = {}
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:  # copies and pickles keep the host tables only
+        return {"host": self.host}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["host"])
+
     def get(self, name: str, device: str, dtype: Any = None) -> tc.Tensor:
         """Table ``name`` on ``device`` as ``dtype`` (default: the host array's dtype)."""
         host = self.host[name]
