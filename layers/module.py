@@ -364,7 +364,7 @@ def _move_parameter(p: Parameter, device: str | None, dtype: Any) -> bool:
     new = _moved(p, device, dtype)
     if new is p:
         return False
-    p.data, p.device = new.data, new.device
+    p._set_storage(new.data, new.device)
     if p.grad is not None:
         p.grad = _moved(p.grad, device, dtype)
     return True

@@ -11,6 +11,7 @@ import pytest
 
 import optim
 import tensorcore as tc
+from layers.module import Module
 from layers.parameter import Parameter
 from optim.flat import ALIGN_BYTES, address
 
@@ -263,8 +264,10 @@ def test_a_bad_step_raises_before_updating_anything(corrupt: str) -> None:
         opt.param_groups[0]["lr"] = float("nan")
     elif corrupt == "negative-beta":
         opt.param_groups[0]["betas"] = (0.9, -0.5)
-    elif corrupt == "dtype":
-        params[-1].data = params[-1].data.astype(np.float32)
+    elif corrupt == "dtype":  # a module cast after the optimizer was made
+        holder = Module()
+        holder.p = params[-1]
+        holder.to(dtype=tc.float32)
         values[-1] = params[-1].numpy().copy()
     else:
         params[-1].grad = tc.zeros(3, dtype=tc.float64)
