@@ -375,3 +375,16 @@ def test_assigning_data_of_another_shape_dtype_or_device_raises_and_changes_noth
     np.testing.assert_array_equal(m.weight.numpy(), before)
     assert m(tc.ones(1, 4)).shape == (1, 2)
 
+
+@pytest.mark.parametrize("state, error, text", [
+    ([1, 2, 3], TypeError, "expected a mapping of names to tensors .* got list"),
+    ({0: np.zeros((4, 3))}, TypeError, "keys must be .* names .* got 0 of type int"),
+    (lambda m: {**m.state_dict(), "0.bias": None}, TypeError, r"'0.bias' is None; expected .* shape \(8,\)"),
+])
+def test_load_state_dict_says_what_it_expected(state, error, text):
+    model = mlp()
+    before = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    with pytest.raises(error, match=text):
+        model.load_state_dict(state(model) if callable(state) else state)
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), before[key])

@@ -237,6 +237,14 @@ def test_a_parameter_twice_or_a_non_leaf_raises() -> None:
         optim.Adam([tc.tensor([1, 2])])
 
 
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LAMB", "LARS", "Lion"])
+def test_one_parameter_instead_of_an_iterable_says_so(name: str) -> None:
+    with pytest.raises(TypeError, match=f"^{name}: params must be an iterable of Parameters or dicts, got a Parameter"):
+        getattr(optim, name)(_p(), lr=0.1)
+    with pytest.raises(TypeError, match="got a dict"):
+        getattr(optim, name)({"params": [_p()]}, lr=0.1)
+
+
 def _stepped_adam() -> tuple[optim.Adam, list[Parameter], dict]:
     params = _params(_initial())
     opt = optim.Adam(params, lr=1e-2)
