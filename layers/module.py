@@ -290,6 +290,13 @@ class Module:
         With ``strict``, missing and unexpected keys raise; a wrong shape always raises.
         Every check runs before the first copy, so a failure leaves the module as it was.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"load_state_dict for {type(self).__name__}: expected a mapping of names to tensors "
+                            f"(such as state_dict() returns), got {type(state_dict).__name__}")
+        bad_keys = [k for k in state_dict if not isinstance(k, str)]
+        if bad_keys:
+            raise TypeError(f"load_state_dict for {type(self).__name__}: keys must be parameter and buffer names "
+                            f"(str), got {bad_keys[0]!r} of type {type(bad_keys[0]).__name__}")
         targets = self.state_dict()
         missing = [k for k in targets if k not in state_dict]
         unexpected = [k for k in state_dict if k not in targets]
@@ -364,7 +371,7 @@ def _move_parameter(p: Parameter, device: str | None, dtype: Any) -> bool:
     new = _moved(p, device, dtype)
     if new is p:
         return False
-    p.data, p.device = new.data, new.device
+    p._set_storage(new.data, new.device)
     if p.grad is not None:
         p.grad = _moved(p.grad, device, dtype)
     return True
@@ -373,6 +380,8 @@ def _move_parameter(p: Parameter, device: str | None, dtype: Any) -> bool:
 def _as_tensor(value: Any, like: Tensor, key: str) -> Tensor:
     if isinstance(value, Tensor):
         return value.detach()
+    if value is None:
+        raise TypeError(f"load_state_dict: value for {key!r} is None; expected a tensor or array of shape {like.shape}")
     try:
         return tc.tensor(value, device="cpu", dtype=like.dtype)
     except (TypeError, ValueError) as exc:

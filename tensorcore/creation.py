@@ -8,6 +8,7 @@ import numpy as np
 
 from . import dtypes
 from .backends import backend_for, default_device_name
+from .ops.shape_utils import nested_shape
 from .tensor import Tensor
 
 
@@ -32,12 +33,20 @@ def tensor(data: Any, dtype: Any = None, device: str | None = None, requires_gra
     device = _device(device)
     if isinstance(data, Tensor):
         data = data.numpy()
+    elif hasattr(data, "__cuda_array_interface__"):  # a CuPy array: copy it to the host first
+        data = data.get()
+    elif isinstance(data, list | tuple):
+        nested_shape(data, "tensor: the data")
+    elif not isinstance(data, bool | int | float | np.generic) and not hasattr(data, "__array__"):
+        raise TypeError(f"tensor: expected a number, a nested list of numbers, an array or a Tensor, "
+                        f"got {type(data).__name__}")
     keeps_dtype = hasattr(data, "dtype")
-    array = np.array(data.get() if hasattr(data, "get") else data, dtype=None if dtype is None else dtypes.as_dtype(dtype))
+    array = np.array(data, dtype=None if dtype is None else dtypes.as_dtype(dtype))
     if dtype is None and not keeps_dtype and array.dtype == np.float64:
         array = array.astype(dtypes.default_float)
     if array.dtype not in dtypes.SUPPORTED:
-        raise TypeError(f"tensor: dtype {array.dtype} of the data is not supported")
+        raise TypeError(f"tensor: expected numbers of a supported dtype ({', '.join(map(str, dtypes.SUPPORTED))}), "
+                        f"got data of dtype {array.dtype}")
     return Tensor(backend_for(device).from_numpy(array), device, requires_grad)
 
 

@@ -107,8 +107,10 @@ class Tensor:
     def detach(self) -> "Tensor":
         return Tensor._wrap(self.data, self.device)
 
-    def backward(self, gradient: Any = None) -> None:
-        autograd.backward(self, gradient)
+    def backward(self, gradient: Any = None, retain_graph: bool = False) -> None:
+        """Accumulate this tensor's gradient into the leaves' ``.grad``; the graph is
+        freed afterwards unless ``retain_graph`` keeps it for another backward."""
+        autograd.backward(self, gradient, retain_graph)
 
     def zero_grad(self) -> None:
         self.grad = None
