@@ -260,7 +260,7 @@ def encode(plan: Plan, to_host: Any) -> dict:
     storages = [[s.kind, s.nbytes, s.origin, list(s.root[0]), list(s.root[1]), s.root[2].name, s.input_index,
                  s.name, s.producer, s.written] for s in g.storages]
     values = [[v.storage, v.offset, list(v.shape), list(v.strides), v.dtype.name] for v in g.values]
-    nodes = [[n.op, _encode(n.args), _encode(n.kwargs), _encode(n.out), list(n.writes), n.effect,
+    nodes = [[n.index, n.op, _encode(n.args), _encode(n.kwargs), _encode(n.out), list(n.writes), n.effect,
               None if n.data is None else _host_array(to_host(n.data))] for n in g.nodes]
     return {"backend": g.backend, "device": g.device, "storages": storages, "values": values, "nodes": nodes,
             "objects": list(g.object_names), "inputs": list(g.inputs), "outputs": _encode(g.outputs),
@@ -391,17 +391,18 @@ def decode(data: Any, named: list[tuple[str, Tensor]], backend: Any, inputs: lis
         _need(name == f"rng:{backend.device}", f"unknown object {name!r}")
         objects.append(default_generator(backend.device)._state)
     nodes = []
-    for i, n in enumerate(raw_nodes):
-        _need(type(n) is list and len(n) == 7 and n[0] in OPS, f"bad node {str(n)[:60]}")
-        args, kwargs, out = (_decode(x, len(values), len(objects)) for x in n[1:4])
+    for n in raw_nodes:
+        _need(type(n) is list and len(n) == 8 and n[1] in OPS, f"bad node {str(n)[:60]}")
+        index = _int(n[0], "node index", nodes[-1].index + 1 if nodes else 0)
+        args, kwargs, out = (_decode(x, len(values), len(objects)) for x in n[2:5])
         _need(type(args) is tuple and type(kwargs) is dict, "bad call")
-        writes = tuple(_int(w, "writes", 0, len(storages)) for w in _ints(n[4], "writes"))
+        writes = tuple(_int(w, "writes", 0, len(storages)) for w in _ints(n[5], "writes"))
         constant = None
-        if n[6] is not None:
-            _need(type(n[6]) is dict and set(n[6]) == {"array"}, "bad constant")
-            constant = backend.from_numpy(_decode_array(n[6]["array"]))
-        _need((n[0] == "constant") == (constant is not None), "constant without data")
-        nodes.append(Node(i, n[0], args, kwargs, out, writes, n[5] is True, constant))
+        if n[7] is not None:
+            _need(type(n[7]) is dict and set(n[7]) == {"array"}, "bad constant")
+            constant = backend.from_numpy(_decode_array(n[7]["array"]))
+        _need((n[1] == "constant") == (constant is not None), "constant without data")
+        nodes.append(Node(index, n[1], args, kwargs, out, writes, n[6] is True, constant))
     graph = Graph(backend.name, backend.device, storages, values, nodes, objects, list(data["objects"]),
                   [_int(v, "input", 0, len(values)) for v in _ints(data.get("inputs"), "inputs")],
                   _decode(data.get("outputs"), len(values), len(objects)))
