@@ -13,11 +13,13 @@ range of every section, updated by one kernel call per step.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
 
 from tensorcore import Tensor
+from tensorcore.compile import trace
 
 ALIGN_BYTES = 256
 
@@ -122,10 +124,9 @@ class Segment:
             pieces.append(backend.reshape(p.grad.data, (size,)) if p.grad is not None else self._zeros[:size])
             if gap > size:
                 pieces.append(self._zeros[:gap - size])
-        backend.xp.concatenate(pieces, axis=0, out=self.section("grad"))
-        for p, view in zip(self.params, self.grad_views):
-            if p.grad is not None:
-                p.grad = Tensor(view, self.device)
+        backend.concatenate(pieces, 0, out=self.section("grad"))
+        grads = [(p, Tensor(view, self.device)) for p, view in zip(self.params, self.grad_views) if p.grad is not None]
+        trace.host_effect(functools.partial(_set_grads, grads))
 
     def advance(self, first: int, last: int) -> None:
         """Count one step on the host for parameters ``first .. last - 1``."""
@@ -151,6 +152,11 @@ class Segment:
 
     def grads_are_views(self) -> bool:
         return all(p.grad is None or p.grad.data is view for p, view in zip(self.params, self.grad_views))
+
+
+def _set_grads(grads: Sequence[tuple[Tensor, Tensor]]) -> None:
+    for p, grad in grads:
+        p.grad = grad
 
 
 def layout(groups: Sequence[Sequence[Tensor]], dtype: Any) -> tuple[list[list[int]], list[int], int]:

@@ -24,12 +24,14 @@ Every check (options, devices, dtypes, shapes) runs before anything is written.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from tensorcore import Tensor, dtypes
+from tensorcore.compile import trace
 
 from .flat import Segment
 from .packing import Packing, pack, state_arrays
@@ -146,18 +148,16 @@ class Optimizer:
                     p.data = view
             if not segment.grads_are_views():
                 segment.gather_grads()
-        if group["lr"] != segment.lr_seen:
-            backend.copy_(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
-            segment.lr_seen = group["lr"]
+        trace.host_effect(functools.partial(_sync_lr, segment, group))
         for first, last in [(0, len(segment.params))] if bound and segment.uniform else _runs(segment):
             step = None
             if self.uses_step:
                 backend.add_(segment.steps[first:last], segment.one)
                 step = segment.steps[first:first + 1]
             self.update(backend, segment, first, last, group, step)
-            segment.advance(first, last)
+            trace.host_effect(functools.partial(segment.advance, first, last))
         for view, (low, high) in segment.bounded:
-            backend.xp.clip(view, low, high, out=view)
+            backend.clip(view, low, high, out=view)
 
     def _packed(self) -> Packing:
         if self._packing is None:
@@ -259,6 +259,14 @@ class Optimizer:
             segment, i = self._packing.locate(p)
             if n in saved_state:
                 _load_entry(segment, i, saved_state[n])
+
+
+def _sync_lr(segment: Segment, group: dict[str, Any]) -> None:
+    """Copy a changed ``group["lr"]`` into the segment's device scalar."""
+    if group["lr"] != segment.lr_seen:
+        backend = segment.buffer.backend
+        backend.copy_(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
+        segment.lr_seen = group["lr"]
 
 
 def _load_entry(segment: Segment, i: int, entry: dict[str, Any]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from tensorcore.compile import trace
+
 from . import checks
 from .flat import Segment
 from .optimizer import Optimizer
@@ -35,7 +37,9 @@ class SGD(Optimizer):
                step: Any) -> None:
         momentum = group["momentum"]
         buf = segment.section("momentum_buffer", first, last) if momentum != 0 else None
-        first_step = segment.one if segment.counts[first] == 0 else segment.zero
+        is_first = segment.counts[first] == 0
+        trace.guard(lambda: (segment.counts[first] == 0) == is_first)  # a replay repeats this choice
+        first_step = segment.one if is_first else segment.zero
         backend.sgd_update_(segment.section("param", first, last), segment.section("grad", first, last), buf,
                             segment.lr, momentum, group["dampening"], bool(group["nesterov"]),
                             group["weight_decay"], first_step)

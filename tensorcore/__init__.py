@@ -25,3 +25,5 @@ half, float, double, long, int = float16, float32, float64, int64, int32  # noqa
 clamp = clip
 
 __version__ = "0.1.0"
+
+from .compile import compile  # noqa: E402,A001  (last: the tracer builds on everything above)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from . import dtypes
@@ -16,6 +17,7 @@ class Generator:
         self.device = device
         self._lock = threading.Lock()
         self.manual_seed(_default_seed[0] if seed is None else seed)
+        _generators.add(self)
 
     def manual_seed(self, seed: int) -> "Generator":
         if not isinstance(seed, int) or seed < 0:
@@ -34,6 +36,7 @@ class Generator:
 
 
 _default: dict[str, Generator] = {}
+_generators: "weakref.WeakSet[Generator]" = weakref.WeakSet()  # compiled plans find a state's generator here
 _default_seed = [0x5EED]
 
 

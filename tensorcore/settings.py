@@ -1,7 +1,10 @@
 """Every setting tensorcore reads from the environment, read in one place.
 
 ``TENSORCORE_BACKEND``   numpy | numba | cupy (default: numba if it imports, else numpy)
-``DEBUG``                1 or more: print each op with backend, shapes and time
+``DEBUG``                1 or more: print each op with backend, shapes and time; 2 also
+                         the graph and plan of each compiled call
+``TENSORCORE_CACHE_DIR`` where ``tc.compile`` keeps plans on disk (default ~/.cache/tensorcore);
+                         read when a compiled callable is created
 Matmul precision ("highest" | "high") is a runtime setting, as in PyTorch.
 
 Unless the backend is "numpy", importing tensorcore also shortens the busy-wait of idle
@@ -28,6 +31,11 @@ if backend_name != "numpy":
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 debug_level = int(os.environ.get("DEBUG", "0") or 0)
 matmul_precision = "highest"
+
+
+def cache_dir() -> str:
+    """The disk cache directory: ``TENSORCORE_CACHE_DIR`` or ``~/.cache/tensorcore``."""
+    return os.environ.get("TENSORCORE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tensorcore")
 
 
 def set_matmul_precision(precision: str) -> None:

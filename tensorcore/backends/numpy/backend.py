@@ -1,8 +1,10 @@
 """The NumPy backend: the complete, readable reference for every kernel.
 
 Primitives live here and are written against ``self.xp`` so the CuPy backend inherits
-them by swapping the array module; the fused ops live in ``nn`` and the optimizer
-updates in ``optim``.
+them by swapping the array module.  The elementwise primitives, ``matmul``, ``clip`` and
+``concatenate`` take an optional ``out=`` array (compiled replay writes results into
+its planned buffers with it); the fused ops live in ``nn`` and the optimizer updates
+in ``optim``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ _BINARY = {
     "floordiv": "floor_divide", "mod": "remainder",
 }
 _REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "prod", "any": "any", "all": "all"}
+
+
+def _into(out: Any, result: Any) -> Any:
+    """``result``, copied into ``out`` when an output buffer is given."""
+    if out is None:
+        return result
+    out[...] = result
+    return out
 
 
 class NumpyPrimitives:
@@ -78,30 +88,32 @@ class NumpyPrimitives:
         self.xp.add(dst, src, out=dst, casting="unsafe")
 
     # ----- elementwise -------------------------------------------------------------
-    def unary(self, op: str, a):
+    def unary(self, op: str, a, out=None):
         xp = self.xp
         if op in _UNARY:
-            return getattr(xp, _UNARY[op])(a)
+            return getattr(xp, _UNARY[op])(a, out=out)
         if op == "rsqrt":
-            return 1 / xp.sqrt(a)
-        if op == "sigmoid":
-            return self.bias_act(a, None, "sigmoid", 0)
+            return xp.divide(1, xp.sqrt(a, out=out), out=out)
         if op == "relu":
-            return xp.maximum(a, a.dtype.type(0))
-        if op == "erf":
-            return erf(xp, a)
+            return xp.maximum(a, a.dtype.type(0), out=out)
         if op == "softplus":
-            return xp.logaddexp(a, a.dtype.type(0))
-        return self.bias_act(a, None, op, 0)
+            return xp.logaddexp(a, a.dtype.type(0), out=out)
+        if op == "erf":
+            return _into(out, erf(xp, a))
+        return _into(out, self.bias_act(a, None, op, 0))  # sigmoid and the other activations
 
-    def binary(self, op: str, a, b):
-        return getattr(self.xp, _BINARY[op])(a, b)
+    def binary(self, op: str, a, b, out=None):
+        return getattr(self.xp, _BINARY[op])(a, b, out=out)
 
-    def where(self, cond, a, b):
-        return self.xp.where(cond, a, b)
+    def where(self, cond, a, b, out=None):
+        if out is None:
+            return self.xp.where(cond, a, b)
+        self.xp.copyto(out, b)
+        self.xp.copyto(out, a, where=cond)
+        return out
 
-    def clip(self, a, lo, hi):
-        return self.xp.clip(a, lo, hi)
+    def clip(self, a, lo, hi, out=None):
+        return self.xp.clip(a, lo, hi, out=out)
 
     def leaky_relu(self, a, slope):
         return self.xp.where(a > 0, a, a * a.dtype.type(slope))
@@ -134,8 +146,8 @@ class NumpyPrimitives:
     def broadcast_to(self, a, shape):
         return self.xp.broadcast_to(a, shape)
 
-    def concatenate(self, arrays: Sequence[Any], axis: int):
-        return self.xp.concatenate(arrays, axis=axis)
+    def concatenate(self, arrays: Sequence[Any], axis: int, out=None):
+        return self.xp.concatenate(arrays, axis=axis, out=out)
 
     def stack(self, arrays: Sequence[Any], axis: int):
         return self.xp.stack(arrays, axis=axis)
@@ -156,8 +168,8 @@ class NumpyPrimitives:
         self.xp.add.at(dst, index, value)
 
     # ----- linear algebra ----------------------------------------------------------
-    def matmul(self, a, b):
-        return self.xp.matmul(a, b)
+    def matmul(self, a, b, out=None):
+        return self.xp.matmul(a, b, out=out)
 
     # ----- RNG ---------------------------------------------------------------------
     def rng(self, seed: int):

@@ -1,0 +1,473 @@
+"""The compiled callable: look a call's key up, replay its plan, or trace it.
+
+One ``Compiled`` wraps a function or a Module.  A call computes its key (``cache.key``);
+a cached plan whose guards hold is replayed; otherwise the key is traced (or its plan
+loaded from the disk cache) and the traced call's own result is returned.  Keys that
+cannot be compiled run eagerly: after a refused trace with ``fallback="eager"``, a
+replay that failed, or traces that never settle.  Each such key warns once.
+
+Thread safety: one lock guards the cache and the counters; each plan has its own lock,
+so calls with one key replay one at a time (they share the plan's buffers) while
+different keys run in parallel.  A key is traced by one thread; others arriving with
+the same key meanwhile run eagerly instead of waiting.  A call made while the current
+thread is tracing (a compiled function calling another) runs eagerly, so the outer
+trace records it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import logging
+import operator
+import threading
+import time
+import warnings
+from itertools import chain
+from typing import Any, Callable, Iterable, NamedTuple
+
+from .. import settings
+from ..backends import backend_for, default_device_name
+from ..random import _default, _generators
+from ..tensor import Tensor
+from . import cache, passes as passes_module, plan as plan_module, replay, trace
+from .graph import Ref
+from .trace import TraceError, owner
+
+log = logging.getLogger("tensorcore.compile")
+
+SETTLE_ATTEMPTS = 4  # unsettled traces of one key before it runs eagerly for good
+FALLBACKS = ("raise", "eager")
+
+
+class CompileWarning(UserWarning):
+    """A key of a compiled function runs eagerly from now on (the reason is in the message)."""
+
+
+class CacheInfo(NamedTuple):
+    """Counters of a compiled callable (``compiled.cache_info()``).
+
+    hits: calls answered by replaying a plan; misses: calls with no plan ready;
+    traces: recorded calls (``unsettled`` of them built no plan); disk_loads: plans read
+    from the disk cache; fallbacks: calls run eagerly; eager_only: keys that run
+    eagerly for good; plans / max_plans: plans cached now and the bound."""
+
+    hits: int
+    misses: int
+    traces: int
+    unsettled: int
+    disk_loads: int
+    fallbacks: int
+    eager_only: int
+    plans: int
+    max_plans: int
+
+
+@dataclasses.dataclass(eq=False)
+class _Entry:
+    """A bound plan and what a replay checks and repeats."""
+
+    plan: plan_module.Plan
+    executor: Any
+    device: str
+    copy: Callable[[Any], Any]
+    tensors: list[Tensor]  # guarded: their .data and requires_grad must not change
+    datas: list[Any]
+    flags: list[bool]
+    generators: list[tuple[Any, Any]]  # (Generator, the state object the plan draws from)
+    source: str  # "trace" | "disk"
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def holds(self) -> bool:
+        """Whether the program still looks as it did when the plan was made."""
+        if not all(map(operator.is_, map(_DATA, self.tensors), self.datas)):
+            return False
+        if list(map(_REQUIRES_GRAD, self.tensors)) != self.flags:
+            return False
+        if any(g._state is not state for g, state in self.generators):
+            return False
+        return all(predicate() for predicate in self.plan.graph.guards)
+
+
+_DATA = operator.attrgetter("data")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
+class Compiled:
+    """``tc.compile(fn_or_module)``: call it like the original."""
+
+    def __init__(self, fn: Callable, *, passes: Iterable | None = None, cache_dir: Any = None,
+                 max_plans: int = 16, fallback: str = "raise", reuse_outputs: bool = False) -> None:
+        if not callable(fn):
+            raise TypeError(f"compile: expected a function or a Module, got {type(fn).__name__}")
+        if not isinstance(max_plans, int) or isinstance(max_plans, bool) or max_plans < 1:
+            raise ValueError(f"compile: max_plans must be an int >= 1, got {max_plans!r}")
+        if fallback not in FALLBACKS:
+            raise ValueError(f"compile: fallback must be one of {FALLBACKS}, got {fallback!r}")
+        self.fn = fn
+        self.fallback = fallback
+        self.reuse_outputs = bool(reuse_outputs)
+        self.label = _label(fn)
+        self._passes = passes_module.resolve(passes)
+        self._sources = _root_sources(fn)
+        self._disk = cache.DiskCache.open(cache_dir)
+        self._lock = threading.Lock()
+        self._plans: cache.LRU[_Entry] = cache.LRU(max_plans)
+        self._eager_only: set[Any] = set()
+        self._unsettled: dict[Any, int] = {}
+        self._tracing: set[Any] = set()
+        self._counts = dict.fromkeys(CacheInfo._fields[:-3], 0)
+        self._modules_cache: dict[tuple[int, int], list] = {}
+        functools.update_wrapper(self, fn, updated=())
+
+    # ----- the call ------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if trace.is_tracing():
+            return self.fn(*args, **kwargs)
+        roots = self._roots()
+        key, tensors, stable = cache.key(args, kwargs, [(r, self._modules(r)) for _, r in roots])
+        with self._lock:
+            entry = self._plans.get(key)
+            if entry is None or not entry.holds():
+                if entry is not None:
+                    self._release(self._plans.pop(key))
+                action = self._claim(key)
+            else:
+                self._counts["hits"] += 1
+                action = "replay"
+        if action == "replay":
+            return self._replay(key, entry, tensors, args, kwargs)
+        if action == "eager":
+            return self.fn(*args, **kwargs)
+        try:
+            return self._compile(key, stable, roots, tensors, args, kwargs)
+        finally:
+            with self._lock:
+                self._tracing.discard(key)
+
+    def _claim(self, key: Any) -> str:
+        """Under the lock, for a key without a plan: "trace" (this thread) or "eager"."""
+        if key in self._eager_only:
+            self._counts["fallbacks"] += 1
+            return "eager"
+        self._counts["misses"] += 1
+        if key in self._tracing:  # another thread is tracing this key right now
+            self._counts["fallbacks"] += 1
+            return "eager"
+        self._tracing.add(key)
+        return "trace"
+
+    def _replay(self, key: Any, entry: _Entry, tensors: list[Tensor], args: tuple, kwargs: dict) -> Any:
+        with entry.lock:
+            try:
+                for effect in entry.plan.graph.effects:
+                    effect()
+                arrays = entry.executor.run([t.data for t in tensors])
+                if not self.reuse_outputs:
+                    arrays = [entry.copy(a) for a in arrays]
+            except Exception as exc:  # noqa: BLE001  (any failure: the eager result is still right)
+                failure = exc
+            else:
+                return _rebuild(entry.plan.graph.outputs, iter(arrays), entry.device)
+        self._give_up(key, f"its replay failed ({type(failure).__name__}: {failure})", drop=True)
+        return self.fn(*args, **kwargs)
+
+    # ----- tracing and loading ---------------------------------------------------------
+    def _compile(self, key: Any, stable: Any, roots: list, tensors: list[Tensor], args: tuple, kwargs: dict) -> Any:
+        devices = {t.device for t in tensors} or {default_device_name()}
+        if len(devices) > 1:
+            self._give_up(key, f"its tensors are on several devices {sorted(devices)}")
+            return self.fn(*args, **kwargs)
+        backend = backend_for(devices.pop())
+        named = self._named(roots)
+        if self._disk is not None and stable is not None:
+            entry = self._load(key, stable, named, backend, tensors)
+            if entry is not None:
+                return self._replay(key, entry, tensors, args, kwargs)
+        return self._trace(key, stable, roots, named, backend, tensors, args, kwargs)
+
+    def _trace(self, key: Any, stable: Any, roots: list, named: list[tuple[str, Tensor]], backend: Any,
+               tensors: list[Tensor], args: tuple, kwargs: dict) -> Any:
+        copy = type(backend).copy.__get__(backend)
+        inputs = [copy(t.data) for t in tensors]
+        stand_ins = iter(_stand_in(buf, t) for buf, t in zip(inputs, tensors))
+        call_args, call_kwargs = _replace_tensors((args, kwargs), stand_ins)
+        names = {id(t.data): name for name, t in named if owner(t.data) is t.data}
+        tracer = trace.Tracer(backend, inputs, names, _object_name, self.fallback, self.label)
+        with trace.recording(tracer):
+            out = self.fn(*call_args, **call_kwargs)
+        template = None
+        if tracer.failure is None:
+            try:
+                template = trace.output_template(tracer, out, Tensor)
+            except TraceError as exc:
+                if self.fallback != "eager":
+                    raise
+                tracer.failure = exc
+        self._write_back(tracer, tensors, inputs)
+        if tracer.failure is not None:
+            self._give_up(key, str(tracer.failure))
+            return out
+        results = [copy(t.data) for t in _tensors(out)]
+        device = tensors[0].device if tensors else backend.device
+        del out, call_args, call_kwargs, stand_ins
+        gc.collect()
+        reasons = tracer.finish(template, lambda root: _describe(named, root))
+        with self._lock:
+            self._counts["traces"] += 1
+        if reasons:
+            self._unsettle(key, reasons)
+        else:
+            self._unsettled.pop(key, None)
+            self._build(key, stable, tracer, named, backend, device)
+        return _rebuild(template, iter(results), device)
+
+    def _build(self, key: Any, stable: Any, tracer: trace.Tracer, named: list, backend: Any, device: str) -> None:
+        graph = passes_module.run(tracer.graph, self._passes)
+        plan = plan_module.lower(graph)
+        if settings.debug_level >= 2:
+            print(f"[tensorcore] compiled {self.label}\n{graph.table()}\n  plan: {plan.info()}")
+        try:
+            entry = self._entry(plan, backend, device, tracer.roots, named, "trace")
+        except Exception as exc:  # noqa: BLE001
+            self._give_up(key, f"its plan could not be bound ({type(exc).__name__}: {exc})")
+            return
+        self._store(key, entry)
+        if self._disk is not None and stable is not None:
+            self._disk.save(stable, self._identity(), plan, named)
+
+    def _load(self, key: Any, stable: Any, named: list, backend: Any, tensors: list[Tensor]) -> _Entry | None:
+        """The key's plan from the disk cache, bound and cached, or None."""
+        start = time.perf_counter()
+        found = self._disk.load(stable, self._identity(), named, backend, [t.data for t in tensors])
+        if found is None:
+            return None
+        plan, external_roots = found
+        try:
+            entry = self._entry(plan, backend, backend.device, external_roots, named, "disk")
+        except Exception as exc:  # noqa: BLE001  (a plan that cannot be bound is ignored and retraced)
+            log.warning("compile: ignoring a cached plan for %s that could not be bound (%s)", self.label, exc)
+            return None
+        with self._lock:
+            self._counts["disk_loads"] += 1
+        self._store(key, entry)
+        log.debug("compile: %s loaded its plan from disk in %.1f ms", self.label, (time.perf_counter() - start) * 1e3)
+        return entry
+
+    def _entry(self, plan: plan_module.Plan, backend: Any, device: str, roots: dict[int, Any],
+               named: list[tuple[str, Tensor]], source: str) -> _Entry:
+        graph = plan.graph
+        executor = replay.bind(plan, backend, roots, graph.objects)
+        bound = {id(r) for r in roots.values()}
+        guarded = [t for _, t in named if id(owner(t.data)) in bound]
+        states = {id(g._state): g for g in list(_generators)}
+        generators = [(states[id(o)], o) for o in graph.objects if id(o) in states]
+        return _Entry(plan, executor, device, type(backend).copy.__get__(backend), guarded,
+                      [t.data for t in guarded], [t.requires_grad for t in guarded], generators, source)
+
+    # ----- bookkeeping ---------------------------------------------------------------------
+    def _store(self, key: Any, entry: _Entry) -> None:
+        with self._lock:
+            evicted = self._plans.put(key, entry)
+        for old in evicted:
+            self._release(old)
+
+    def _release(self, entry: _Entry | None) -> None:
+        if entry is not None:
+            with entry.lock:
+                entry.executor.release()
+
+    def _give_up(self, key: Any, reason: str, drop: bool = False) -> None:
+        """Run ``key`` eagerly from now on, with one warning."""
+        with self._lock:
+            entry = self._plans.pop(key) if drop else None
+            first = key not in self._eager_only
+            self._eager_only.add(key)
+            self._counts["fallbacks"] += 1
+        self._release(entry)
+        if first:
+            warnings.warn(f"tc.compile: {self.label}: {reason}; this input signature runs eagerly from now on",
+                          CompileWarning, stacklevel=4)
+
+    def _unsettle(self, key: Any, reasons: list[str]) -> None:
+        with self._lock:
+            self._counts["unsettled"] += 1
+            attempts = self._unsettled[key] = self._unsettled.get(key, 0) + 1
+        log.debug("compile: %s traced again later: %s", self.label, "; ".join(reasons))
+        if attempts >= SETTLE_ATTEMPTS:
+            self._give_up(key, "its traces never settle: the call " + "; ".join(reasons)
+                          + " (keep state that lives across calls in place, e.g. zero_grad(set_to_none=False), "
+                          "or create it before compiling)")
+
+    @staticmethod
+    def _write_back(tracer: trace.Tracer, tensors: list[Tensor], inputs: list[Any]) -> None:
+        for s in tracer.graph.storages:
+            if s.kind == "input" and s.written:
+                copy_ = type(tracer.backend).copy_
+                copy_(tracer.backend, tensors[s.input_index].data, inputs[s.input_index])
+
+    # ----- the program around the function --------------------------------------------
+    def _roots(self) -> list[tuple[str, Any]]:
+        """The modules the function uses, by a stable name: the compiled module itself,
+        or the modules its closure, ``self`` and globals refer to."""
+        found, seen = [], set()
+        for name, read in self._sources:
+            try:
+                value = read()
+            except (ValueError, KeyError, NameError):  # an empty closure cell, a deleted global
+                continue
+            if _is_module(value) and id(value) not in seen:
+                seen.add(id(value))
+                found.append((name, value))
+        return found
+
+    def _modules(self, root: Any) -> list:
+        """Every submodule of ``root`` (cached per structure version)."""
+        cached_key = (id(root), root.structure_version)
+        modules = self._modules_cache.get(cached_key)
+        if modules is None:
+            if len(self._modules_cache) > 64:
+                self._modules_cache.clear()
+            modules = self._modules_cache[cached_key] = [m for _, m in root.named_modules()]
+        return modules
+
+    def _named(self, roots: list[tuple[str, Any]]) -> list[tuple[str, Tensor]]:
+        """(stable name, tensor) of every parameter and buffer of the roots."""
+        named = []
+        for prefix, root in roots:
+            for name, t in chain(root.named_parameters(), root.named_buffers()):
+                named.append((f"{prefix}.{name}" if prefix else name, t))
+        return named
+
+    def _identity(self) -> str:
+        return cache.identity(self.fn, self._roots())
+
+    # ----- public ----------------------------------------------------------------------
+    def cache_info(self) -> CacheInfo:
+        """Counters and sizes (see ``CacheInfo``)."""
+        with self._lock:
+            return CacheInfo(**self._counts, eager_only=len(self._eager_only), plans=len(self._plans),
+                             max_plans=self._plans.capacity)
+
+    def plan_info(self) -> list[dict]:
+        """One dict per cached plan: steps, the arena against the sum of the intermediates
+        (bytes), where the plan came from, and the graph as a table."""
+        with self._lock:
+            entries = list(self._plans.values())
+        out = []
+        for entry in entries:
+            info = entry.plan.info()
+            info["arena_bytes"] = getattr(entry.executor, "arena_bytes", info["arena_bytes"])
+            info.update(source=entry.source, device=entry.device, graph=entry.plan.graph.table())
+            out.append(info)
+        return out
+
+    def release(self) -> None:
+        """Free every plan (buffers, CUDA graphs); the next call traces or loads again."""
+        with self._lock:
+            entries = list(self._plans.values())
+            self._plans.clear()
+            self._unsettled.clear()
+        for entry in entries:
+            self._release(entry)
+
+    def __repr__(self) -> str:
+        return f"tc.compile({self.label})"
+
+
+# ----- helpers ---------------------------------------------------------------------------
+def _is_module(obj: Any) -> bool:
+    return hasattr(type(obj), "structure_version") and hasattr(obj, "named_parameters")
+
+
+def _label(fn: Any) -> str:
+    if _is_module(fn):
+        return type(fn).__name__
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _root_sources(fn: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """Where the function's modules are found, as (name, reader) pairs read on every call
+    (closure cells and globals may be re-bound)."""
+    if _is_module(fn):
+        return [("", lambda: fn)]
+    sources: list[tuple[str, Callable[[], Any]]] = []
+    bound_self = getattr(fn, "__self__", None)
+    if bound_self is not None:
+        sources.append(("self", lambda: bound_self))
+    func = getattr(fn, "__func__", fn)
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return sources
+    for name, cell in zip(code.co_freevars, func.__closure__ or ()):
+        sources.append((name, lambda cell=cell: cell.cell_contents))
+    namespace = getattr(func, "__globals__", {})
+    for name in dict.fromkeys(_code_names(code)):
+        sources.append((name, lambda name=name: namespace[name]))
+    return sources
+
+
+def _code_names(code: Any) -> Iterable[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            yield from _code_names(const)
+
+
+def _stand_in(buf: Any, t: Tensor) -> Tensor:
+    """The traced call's copy of an input tensor (same device and requires_grad)."""
+    stand_in = Tensor._wrap(buf, t.device)
+    stand_in.requires_grad = t.requires_grad
+    return stand_in
+
+
+def _replace_tensors(tree: Any, replacements: Any) -> Any:
+    kind = type(tree)
+    if isinstance(tree, Tensor):
+        return next(replacements)
+    if kind is tuple or kind is list:
+        return kind(_replace_tensors(t, replacements) for t in tree)
+    if kind is dict:
+        return {k: _replace_tensors(v, replacements) for k, v in tree.items()}
+    return tree
+
+
+def _tensors(tree: Any) -> Iterable[Tensor]:
+    if isinstance(tree, Tensor):
+        yield tree
+    elif isinstance(tree, tuple | list):
+        for t in tree:
+            yield from _tensors(t)
+    elif isinstance(tree, dict):
+        for t in tree.values():
+            yield from _tensors(t)
+
+
+def _rebuild(template: Any, arrays: Any, device: str) -> Any:
+    kind = type(template)
+    if kind is Ref:
+        return Tensor._wrap(next(arrays), device)
+    if kind is tuple or kind is list:
+        return kind(_rebuild(t, arrays, device) for t in template)
+    if kind is dict:
+        return {k: _rebuild(v, arrays, device) for k, v in template.items()}
+    return template
+
+
+def _object_name(obj: Any) -> str | None:
+    """A stable name for a default generator's state (the disk cache binds it by name)."""
+    for device, generator in list(_default.items()):
+        if generator._state is obj:
+            return f"rng:{device}"
+    return None
+
+
+def _describe(named: list[tuple[str, Tensor]], root: Any) -> str | None:
+    """Which parameter's data or gradient holds ``root``, if any."""
+    for name, t in named:
+        if owner(t.data) is root:
+            return f"the data of '{name}'"
+        if t.grad is not None and owner(t.grad.data) is root:
+            return f"the gradient of '{name}'"
+    return None

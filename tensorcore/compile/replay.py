@@ -1,0 +1,264 @@
+"""Replay: a bound Plan run on every call, with no autograd, no tracing and no host sync.
+
+``CpuReplay`` (NumPy and Numba backends) binds everything once: one allocation holds
+the input buffers, the constants and the arena; every array a step touches -- inputs,
+intermediates, views of either, the program's external buffers -- is built once from
+its storage's address and its recorded geometry, so each step is a pre-bound call.  A
+step whose backend method accepts ``out=`` (the NumPy reference primitives: unary,
+binary, where, matmul, clip, concatenate) writes its result straight into its arena
+buffer and allocates nothing; any other kernel allocates its result as in eager mode
+and the step copies it into the arena (the Numba and fused kernels have no ``out=``
+form).  Replay is a loop over those calls.
+
+``CudaGraphReplay`` (CuPy) runs the steps once to warm up (kernel compilation, cuBLAS
+handle, memory), then captures them into a CUDA graph on a private stream, with every
+allocation served by a private memory pool: the pool is the plan's arena (blocks freed
+during the capture are reused by later kernels in stream order) and it lives as long as
+the graph, so every buffer the graph touches stays valid.  A call copies the inputs
+into the input buffers on the caller's stream, launches the graph on the plan's stream
+ordered after those copies with events, and makes the caller's stream wait for it; the
+host never synchronizes.
+
+Both take the external buffers as live root arrays (``roots``, by storage) and the
+opaque objects (random generators) by position, so a plan loaded from disk binds the
+same way as a freshly traced one.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from .graph import Node, Ref, Value, substitute
+from .plan import ALIGN, Plan, made_by
+from .trace import address, owner
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts_out(cls: type, name: str) -> bool:
+    try:
+        return "out" in inspect.signature(getattr(cls, name)).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _method(backend: Any, name: str) -> Callable:
+    """The backend's own method (never a tracing wrapper on the instance)."""
+    return getattr(type(backend), name).__get__(backend)
+
+
+def _made_results(plan: Plan, node: Node) -> list[tuple[tuple[int, ...], int]]:
+    """(path into the call's result, value) of each result the call allocated."""
+    made = made_by(plan.graph, node)
+    pairs: list[tuple[tuple[int, ...], int]] = []
+
+    def walk(template: Any, path: tuple[int, ...]) -> None:
+        if isinstance(template, Ref):
+            if plan.graph.values[template.value].storage in made:
+                pairs.append((path, template.value))
+        elif isinstance(template, tuple):
+            for i, item in enumerate(template):
+                walk(item, path + (i,))
+
+    walk(node.out, ())
+    return pairs
+
+
+def _pick(result: Any, path: tuple[int, ...]) -> Any:
+    for i in path:
+        result = result[i]
+    return result
+
+
+def _flat_bytes(root: Any) -> Any:
+    """A NumPy root's memory as a flat uint8 array starting at its lowest byte."""
+    if root.flags.c_contiguous:
+        return root.reshape(-1).view(np.uint8)
+    if root.flags.f_contiguous:
+        return root.T.reshape(-1).view(np.uint8)
+    raise RuntimeError(f"compile: cannot bind a non-contiguous buffer of shape {root.shape} by address")
+
+
+class CpuReplay:
+    """A plan bound to NumPy memory, replayed as a loop of pre-bound calls."""
+
+    def __init__(self, plan: Plan, backend: Any, roots: dict[int, Any], objects: list[Any]) -> None:
+        graph = plan.graph
+        align = ALIGN["cpu"]
+        raw = np.empty(plan.fixed_bytes + plan.arena_bytes + align, np.uint8)
+        start = -address(raw) % align
+        self.memory = raw[start:start + plan.fixed_bytes + plan.arena_bytes]
+        self.arena_bytes = plan.arena_bytes
+        regions: dict[int, tuple[Any, int]] = {}
+        for s, (kind, offset) in plan.placement.items():
+            if kind == "external":
+                regions[s] = (_flat_bytes(roots[s]), 0)  # value offsets count from the lowest byte
+            else:
+                regions[s] = (self.memory, offset + (plan.fixed_bytes if kind == "arena" else 0))
+        self.values = [self._view(regions, v) if v.storage in regions else None for v in graph.values]
+        self.objects = objects
+        self.copy_ = _method(backend, "copy_")
+        for position in plan.init:
+            self._step(plan, backend, graph.nodes[position])()
+        self.steps = tuple(self._step(plan, backend, graph.nodes[position]) for position in plan.steps)
+        self.inputs = [self.values[v] for v in graph.inputs]
+        self.outputs = [self.values[r.value] for r in graph.output_refs()]
+        self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
+
+    @staticmethod
+    def _view(regions: dict[int, tuple[Any, int]], v: Value) -> Any:
+        region, base = regions[v.storage]
+        return np.ndarray(v.shape, v.dtype, buffer=region, offset=base + v.offset, strides=v.strides)
+
+    def _step(self, plan: Plan, backend: Any, node: Node) -> Callable[[], Any]:
+        copy_ = self.copy_
+        made = _made_results(plan, node)
+        if node.op == "constant":
+            return functools.partial(copy_, self.values[made[0][1]], node.data)
+        fn = _method(backend, node.op)
+        args = substitute(node.args, lambda r: self.values[r.value], lambda o: self.objects[o.index])
+        kwargs = substitute(node.kwargs, lambda r: self.values[r.value], lambda o: self.objects[o.index])
+        if not made:
+            return functools.partial(fn, *args, **kwargs)
+        dests = [(path, self.values[v]) for path, v in made]
+        if made[0][0] == () and "out" not in kwargs and self._out_form(type(backend), node.op, args, dests[0][1]):
+            return functools.partial(fn, *args, out=dests[0][1], **kwargs)
+        if made[0][0] == ():
+            dest = dests[0][1]
+            return lambda: copy_(dest, fn(*args, **kwargs))
+
+        def step() -> None:
+            result = fn(*args, **kwargs)
+            for path, dest in dests:
+                copy_(dest, _pick(result, path))
+        return step
+
+    @staticmethod
+    def _out_form(cls: type, name: str, args: tuple, dest: Any) -> bool:
+        """Whether the kernel can write into ``dest`` itself: its method takes ``out=``,
+        the destination is contiguous and no bfloat16 array is involved (those kernels
+        compute on float32 copies)."""
+        if not _accepts_out(cls, name) or not dest.flags.c_contiguous or dest.dtype.name == "bfloat16":
+            return False
+        return not any(getattr(getattr(a, "dtype", None), "name", "") == "bfloat16" for a in args)
+
+    def run(self, arrays: list[Any]) -> list[Any]:
+        """Copy the inputs in, run every step, write modified inputs back."""
+        copy_ = self.copy_
+        for buf, a in zip(self.inputs, arrays):
+            copy_(buf, a)
+        for step in self.steps:
+            step()
+        for i, buf in self.writeback:
+            copy_(arrays[i], buf)
+        return self.outputs
+
+    def release(self) -> None:
+        self.steps, self.values, self.inputs, self.outputs, self.memory = (), [], [], [], None
+
+
+class CudaGraphReplay:
+    """A plan captured as one CUDA graph with its own stream and memory pool."""
+
+    def __init__(self, plan: Plan, backend: Any, roots: dict[int, Any], objects: list[Any]) -> None:
+        import cupy
+
+        self.cupy, self.plan, self.backend, self.objects = cupy, plan, backend, objects
+        graph = plan.graph
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.pool = cupy.cuda.MemoryPool()
+        self.ready = cupy.cuda.Event(disable_timing=True)
+        self.done = cupy.cuda.Event(disable_timing=True)
+        with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
+            self.memory = cupy.empty(plan.fixed_bytes + ALIGN["cuda"], dtype=np.uint8)
+            base = self.memory.data + (-self.memory.data.ptr % ALIGN["cuda"])
+            fixed = {}
+            for v in graph.values:
+                kind, offset = plan.placement.get(v.storage, ("arena", 0))
+                if kind == "external":
+                    s = graph.storages[v.storage]
+                    fixed[v.index] = self._array(roots[v.storage].data + (v.offset - s.origin), v)
+                elif kind != "arena":
+                    fixed[v.index] = self._array(base + offset + v.offset, v)
+            for position in plan.init:
+                self._run_node(graph.nodes[position], fixed, {})
+            self._execute(fixed)  # warm-up: compiles kernels, opens the cuBLAS handle, fills the pool
+            self.stream.synchronize()
+            self.stream.begin_capture()
+            try:
+                env = self._execute(fixed)
+            finally:
+                self.graph = self.stream.end_capture()
+        self.env = env  # every array the graph touches lives as long as the graph
+        self.inputs = [env[v] for v in graph.inputs]
+        self.outputs = [env[r.value] for r in graph.output_refs()]
+        self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
+        self.arena_bytes = int(self.pool.total_bytes())
+
+    def _array(self, pointer: Any, v: Value) -> Any:
+        return self.cupy.ndarray(v.shape, v.dtype, memptr=pointer, strides=v.strides)
+
+    def _execute(self, fixed: dict[int, Any]) -> dict[int, Any]:
+        """Run the steps once, each intermediate in a fresh pool allocation."""
+        env, roots = dict(fixed), {}
+        for position in self.plan.steps:
+            self._run_node(self.plan.graph.nodes[position], env, roots)
+        return env
+
+    def _run_node(self, node: Node, env: dict[int, Any], roots: dict[int, Any]) -> None:
+        graph = self.plan.graph
+
+        def value(ref: Ref) -> Any:
+            found = env.get(ref.value)
+            if found is None:
+                v = graph.values[ref.value]
+                found = env[ref.value] = self._array(roots[v.storage].data + (v.offset - graph.storages[v.storage].origin), v)
+            return found
+
+        if node.op == "constant":
+            result = self.cupy.array(node.data, copy=True)
+        else:
+            args = substitute(node.args, value, lambda o: self.objects[o.index])
+            kwargs = substitute(node.kwargs, value, lambda o: self.objects[o.index])
+            result = _method(self.backend, node.op)(*args, **kwargs)
+        for path, v in _made_results(self.plan, node):
+            array = _pick(result, path)
+            s = graph.storages[graph.values[v].storage]
+            root = owner(array)
+            if (tuple(root.shape), tuple(root.strides), root.dtype) != s.root:
+                raise RuntimeError(f"compile: {node.op} returned a result laid out differently from the trace")
+            roots[s.index] = root
+            if v in env:  # a constant recomputed into its fixed block
+                env[v][...] = array
+            else:
+                env[v] = array
+
+    def run(self, arrays: list[Any]) -> list[Any]:
+        """Inputs in on the caller's stream, one graph launch, outputs ready on it."""
+        user = self.cupy.cuda.get_current_stream()
+        user.wait_event(self.done)  # the previous launch has read its inputs
+        for buf, a in zip(self.inputs, arrays):
+            self.cupy.copyto(buf, a)
+        user.record(self.ready)
+        self.stream.wait_event(self.ready)
+        self.graph.launch(self.stream)
+        self.stream.record(self.done)
+        user.wait_event(self.done)
+        for i, buf in self.writeback:
+            self.cupy.copyto(arrays[i], buf)
+        return self.outputs
+
+    def release(self) -> None:
+        self.graph = self.env = self.memory = None
+        self.inputs, self.outputs = [], []
+        self.pool.free_all_blocks()
+
+
+def bind(plan: Plan, backend: Any, roots: dict[int, Any], objects: list[Any]) -> CpuReplay | CudaGraphReplay:
+    """The executor for ``plan`` on ``backend``."""
+    if plan.graph.device == "cuda":
+        return CudaGraphReplay(plan, backend, roots, objects)
+    return CpuReplay(plan, backend, roots, objects)
