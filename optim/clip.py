@@ -87,7 +87,7 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, norm
                                                     backend.binary("add", total, backend.full((), 1e-6, dtype))),
                           backend.full((), 1.0, dtype))
     for b, g in pieces:
-        b.xp.multiply(g, b.astype(coef, g.dtype), out=g)
+        b.mul_(g, b.astype(coef, g.dtype))
     return Tensor(total, devices.pop())
 
 
@@ -96,4 +96,4 @@ def clip_grad_value_(parameters: Iterable[Tensor] | Tensor, clip_value: float) -
     if math.isnan(clip_value) or clip_value < 0:
         raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {clip_value}")
     for backend, g in _grad_arrays(parameters):
-        backend.xp.clip(g, -clip_value, clip_value, out=g)
+        backend.clip_(g, -clip_value, clip_value)

@@ -122,7 +122,7 @@ class Segment:
             pieces.append(backend.reshape(p.grad.data, (size,)) if p.grad is not None else self._zeros[:size])
             if gap > size:
                 pieces.append(self._zeros[:gap - size])
-        backend.xp.concatenate(pieces, axis=0, out=self.section("grad"))
+        backend.concatenate(pieces, 0, out=self.section("grad"))
         for p, view in zip(self.params, self.grad_views):
             if p.grad is not None:
                 p.grad = Tensor(view, self.device)

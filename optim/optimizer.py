@@ -154,7 +154,7 @@ class Optimizer:
             self.update(backend, segment, first, last, group, step)
             segment.advance(first, last)
         for view, (low, high) in segment.bounded:
-            backend.xp.clip(view, low, high, out=view)
+            backend.clip_(view, low, high)
 
     def _packed(self) -> Packing:
         if self._packing is None:

@@ -65,6 +65,9 @@ class NumpyPrimitives:
     def from_numpy(self, a):
         return self.xp.asarray(a)
 
+    def from_dlpack(self, obj):
+        return self.xp.from_dlpack(obj)
+
     def astype(self, a, dtype):
         return a.astype(dtype, copy=False)
 
@@ -76,6 +79,9 @@ class NumpyPrimitives:
 
     def add_(self, dst, src) -> None:
         self.xp.add(dst, src, out=dst, casting="unsafe")
+
+    def mul_(self, dst, src) -> None:
+        self.xp.multiply(dst, src, out=dst, casting="unsafe")
 
     # ----- elementwise -------------------------------------------------------------
     def unary(self, op: str, a):
@@ -102,6 +108,9 @@ class NumpyPrimitives:
 
     def clip(self, a, lo, hi):
         return self.xp.clip(a, lo, hi)
+
+    def clip_(self, a, lo, hi) -> None:
+        self.xp.clip(a, lo, hi, out=a)
 
     def leaky_relu(self, a, slope):
         return self.xp.where(a > 0, a, a * a.dtype.type(slope))
@@ -134,8 +143,8 @@ class NumpyPrimitives:
     def broadcast_to(self, a, shape):
         return self.xp.broadcast_to(a, shape)
 
-    def concatenate(self, arrays: Sequence[Any], axis: int):
-        return self.xp.concatenate(arrays, axis=axis)
+    def concatenate(self, arrays: Sequence[Any], axis: int, out: Any = None):
+        return self.xp.concatenate(arrays, axis=axis, out=out)
 
     def stack(self, arrays: Sequence[Any], axis: int):
         return self.xp.stack(arrays, axis=axis)
