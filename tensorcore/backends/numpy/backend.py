@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy
 
-from ..bfloat16 import computes_bfloat16_in_float32
+from ...dtypes import ComputesBfloat16InFloat32
 from .nn import NumpyNNKernels
 from .optim import NumpyOptimKernels
 from .special import erf
@@ -182,9 +182,8 @@ class NumpyPrimitives:
         return self.from_numpy(rng.integers(low, high, size=shape).astype(dtype))
 
 
-@computes_bfloat16_in_float32
-class NumpyBackend(NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
-    """The reference backend: NumPy arrays on the CPU."""
+class NumpyBackend(ComputesBfloat16InFloat32, NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
+    """The reference backend: NumPy arrays on the CPU (bfloat16 computed in float32)."""
 
     name = "numpy"
     device = "cpu"
