@@ -17,6 +17,7 @@ from .linalg import CupyLinalgKernels
 from .nn import CupyNNKernels
 from .optim import CupyOptimKernels
 from .random import CupyRandomKernels
+from .util import DeviceBuffers
 from ..numpy.backend import NumpyBackend
 
 
@@ -31,6 +32,10 @@ class CupyBackend(CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
     def __init__(self) -> None:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise ImportError("CuPy found no CUDA device")
+        self.buffers = DeviceBuffers()
+
+    def empty_cache(self) -> None:
+        self.buffers.clear()
 
     def to_numpy(self, a):
         return cupy.asnumpy(a)

@@ -28,7 +28,7 @@ import numpy
 
 from .nn import NumbaNNKernels
 from .optim import NumbaOptimKernels
-from .spatial import NumbaSpatialKernels
+from .spatial import NumbaSpatialKernels, Scratch
 from ..numpy.backend import NumpyBackend
 
 
@@ -38,3 +38,9 @@ class NumbaBackend(NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, Numpy
     name = "numba"
     device = "cpu"
     xp: Any = numpy
+
+    def __init__(self) -> None:
+        self.scratch = Scratch()
+
+    def empty_cache(self) -> None:
+        self.scratch.clear()

@@ -68,6 +68,9 @@ class NumpyPrimitives:
     def from_dlpack(self, obj):
         return self.xp.from_dlpack(obj)
 
+    def empty_cache(self) -> None:
+        """Nothing to free: the reference keeps no buffers between calls."""
+
     def astype(self, a, dtype):
         return a.astype(dtype, copy=False)
 
@@ -120,8 +123,7 @@ class NumpyPrimitives:
         if (op == "sum" and isinstance(axes, tuple) and len(axes) > 1 and min(axes) == 0
                 and a.ndim > 2 and a.flags.c_contiguous):
             # Adding whole contiguous slabs over the leading axis first vectorises; a
-            # multi-axis sum walks the strided layout (NCHW bias gradients: 60 us
-            # instead of 207 us for [128, 64, 8, 8]).
+            # multi-axis sum walks the strided layout (NCHW bias gradients).
             rest = tuple(sorted(ax - 1 for ax in axes if ax != 0))
             out = a.sum(axis=0).sum(axis=rest)
             if keepdims:
