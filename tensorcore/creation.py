@@ -135,8 +135,8 @@ def eye(n: int, m: int | None = None, dtype: Any = dtypes.float32, device: str |
 def from_dlpack(obj: Any) -> Tensor:
     """Zero-copy import of a DLPack-capable array (torch, cupy, jax, numpy)."""
     device_type, _ = obj.__dlpack_device__()
-    if device_type == 1:  # kDLCPU
-        return Tensor(np.from_dlpack(obj), "cpu")
-    if device_type == 2:  # kDLCUDA
-        return Tensor(backend_for("cuda").xp.from_dlpack(obj), "cuda")
-    raise ValueError(f"from_dlpack: unsupported DLPack device type {device_type}")
+    devices = {1: "cpu", 2: "cuda"}  # kDLCPU, kDLCUDA
+    if device_type not in devices:
+        raise ValueError(f"from_dlpack: unsupported DLPack device type {device_type}")
+    device = devices[device_type]
+    return Tensor(backend_for(device).from_dlpack(obj), device)

@@ -31,9 +31,16 @@ def memory_reserved() -> int:
 
 
 def empty_cache() -> None:
-    """Return the pool's cached free blocks (device and pinned host) to the driver."""
+    """Free the buffers the CuPy backend keeps between calls, then return the pool's
+    cached free blocks (device and pinned host) to the driver.  Like any buffer, those
+    the backend kept must not be freed under a CUDA graph that will still replay."""
     import cupy
 
+    from .backends import created
+
+    backend = created("cupy")
+    if backend is not None:
+        backend.empty_cache()
     cupy.get_default_memory_pool().free_all_blocks()
     cupy.get_default_pinned_memory_pool().free_all_blocks()
 

@@ -58,6 +58,11 @@ if settings.backend_name is not None:
     load(settings.backend_name)  # an explicitly requested backend must work at import
 
 
+def created(name: str) -> Backend | None:
+    """The backend named ``name`` if it has been created, else None (creates nothing)."""
+    return _instances.get(name)
+
+
 def backend_for(device: str) -> Backend:
     """The backend serving ``device`` ("cpu" or "cuda")."""
     if device == "cpu":

@@ -15,10 +15,11 @@ import cupy as cp
 import numpy as np
 
 from tensorcore.backends.cupy import loader
-from tensorcore.backends.cupy.util import NULL, zeroed_counters
+from tensorcore.backends.cupy.util import NULL, DeviceBuffers, zeroed_counters
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 N, C, H, W, GROUPS = 8, 256, 64, 64, 32
+BUFFERS = DeviceBuffers()
 
 
 def module(batch: int):
@@ -52,8 +53,8 @@ def main() -> None:
 
             def stats_pass(threads=threads, chunks=chunks, part=part, grid=grid, st=st):
                 st(grid, (threads,), (x, part, mean, rstd, NULL, NULL,
-                                      zeroed_counters(stats), s, chunks, C, cpg, 0, N, 1e-5,
-                                      0.0, 1))
+                                      zeroed_counters(BUFFERS, stats), s, chunks, C, cpg, 0, N,
+                                      1e-5, 0.0, 1))
 
             def apply_pass(threads=threads, chunks=chunks, grid=grid, ap=ap):
                 ap(grid, (threads,), (x, w, w, mean, rstd, y, NULL,

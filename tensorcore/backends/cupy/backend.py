@@ -2,8 +2,10 @@
 
 Primitives and the reference fused ops are inherited from the NumPy backend with
 ``xp = cupy``; the hot kernels are overridden by the mixins below with hand-written
-RawKernels (``backends/cuda/*.cu``) and a capture-safe cuBLAS GEMM.  No method
-synchronizes with the host: results stay on the device until the caller asks.
+RawKernels (``cuda/*.cu``) and a capture-safe cuBLAS GEMM.  The kernels are
+instantiated for bfloat16; calls they hand on to the reference compute bfloat16 in
+float32 there (``dtypes.ComputesBfloat16InFloat32``).  No method synchronizes with the
+host: results stay on the device until the caller asks.
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ from .linalg import CupyLinalgKernels
 from .nn import CupyNNKernels
 from .optim import CupyOptimKernels
 from .random import CupyRandomKernels
-from ..bfloat16 import ARRAY_TYPES
+from .util import DeviceBuffers
 from ..numpy.backend import NumpyBackend
-
-ARRAY_TYPES.add(cupy.ndarray)  # the reference fallbacks widen CuPy bfloat16 arrays too
 
 
 class CupyBackend(CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
@@ -32,6 +32,10 @@ class CupyBackend(CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
     def __init__(self) -> None:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise ImportError("CuPy found no CUDA device")
+        self.buffers = DeviceBuffers()
+
+    def empty_cache(self) -> None:
+        self.buffers.clear()
 
     def to_numpy(self, a):
         return cupy.asnumpy(a)

@@ -9,16 +9,15 @@ Two kernels:
   from the writes, for any group size as long as the tensor fits on chip (~38 MB of
   float32 on an H100/H200).
 
-Where both apply, ``_cluster_suits`` picks by the shape of the cluster launch.  Each
-returns None where it does not apply, and ``one_pass_group_norm`` returns None before
-Hopper, for unaligned data and for planes that are not whole packs: the caller then
-takes the two-pass path (cuda/planenorm.cu).
+``forward_kernels`` (below) is the choice between them; ``one_pass_group_norm``
+returns None before Hopper, for unaligned data and for planes that are not whole packs,
+and the caller then takes the two-pass path (cuda/planenorm.cu).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import cupy
 import numpy
@@ -40,6 +39,29 @@ RES_STATIC_SHARED = 4096
 PACK_BYTES = 16
 
 
+# ----- which one-pass kernel --------------------------------------------------------------
+def forward_kernels(stats: int, stat_packs: int) -> tuple[Callable, ...]:
+    """The one-pass kernels to try, in order, for ``stats`` statistics of ``stat_packs``
+    packs each (each kernel returns None where it does not apply): the cluster kernel
+    first when its blocks are at least three quarters full or all of them fit on the GPU
+    at once; otherwise it would run waves of partly idle load-reduce-store blocks, and the
+    resident kernel, whose single wave streams the whole tensor, goes first
+    (tests/benchmarks/groupnorm_onepass.py compares them)."""
+    share = -(-stat_packs // CLUSTER)
+    threads = _cluster_threads(share)
+    if threads is not None:
+        full = 4 * share >= 3 * threads * GN_PACKS
+        one_wave = stats * CLUSTER <= loader.sm_count() * (CLUSTER_THREADS_PER_SM // threads)
+        if full or one_wave:
+            return _clustered, _resident
+    return _resident, _clustered
+
+
+def _cluster_threads(share: int) -> int | None:
+    """Threads per cluster block holding ``share`` packs, None when none can."""
+    return next((t for t in (256, 512) if share <= t * GN_PACKS), None)
+
+
 def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str):
     """(y, mean, rstd) of GroupNorm in one read of x, or None where no one-pass kernel
     applies.  x, weight and bias are checked by the caller."""
@@ -55,32 +77,11 @@ def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str):
         return None
     stat_len = c // groups * s
     args = (x, weight, bias, (n, groups), stat_len, s, eps, act)
-    order = (_clustered, _resident) if _cluster_suits(n * groups, stat_len // pack) else (
-        _resident, _clustered)
-    for run in order:
+    for run in forward_kernels(n * groups, stat_len // pack):
         out = run(*args)
         if out is not None:
             return out
     return None
-
-
-def _cluster_suits(stats: int, stat_packs: int) -> bool:
-    """Whether the cluster kernel is the faster one: when its blocks are at least three
-    quarters full, or all of them fit on the GPU at once.  Otherwise it runs waves of
-    partly idle load-reduce-store blocks and the resident kernel, whose single wave
-    streams the whole tensor, is ahead (tests/benchmarks/groupnorm_onepass.py)."""
-    share = -(-stat_packs // CLUSTER)
-    threads = _cluster_threads(share)
-    if threads is None:
-        return False
-    full = 4 * share >= 3 * threads * GN_PACKS
-    one_wave = stats * CLUSTER <= loader.sm_count() * (CLUSTER_THREADS_PER_SM // threads)
-    return full or one_wave
-
-
-def _cluster_threads(share: int) -> int | None:
-    """Threads per cluster block holding ``share`` packs, None when none can."""
-    return next((t for t in (256, 512) if share <= t * GN_PACKS), None)
 
 
 def _outputs(x, stats: tuple[int, int]):

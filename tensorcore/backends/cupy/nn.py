@@ -199,7 +199,7 @@ class CupyNNKernels:
         mean, rstd = cupy.empty((2,) + stat_shape, dtype=acc)
         if not use_running:
             part = cupy.empty((n * c * chunks * 3,), dtype=acc)
-            arrived = zeroed_counters(mean.size)
+            arrived = zeroed_counters(self.buffers, mean.size)
             kernel(PLANE, "plane_stats_kernel", x.dtype)(
                 (n * c, chunks), (THREADS,),
                 (x, part, mean, rstd, ptr(running_mean), ptr(running_var), arrived, s, chunks,

@@ -16,11 +16,10 @@ from typing import Any
 import cupy
 
 from .loader import kernel, launch, sm_count
-from .util import acc_dtype, aligned, has_kernels, pack_width, ptr
+from .util import DeviceBuffers, acc_dtype, aligned, has_kernels, pack_width, ptr
 
 OPTIM = "optim.cu"
 RANGE_THREADS = 256
-_SUMS: dict[tuple[int, int], Any] = {}
 
 
 def _fused(p: Any, buffers: tuple, scalars: tuple) -> bool:
@@ -38,12 +37,10 @@ def _elementwise(name: str, p: Any, buffers: tuple, args: tuple) -> None:
     launch(OPTIM, name, p.dtype, work, args + (n, int(vec)))
 
 
-def _sums(count: int) -> Any:
-    """The zeroed [count, 2] float64 sums buffer of the current device."""
-    key = (cupy.cuda.Device().id, count)
-    if key not in _SUMS:
-        _SUMS[key] = cupy.zeros((count, 2), dtype=cupy.float64)
-    sums = _SUMS[key]
+def _sums(buffers: DeviceBuffers, count: int) -> Any:
+    """A zeroed [count, 2] float64 sums buffer of the current device."""
+    key = ("sums", cupy.cuda.Device().id, count)
+    sums = buffers.take(key, 2 * count, lambda n: cupy.zeros((n // 2, 2), dtype=cupy.float64))
     sums.fill(0)
     return sums
 
@@ -99,7 +96,7 @@ class CupyOptimKernels:
         if not _fused(p, (g, m, v), (lr, step)) or not _ranges_ok(ranges):
             return super().lamb_update_(p, g, m, v, ranges, lr, step, beta1, beta2, eps, weight_decay)
         count = ranges.shape[0]
-        sums, grid = _sums(count), _range_grid(p.size, count)
+        sums, grid = _sums(self.buffers, count), _range_grid(p.size, count)
         coefficients = (float(beta1), float(beta2), float(eps), float(weight_decay))
         kernel(OPTIM, "lamb_moments_kernel", p.dtype)(grid, (RANGE_THREADS,),
                                                        (p, g, m, v, ranges, sums, step) + coefficients)
@@ -110,7 +107,7 @@ class CupyOptimKernels:
         if not _fused(p, (g, buf), (lr,)) or not _ranges_ok(ranges):
             return super().lars_update_(p, g, buf, ranges, lr, momentum, weight_decay, trust_coefficient, eps)
         count = ranges.shape[0]
-        sums, grid = _sums(count), _range_grid(p.size, count)
+        sums, grid = _sums(self.buffers, count), _range_grid(p.size, count)
         kernel(OPTIM, "lars_norms_kernel", p.dtype)(grid, (RANGE_THREADS,), (p, g, ranges, sums))
         kernel(OPTIM, "lars_apply_kernel", p.dtype)(grid, (RANGE_THREADS,),
                                                      (p, g, buf, ranges, sums, lr, float(momentum),

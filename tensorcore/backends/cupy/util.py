@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import cupy
 import numpy
@@ -88,17 +88,31 @@ def as_rows(x: Any) -> tuple[Any, int, int]:
     return x, (x.size // cols if cols else 0), cols
 
 
-_ZEROED: dict[tuple[int, int], Any] = {}
+class DeviceBuffers:
+    """Device buffers the kernels keep between calls (arrival counters, partial sums),
+    by purpose; the CuPy backend owns one and its ``empty_cache`` clears it.  A CUDA
+    graph captured while using a buffer keeps its address: clear only when no such
+    graph will be replayed again (as for any buffer a graph touches)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, Any] = {}
+
+    def take(self, key: tuple, size: int, make: Callable[[int], Any]) -> Any:
+        """The buffer under ``key`` if it has at least ``size`` elements, else a new one
+        from ``make(size)`` kept in its place."""
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < size:
+            buf = self._buffers[key] = make(size)
+        return buf
+
+    def clear(self) -> None:
+        self._buffers.clear()
 
 
-def zeroed_counters(count: int) -> Any:
+def zeroed_counters(buffers: DeviceBuffers, count: int) -> Any:
     """A uint32 device array of at least ``count`` counters that are all zero whenever
     a kernel on the current stream starts: the kernels that use them reset what they
     touch before they finish.  One array per (device, stream), grown (freshly zeroed)
     on demand."""
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
-    counters = _ZEROED.get(key)
-    if counters is None or counters.size < count:
-        counters = cupy.zeros(max(count, 1024), dtype=cupy.uint32)
-        _ZEROED[key] = counters
-    return counters
+    key = ("counters", cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
+    return buffers.take(key, count, lambda n: cupy.zeros(max(n, 1024), dtype=cupy.uint32))

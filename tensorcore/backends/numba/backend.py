@@ -4,7 +4,8 @@ Overrides activations, bias + activation, the softmax family and cross-entropy,
 layer/group/batch norm, convolution, pooling, upsampling, embedding backward and the
 optimizer updates with parallel ``@njit`` kernels (``kernels/``); everything
 else, and every call in a dtype the kernels do not cover (only float32 and float64
-are), runs the NumPy reference.
+are), runs the NumPy reference; bfloat16 calls of the accumulating ops come back to these
+kernels in float32 (``dtypes.ComputesBfloat16InFloat32``).
 
 Start-up: this module imports no Numba; each kernel module is imported on first use
 and each kernel compiles on its first call, once per dtype, into Numba's on-disk cache
@@ -25,17 +26,21 @@ from typing import Any
 
 import numpy
 
-from ..bfloat16 import computes_bfloat16_in_float32
 from .nn import NumbaNNKernels
 from .optim import NumbaOptimKernels
-from .spatial import NumbaSpatialKernels
+from .spatial import NumbaSpatialKernels, Scratch
 from ..numpy.backend import NumpyBackend
 
 
-@computes_bfloat16_in_float32
 class NumbaBackend(NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumpyBackend):
     """NumPy arrays on the CPU, with Numba kernels for the hot ops."""
 
     name = "numba"
     device = "cpu"
     xp: Any = numpy
+
+    def __init__(self) -> None:
+        self.scratch = Scratch()
+
+    def empty_cache(self) -> None:
+        self.scratch.clear()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -24,24 +25,64 @@ Pair = tuple[int, int]
 Shape = tuple[int, ...]
 
 
-class _Scratch(threading.local):
-    """Growable per-thread buffers for the convolution temporaries (the column
-    matrix, the Winograd transforms), one per (dtype, slot)."""
+# ----- which algorithm a convolution pass runs -------------------------------------------
+WINOGRAD, DIRECT, IM2COL = "winograd", "direct", "im2col"
+SMALL_K = 16  # contractions (C/groups * kh * kw) up to this length skip BLAS
+
+
+def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
+                   dilation: Pair, groups: int, n: int, plane_hw: Pair) -> str:
+    """The algorithm of one pass ("forward", "grad_input", "grad_weight") of a
+    convolution with weight ``w_shape`` over ``n`` images, ``plane_hw`` being the output
+    plane (the input plane for "grad_input", which Winograd computes as a convolution):
+
+    * WINOGRAD, F(4x4, 3x3), for 3x3 stride-1 undilated ungrouped convolutions whose 36
+      batched [Cout, C] @ [C, tiles] products run at BLAS speed: 64+ channels on both
+      sides, planes of 64+ tiles, 1024+ tiles in all (and padding <= 2 for "grad_input");
+    * DIRECT, a loop without BLAS, for short contractions (forward and weight gradient);
+    * IM2COL, parallel im2col / col2im and a BLAS GEMM per group, otherwise.
+
+    The thresholds come from measurements recorded in docs/benchmarks.md."""
+    tiles = math.prod(_tile_grid(plane_hw))
+    winograd = (tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1)
+                and tuple(dilation) == (1, 1) and groups == 1
+                and min(w_shape[0], w_shape[1]) >= 64 and tiles >= 64 and n * tiles >= 1024)
+    if pass_name == "grad_input":
+        return WINOGRAD if winograd and max(padding) <= 2 else IM2COL
+    if winograd:
+        return WINOGRAD
+    return DIRECT if w_shape[1] * w_shape[2] * w_shape[3] <= SMALL_K else IM2COL
+
+
+def _small_same_plane(x_shape: Shape, stride: Pair, out_hw: Pair) -> bool:
+    """True for a stride-1 convolution whose output plane is the input plane's size
+    and small (under 128 values): im2col / col2im then work on the channel-major
+    layout, one long shifted copy per tap instead of one short copy per plane."""
+    return (stride == (1, 1) and tuple(x_shape[2:]) == tuple(out_hw)
+            and out_hw[0] * out_hw[1] < 128)
+
+
+class Scratch:
+    """Growable buffers for the convolution temporaries (the column matrix, the Winograd
+    transforms), one per (thread, dtype, slot), owned by the backend.  A thread's buffers
+    go with the thread; ``clear`` drops them all (a buffer in use lives on through its
+    views until the call that took it returns)."""
 
     def __init__(self) -> None:
-        self.buffers: dict[Any, Array] = {}
+        self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def take(self, size: int, dtype: Any, slot: int = 0) -> Array:
         """A flat array of ``size`` elements of ``dtype``; its contents are garbage and
-        stay valid until the next ``take`` of the same slot."""
+        stay valid until this thread's next ``take`` of the same slot."""
+        mine = self._buffers.setdefault(threading.current_thread(), {})
         key = (np.dtype(dtype), slot)
-        buf = self.buffers.get(key)
+        buf = mine.get(key)
         if buf is None or buf.size < size:
-            buf = self.buffers[key] = np.empty(size, dtype)
+            buf = mine[key] = np.empty(size, dtype)
         return buf[:size]
 
-
-_scratch = _Scratch()
+    def clear(self) -> None:
+        self._buffers.clear()
 
 
 def _bilinear_taps(in_size: int, out_size: int, align_corners: bool,
@@ -57,22 +98,6 @@ def _bilinear_taps(in_size: int, out_size: int, align_corners: bool,
     return lo, hi, np.clip(src - lo, 0.0, 1.0).astype(dtype)
 
 
-# Contractions up to this length (C/groups * kh * kw) skip BLAS in the forward and the
-# weight gradient: [128, 1, 8, 8] -> 32 (K = 9) takes 0.50 -> 0.19 ms forward and
-# 0.51 -> 0.26 ms for the weight gradient.
-_SMALL_K = 16
-
-
-def _small_same_plane(x_shape: Shape, stride: Pair, out_hw: Pair) -> bool:
-    """True for a stride-1 convolution whose output plane is the input plane's size
-    and small (under 128 values): im2col / col2im then work on the channel-major
-    layout, one long shifted copy per tap instead of one short copy per plane
-    ([128, 32, 8, 8]: 0.58 -> 0.36 ms; from 16x16 planes on the per-plane copies are
-    faster)."""
-    return (stride == (1, 1) and tuple(x_shape[2:]) == tuple(out_hw)
-            and out_hw[0] * out_hw[1] < 128)
-
-
 def _tile_grid(out_hw: Pair) -> Pair:
     """Winograd output tiles per plane, (rows, columns)."""
     from .kernels.winograd import TILE
@@ -80,56 +105,45 @@ def _tile_grid(out_hw: Pair) -> Pair:
     return -(-out_hw[0] // TILE), -(-out_hw[1] // TILE)
 
 
-def _winograd_fits(w_shape: Shape, stride: Pair, dilation: Pair, groups: int, n: int,
-                   out_hw: Pair) -> bool:
-    """True when Winograd F(4x4, 3x3) beats im2col: a 3x3, stride-1, undilated,
-    ungrouped convolution whose 36 batched [Cout, C] @ [C, tiles] products are large
-    enough to run at BLAS speed (64+ channels on both sides, 1024+ tiles) on planes of
-    64+ tiles (measured: [16, 64, 32, 32] -> 64 wins 1.2-1.4x on all three passes;
-    [64, 64, 16, 16] or 32 channels do not)."""
-    tiles = math.prod(_tile_grid(out_hw))
-    return (tuple(w_shape[2:]) == (3, 3) and stride == (1, 1) and dilation == (1, 1)
-            and groups == 1 and min(w_shape[0], w_shape[1]) >= 64
-            and tiles >= 64 and n * tiles >= 1024)
-
-
-def _winograd_input(x: Array, padding: Pair, out_hw: Pair) -> tuple[Array, Pair]:
+def _winograd_input(scratch: Scratch, x: Array, padding: Pair, out_hw: Pair) -> tuple[Array, Pair]:
     """V [36, C, tiles] of x (in this thread's scratch slot 1) and the tile grid."""
     from .kernels import winograd as K
 
     n, c = x.shape[:2]
     tiles = _tile_grid(out_hw)
-    v = _scratch.take(36 * c * n * tiles[0] * tiles[1], x.dtype, 1).reshape(36, c, -1)
+    v = scratch.take(36 * c * n * tiles[0] * tiles[1], x.dtype, 1).reshape(36, c, -1)
     K.input_tiles_(v, np.ascontiguousarray(x), *padding, *tiles)
     return v, tiles
 
 
-def _winograd_conv(x: Array, w: Array, padding: Pair, out_hw: Pair) -> Array:
+def _winograd_conv(scratch: Scratch, x: Array, w: Array, padding: Pair, out_hw: Pair) -> Array:
     """Stride-1 3x3 convolution of x [N, C, H, W] with w [Cout, C, 3, 3] by Winograd
     F(4x4, 3x3): transform, 36 batched GEMMs, inverse transform."""
     from .kernels import winograd as K
 
-    v, tiles = _winograd_input(x, padding, out_hw)
+    v, tiles = _winograd_input(scratch, x, padding, out_hw)
     u = K.weight_tiles(np.ascontiguousarray(w))
-    m = _scratch.take(36 * u.shape[1] * v.shape[2], x.dtype, 2).reshape(36, u.shape[1], -1)
+    m = scratch.take(36 * u.shape[1] * v.shape[2], x.dtype, 2).reshape(36, u.shape[1], -1)
     np.matmul(u, v, out=m)
     return K.output_tiles(m, x.shape[0], *out_hw, *tiles)
 
 
-def _winograd_weight_grad(grad: Array, x: Array, padding: Pair) -> Array:
+def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair) -> Array:
     """dL/dw [Cout, C, 3, 3] of a Winograd-shaped convolution: G^T (dM @ V^T) G with
     dM = A dY A^T per tile."""
     from .kernels import winograd as K
 
-    v, tiles = _winograd_input(x, padding, grad.shape[2:])
+    v, tiles = _winograd_input(scratch, x, padding, grad.shape[2:])
     cout = grad.shape[1]
-    mg = _scratch.take(36 * cout * v.shape[2], grad.dtype, 2).reshape(36, cout, -1)
+    mg = scratch.take(36 * cout * v.shape[2], grad.dtype, 2).reshape(36, cout, -1)
     K.grad_tiles_(mg, np.ascontiguousarray(grad), *tiles)
     return K.weight_grad(np.matmul(mg, v.transpose(0, 2, 1)))
 
 
 class NumbaSpatialKernels:
     """conv2d (+ both gradients), max/avg pooling, nearest/bilinear upsampling."""
+
+    scratch: Scratch  # the convolution temporaries (NumbaBackend owns it)
 
     # ----- convolution -------------------------------------------------------------
     def _columns(self, x: Array, kernel: Pair, out_hw: Pair, stride: Pair, padding: Pair,
@@ -140,7 +154,7 @@ class NumbaSpatialKernels:
 
         n, c = x.shape[:2]
         shape = (c, kernel[0], kernel[1], n, out_hw[0] * out_hw[1])
-        cols = _scratch.take(math.prod(shape), x.dtype).reshape(shape)
+        cols = self.scratch.take(math.prod(shape), x.dtype).reshape(shape)
         x = np.ascontiguousarray(x)
         if _small_same_plane(x.shape, stride, out_hw):
             K.im2col_same_(cols, K.swap_leading_axes(x), *padding, *dilation)
@@ -164,12 +178,14 @@ class NumbaSpatialKernels:
         from .kernels import conv as K
 
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
-        if _winograd_fits(w.shape, stride, dilation, groups, x.shape[0], (ho, wo)):
-            return _winograd_conv(x, w, padding, (ho, wo))
+        algorithm = conv_algorithm("forward", w.shape, stride, padding, dilation, groups,
+                                   x.shape[0], (ho, wo))
+        if algorithm == WINOGRAD:
+            return _winograd_conv(self.scratch, x, w, padding, (ho, wo))
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         cols = self._columns(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
         w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
-        if w_rows.shape[2] <= _SMALL_K:
+        if algorithm == DIRECT:
             n = x.shape[0]
             return K.small_k_forward(w_rows, cols.reshape(groups, -1, n, ho * wo)).reshape(
                 n, cout, ho, wo)
@@ -186,14 +202,16 @@ class NumbaSpatialKernels:
                                           padding, dilation, groups)
         n, c, h, wd = x_shape
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-        if max(padding) <= 2 and _winograd_fits(w.shape, stride, dilation, groups, n, (h, wd)):
+        if conv_algorithm("grad_input", w.shape, stride, padding, dilation, groups, n,
+                          (h, wd)) == WINOGRAD:
             # a stride-1 convolution's input gradient is the "full" convolution of the
             # output gradient with the flipped, transposed kernel
             w_flip = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
-            return _winograd_conv(grad, w_flip, (2 - padding[0], 2 - padding[1]), (h, wd))
+            return _winograd_conv(self.scratch, grad, w_flip, (2 - padding[0], 2 - padding[1]),
+                                  (h, wd))
         w_t = np.ascontiguousarray(w).reshape(groups, cout // groups, -1).transpose(0, 2, 1)
         shape = (c, kh, kw, n, ho * wo)
-        cols = _scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
+        cols = self.scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
         np.matmul(w_t, self._grad_columns(grad, groups), out=cols)
         if _small_same_plane(x_shape, stride, (ho, wo)):
             return K.swap_leading_axes(K.col2im_same_(cols.reshape(shape), n, h, wd, *padding,
@@ -206,11 +224,13 @@ class NumbaSpatialKernels:
             return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
         ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
                                           padding, dilation, groups)
-        if _winograd_fits(w_shape, stride, dilation, groups, x.shape[0], (ho, wo)):
-            return _winograd_weight_grad(grad, x, padding)
+        algorithm = conv_algorithm("grad_weight", w_shape, stride, padding, dilation, groups,
+                                   x.shape[0], (ho, wo))
+        if algorithm == WINOGRAD:
+            return _winograd_weight_grad(self.scratch, grad, x, padding)
         cols = self._columns(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding, dilation,
                              groups)
-        if cols.shape[1] <= _SMALL_K:
+        if algorithm == DIRECT:
             from .kernels import conv as K
 
             n, cout = grad.shape[:2]
@@ -218,7 +238,7 @@ class NumbaSpatialKernels:
                                        cols.reshape(groups, cols.shape[1], n, -1))
             return dw.reshape(w_shape)
         # computed transposed, [groups, K, Cout/groups]: BLAS runs this shape (long
-        # contraction, the wide column matrix as the left operand) ~20 % faster
+        # contraction, the wide column matrix as the left operand) faster
         dw_t = np.matmul(cols, self._grad_columns(grad, groups).transpose(0, 2, 1))
         return np.ascontiguousarray(dw_t.transpose(0, 2, 1)).reshape(w_shape)
 

@@ -7,10 +7,9 @@
 // pointer is 16-byte aligned and `vec` is set, each thread moves whole 16-byte packs
 // (float4 for float32), one per step of the grid-stride loop (grid_packs_then_elements
 // in common.cuh); the tail past the last whole pack is done element by element.  One
-// pack per step with 8 blocks of 256 per SM (full occupancy) measured best on the H200:
-// act(x * scale + bias) on 64 M floats at 89% of the memcpy bandwidth, against 75% with
-// four packs loaded before any is used (more registers, fewer resident warps); 4 MB in
-// flight already covers the memory latency.
+// pack per step with 8 blocks of 256 per SM (full occupancy) keeps about 4 MB in flight,
+// which covers the memory latency; loading several packs before using any costs
+// registers and resident warps instead (docs/benchmarks.md).
 #include "common.cuh"
 
 // Unary op codes, shared with cupy.elementwise.UNARY_OPS.

@@ -16,8 +16,8 @@
 // Launch: grid = stats * CLUSTER blocks (1-D), blockDim.x threads with
 // blockDim.x * GN_PACKS packs >= the per-block share; the host checks the fit,
 // 16-byte alignment and S % pack == 0.  Older GPUs use planenorm.cu.  Registers are
-// capped at 40 (six 256-thread blocks per SM; 4 bytes spill): 32.4 us instead of 35.2
-// on [8, 256, 64, 64] (tests/benchmarks/groupnorm_cluster_sweep.py).
+// capped at 40 (six 256-thread blocks per SM; 4 bytes spill), the fastest cap in
+// tests/benchmarks/groupnorm_cluster_sweep.py.
 #include "common.cuh"
 
 #define CLUSTER 8

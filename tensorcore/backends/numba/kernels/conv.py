@@ -140,8 +140,7 @@ def im2col_same_(cols, x_cm, ph, pw, dh, dw):
     channel-major x_cm [C, N, H, W]: each (channel, tap) row of ``cols`` is then one
     shifted copy of the channel's N planes back to back (the values that spill across
     plane edges all sit where the tap reads padding, and are zeroed).  For small
-    planes this beats ``im2col_``'s copy per plane ([128, 32, 8, 8]: 0.58 -> 0.36 ms
-    with the layout swap)."""
+    planes this beats ``im2col_``'s copy per plane, layout swap included."""
     c, n, h, w = x_cm.shape
     kh, kw = cols.shape[1], cols.shape[2]
     t = x_cm.dtype.type

@@ -37,7 +37,7 @@ def _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w):
 def _max_pool_halving(src, out, arg, w, ho, wo):
     """2x2 windows at stride 2 without padding (the common CNN pooling) on one flat
     plane: four straight-line picks per window instead of two nested loops whose
-    bounds are clipped per window (3x faster on 8x8 planes)."""
+    bounds are clipped per window."""
     for oh in range(ho):
         r0 = 2 * oh * w
         r1 = r0 + w
@@ -121,11 +121,7 @@ def avg_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
         for oh in range(ho):
             for ow in range(wo):
                 r0, r1, c0, c1 = _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w)
-                total = t(0.0)
-                for ih in range(r0, r1):
-                    for iw in range(c0, c1):
-                        total += src[ih, iw]
-                out[i, ch, oh, ow] = total * inv
+                out[i, ch, oh, ow] = src[r0:r1, c0:c1].sum() * inv
     return out
 
 
@@ -142,10 +138,7 @@ def avg_pool_backward(grad, h, w, kh, kw, sh, sw, ph, pw):
         for oh in range(ho):
             for ow in range(wo):
                 r0, r1, c0, c1 = _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w)
-                share = grad[i, ch, oh, ow] * inv
-                for ih in range(r0, r1):
-                    for iw in range(c0, c1):
-                        dst[ih, iw] += share
+                dst[r0:r1, c0:c1] += grad[i, ch, oh, ow] * inv
     return dx
 
 

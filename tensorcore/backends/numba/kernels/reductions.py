@@ -16,8 +16,7 @@ def row_max(row):
 
     LLVM does not vectorise a running ``max`` over one accumulator, so this keeps
     ``_LANES`` independent maxima and folds them at the end.  With fewer lanes (one
-    register) each block's ``max`` waits on the previous one: 64 lanes take the max
-    pass over 1024x1024 float32 rows from 0.147 to 0.115 ms.
+    register) each block's ``max`` waits on the previous one.
     """
     body = row.size - row.size % _LANES
     if body == 0:
