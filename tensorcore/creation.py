@@ -8,12 +8,13 @@ import numpy as np
 
 from . import dtypes
 from .backends import backend_for, default_device_name
+from .devices import canonical
 from .ops.shape_utils import nested_shape
 from .tensor import Tensor
 
 
-def _device(device: str | None) -> str:
-    return device or default_device_name()
+def _device(device: Any) -> str:
+    return canonical(device) if device is not None else default_device_name()
 
 
 def _shape(shape: tuple) -> tuple[int, ...]:

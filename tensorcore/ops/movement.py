@@ -253,8 +253,9 @@ def astype(x: Tensor, dtype: Any) -> Tensor:
     return out
 
 
-def to_device(x: Tensor, device: str) -> Tensor:
-    backend_for(device)  # raises for an unknown or unavailable device
+def to_device(x: Tensor, device: Any) -> Tensor:
+    device = canonical(device)
+    backend_for(device)  # raises for an unavailable device
     return ToDevice.apply(x, device)
 
 
@@ -263,3 +264,4 @@ def _common_dtype(tensors: Sequence[Tensor]) -> Any:
 
 
 from ..backends import backend_for  # noqa: E402
+from ..devices import canonical  # noqa: E402
