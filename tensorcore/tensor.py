@@ -384,10 +384,8 @@ def as_tensor_like(value: Any, like: Any, op: str) -> Tensor:
         return value
     device = like.device if isinstance(like, Tensor) else backends.default_device
     backend = backend_for(device)
-    if isinstance(value, bool | int | float):
-        dtype = like.dtype if isinstance(like, Tensor) else np.result_type(value)
-        if isinstance(like, Tensor) and not dtypes.is_floating(like.dtype) and isinstance(value, float):
-            dtype = dtypes.default_float
+    if isinstance(value, bool | int | float):  # the dtype it would have as an operand of ``like``
+        dtype = dtypes.result_dtype(like, value) if isinstance(like, Tensor) else dtypes.scalar_dtype(value)
         return Tensor._wrap(backend.full((), value, dtype), device)
     try:
         array = backend.array(value)

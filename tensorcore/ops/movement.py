@@ -260,7 +260,7 @@ def to_device(x: Tensor, device: Any) -> Tensor:
 
 
 def _common_dtype(tensors: Sequence[Tensor]) -> Any:
-    return np.result_type(*[t.dtype for t in tensors])
+    return dtypes.result_dtype(*tensors)
 
 
 from ..backends import backend_for  # noqa: E402
