@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
-
 from .. import dtypes
 from ..autograd import Function
 from ..tensor import Tensor
