@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes
+from . import dlpack, dtypes
 from .backends import backend_for, default_device_name
 from .devices import canonical
 from .ops.shape_utils import nested_shape
@@ -137,7 +137,14 @@ def from_dlpack(obj: Any) -> Tensor:
     """Zero-copy import of a DLPack-capable array (torch, cupy, jax, numpy)."""
     device_type, _ = obj.__dlpack_device__()
     if device_type == 1:  # kDLCPU
-        return Tensor(np.from_dlpack(obj), "cpu")
+        return _from_dlpack_array(dlpack.import_cpu(obj), "cpu")  # bfloat16 too, which NumPy cannot import
     if device_type == 2:  # kDLCUDA
-        return Tensor(backend_for("cuda").xp.from_dlpack(obj), "cuda")
+        return _from_dlpack_array(backend_for("cuda").xp.from_dlpack(obj), "cuda")
     raise ValueError(f"from_dlpack: unsupported DLPack device type {device_type}")
+
+
+def _from_dlpack_array(array: Any, device: str) -> Tensor:
+    if array.dtype not in dtypes.SUPPORTED:
+        raise TypeError(f"from_dlpack: dtype {array.dtype} is not supported; convert the tensor to one of "
+                        f"{', '.join(map(str, dtypes.SUPPORTED))} before exporting it")
+    return Tensor(array, device)

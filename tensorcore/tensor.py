@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import dtypes
+from . import dlpack, dtypes
 from .backends import backend_for
 from .devices import canonical, is_device
 
@@ -156,7 +156,11 @@ class Tensor:
         return int(self.item())
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
-        return self.data.__dlpack__(stream=stream, **kwargs) if stream is not None else self.data.__dlpack__(**kwargs)
+        if stream is not None:  # NumPy accepts no stream argument at all
+            kwargs["stream"] = stream
+        if self.dtype == dtypes.bfloat16:  # NumPy cannot export it: the raw buffer with the bfloat16 type code
+            return dlpack.export_bfloat16(self.data, **kwargs)
+        return self.data.__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.data.__dlpack_device__()
