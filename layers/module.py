@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import tensorcore as tc
 from tensorcore import Tensor
+from tensorcore.devices import canonical, is_device
 
 from . import serialization
 from .parameter import Parameter
@@ -245,8 +246,9 @@ class Module:
         Parameters keep their identity (their data is swapped), so references held
         elsewhere stay valid.  ``to(tc.float64)`` is accepted as a dtype-only call.
         """
-        if device is not None and not isinstance(device, str):
+        if device is not None and not is_device(device):
             device, dtype = None, device
+        device = canonical(device) if device is not None else None
         moved = False
         for module in self.modules():
             for p in module._parameters.values():

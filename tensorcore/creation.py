@@ -6,14 +6,15 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes
+from . import dlpack, dtypes
 from .backends import backend_for, default_device_name
+from .devices import canonical
 from .ops.shape_utils import nested_shape
 from .tensor import Tensor
 
 
-def _device(device: str | None) -> str:
-    return device or default_device_name()
+def _device(device: Any) -> str:
+    return canonical(device) if device is not None else default_device_name()
 
 
 def _shape(shape: tuple) -> tuple[int, ...]:
@@ -135,8 +136,15 @@ def eye(n: int, m: int | None = None, dtype: Any = dtypes.float32, device: str |
 def from_dlpack(obj: Any) -> Tensor:
     """Zero-copy import of a DLPack-capable array (torch, cupy, jax, numpy)."""
     device_type, _ = obj.__dlpack_device__()
-    devices = {1: "cpu", 2: "cuda"}  # kDLCPU, kDLCUDA
-    if device_type not in devices:
-        raise ValueError(f"from_dlpack: unsupported DLPack device type {device_type}")
-    device = devices[device_type]
-    return Tensor(backend_for(device).from_dlpack(obj), device)
+    if device_type == 1:  # kDLCPU
+        return _from_dlpack_array(dlpack.import_cpu(obj), "cpu")  # bfloat16 too, which NumPy cannot import
+    if device_type == 2:  # kDLCUDA
+        return _from_dlpack_array(backend_for("cuda").from_dlpack(obj), "cuda")
+    raise ValueError(f"from_dlpack: unsupported DLPack device type {device_type}")
+
+
+def _from_dlpack_array(array: Any, device: str) -> Tensor:
+    if array.dtype not in dtypes.SUPPORTED:
+        raise TypeError(f"from_dlpack: dtype {array.dtype} is not supported; convert the tensor to one of "
+                        f"{', '.join(map(str, dtypes.SUPPORTED))} before exporting it")
+    return Tensor(array, device)

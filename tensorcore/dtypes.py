@@ -1,10 +1,19 @@
-"""Data types: tensorcore uses NumPy dtype objects, so promotion is NumPy's.
+"""Data types and type promotion.
 
-NumPy has no bfloat16; ``ml_dtypes`` (the package JAX uses) registers one, and CuPy
-understands it.  bfloat16 tensors are a storage format: every kernel loads them into
-float32, computes and accumulates in float32, and rounds the result back.  Kernels
-instantiated for bfloat16 (the CUDA ones) do that themselves; for the others,
-``ComputesBfloat16InFloat32`` below states the policy once.
+tensorcore uses NumPy dtype objects.  NumPy has no bfloat16; ``ml_dtypes`` (the
+package JAX uses) registers one, and CuPy understands it.  bfloat16 tensors are a
+storage format: every kernel loads them into float32, computes and accumulates in
+float32, and rounds the result back.
+
+Promotion follows PyTorch where it and NumPy disagree, so a float32 model stays
+float32 (see ``docs/semantics.md`` for the table): a floating dtype wins over an
+integer one whatever their sizes (float32 + int64 -> float32), a Python float meets
+an integer tensor as the default float dtype (float32, not float64), and a 0-d tensor
+or a Python scalar changes the result only when it raises the category
+(bool < integer < floating).
+
+Kernels instantiated for bfloat16 (the CUDA ones) compute in float32 themselves; for the
+others, ``ComputesBfloat16InFloat32`` below states the policy once.
 """
 
 from __future__ import annotations
@@ -45,9 +54,48 @@ def is_floating(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype == bfloat16
 
 
+def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
+    """The dtype two tensors' dtypes combine to (torch.promote_types): a floating dtype
+    wins over an integer or bool one; within a category NumPy's lattice, which agrees
+    with PyTorch's on the supported dtypes (float16 + bfloat16 -> float32)."""
+    if a == b:
+        return a
+    if is_floating(a) != is_floating(b):
+        return a if is_floating(a) else b
+    return np.promote_types(a, b)
+
+
+def scalar_dtype(value: bool | int | float) -> np.dtype:
+    """The dtype a Python scalar stands for: bool, int64 or the default float."""
+    if isinstance(value, bool):
+        return bool_
+    return int64 if isinstance(value, int) else default_float
+
+
 def result_dtype(*operands: Any) -> np.dtype:
-    """NumPy's promotion of tensors' dtypes and Python scalars (NEP 50 weak scalars)."""
-    return np.result_type(*operands)
+    """The dtype of an elementwise op on tensors and Python scalars (torch.result_type).
+
+    Operands fall in three tiers: tensors with dimensions, 0-d tensors, Python scalars.
+    A lower tier changes the result only when its category (bool < integer < floating)
+    is higher, e.g. int64[3] * 0.5 -> float32 but float32[3] * float64 0-d -> float32.
+    """
+    tiers: list[np.dtype | None] = [None, None, None]
+    for x in operands:
+        if isinstance(x, bool | int | float):
+            tier, dtype = 2, scalar_dtype(x)
+        else:
+            tier, dtype = (0 if x.ndim else 1), x.dtype
+        tiers[tier] = dtype if tiers[tier] is None else promote_types(tiers[tier], dtype)
+    return _combine(tiers[0], _combine(tiers[1], tiers[2]))
+
+
+def _combine(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None:
+    """A lower tier's dtype counts only where it raises the category."""
+    if higher is None or lower is None:
+        return lower if higher is None else higher
+    if is_floating(higher) or (not is_floating(lower) and higher != bool_):
+        return higher
+    return promote_types(higher, lower)
 
 
 # ----- bfloat16 on kernels without a bfloat16 instantiation -------------------------------

@@ -8,13 +8,14 @@ from typing import Any
 
 from . import dtypes
 from .backends import backend_for, default_device_name
+from .devices import canonical
 
 
 class Generator:
     """A seeded stream of random numbers on one device."""
 
     def __init__(self, device: str = "cpu", seed: int | None = None) -> None:
-        self.device = device
+        self.device = canonical(device)
         self._lock = threading.Lock()
         self.manual_seed(_default_seed[0] if seed is None else seed)
         _generators.add(self)
@@ -64,7 +65,7 @@ def _generator(device: str, generator: Generator | None) -> Generator:
 
 def _random(kind: str, shape: tuple, a: float, b: float, dtype: Any, device: str | None,
             generator: Generator | None, requires_grad: bool = False) -> "Tensor":
-    device = device or default_device_name()
+    device = canonical(device) if device is not None else default_device_name()
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else tuple(shape)
     if any(not isinstance(n, int) or n < 0 for n in shape):
         raise ValueError(f"{kind}: shape must be non-negative ints, got {shape}")

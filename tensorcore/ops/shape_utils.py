@@ -43,6 +43,20 @@ def unbroadcast(backend: Any, grad: Any, shape: tuple[int, ...]) -> Any:
     return backend.reshape(grad, tuple(shape))
 
 
+def torch_spelling(op: str, axis: Any, keepdims: bool, dim: Any, keepdim: bool | None) -> tuple[Any, bool]:
+    """PyTorch's ``dim=`` / ``keepdim=`` as aliases of ``axis=`` / ``keepdims=``; both
+    spellings of one argument raise a TypeError."""
+    if dim is not None:
+        if axis is not None:
+            raise TypeError(f"{op}: got both axis={axis!r} and dim={dim!r}; pass one (dim is PyTorch's name for axis)")
+        axis = dim
+    if keepdim is not None:
+        if keepdims:
+            raise TypeError(f"{op}: got both keepdims= and keepdim=; pass one (keepdim is PyTorch's name)")
+        keepdims = keepdim
+    return axis, keepdims
+
+
 def normalize_axis(axis: int, ndim: int, op: str) -> int:
     """A valid non-negative axis for a tensor of ``ndim`` dims, or a ValueError."""
     if not isinstance(axis, int):
