@@ -11,12 +11,9 @@ and each kernel compiles on its first call, once per dtype, into Numba's on-disk
 (``__pycache__`` next to the kernel sources, or ``NUMBA_CACHE_DIR``), so later
 processes load machine code instead of compiling.
 
-Threads: the parallel loops run on Numba's pool, sized by ``NUMBA_NUM_THREADS``
-(default: every core); ``numba.set_num_threads(n)`` lowers it at run time.  The
-matrix products go to NumPy's BLAS, which has its own thread setting
-(``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS``).  Kernels and BLAS calls alternate
-all the time, so idle threads must not spin long: ``tensorcore.settings`` shortens
-both waits at import.
+Threads: creating the backend sets up the CPU thread pools (``numba/threads.py``):
+the parallel loops and NumPy's BLAS products share Numba's one pool, sized by
+``tc.set_num_threads`` (default: every core, or ``NUMBA_NUM_THREADS``).
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from .bfloat16 import computes_bfloat16_in_float32
 from .numba_nn import NumbaNNKernels
 from .numba_optim import NumbaOptimKernels
 from .numba_spatial import NumbaSpatialKernels
+from .numba import threads
 from .numpy_backend import NumpyBackend
 
 
@@ -39,3 +37,6 @@ class NumbaBackend(NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, Numpy
     name = "numba"
     device = "cpu"
     xp: Any = numpy
+
+    def __init__(self) -> None:
+        threads.configure()  # before any kernel or BLAS call, so the pools never fight
