@@ -5,10 +5,11 @@
     (x * x).sum().backward()
 """
 
-from . import settings  # first: it tunes thread waits before NumPy loads its BLAS
+from . import settings
 from . import cuda, functional
 from .autograd import Function, is_grad_enabled, no_grad, set_grad_enabled
 from .backends import get_backend, set_backend, use_backend
+from .backends.numba.threads import get_num_threads, set_num_threads
 from .creation import (arange, as_tensor, empty, empty_like, eye, from_dlpack, from_numpy, full, full_like,
                        linspace, ones, ones_like, tensor, zeros, zeros_like)
 from .devices import device

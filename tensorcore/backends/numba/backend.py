@@ -12,12 +12,9 @@ and each kernel compiles on its first call, once per dtype, into Numba's on-disk
 (``__pycache__`` next to the kernel sources, or ``NUMBA_CACHE_DIR``), so later
 processes load machine code instead of compiling.
 
-Threads: the parallel loops run on Numba's pool, sized by ``NUMBA_NUM_THREADS``
-(default: every core); ``numba.set_num_threads(n)`` lowers it at run time.  The
-matrix products go to NumPy's BLAS, which has its own thread setting
-(``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS``).  Kernels and BLAS calls alternate
-all the time, so idle threads must not spin long: ``tensorcore.settings`` shortens
-both waits at import.
+Threads: creating the backend sets up the CPU thread pools (``numba/threads.py``):
+the parallel loops and NumPy's BLAS products share Numba's one pool, sized by
+``tc.set_num_threads`` (default: every core, or ``NUMBA_NUM_THREADS``).
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from typing import Any
 
 import numpy
 
+from . import threads
 from .nn import NumbaNNKernels
 from .optim import NumbaOptimKernels
 from .spatial import NumbaSpatialKernels, Scratch
@@ -40,6 +38,7 @@ class NumbaBackend(NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, Numpy
     xp: Any = numpy
 
     def __init__(self) -> None:
+        threads.configure()  # before any kernel or BLAS call, so the pools never fight
         self.scratch = Scratch()
 
     def empty_cache(self) -> None:

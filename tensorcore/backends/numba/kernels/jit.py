@@ -1,6 +1,7 @@
 """The decorators every kernel module uses, so all kernels compile alike.
 
-* ``kernel``: a parallel entry point called from the backend (``prange`` loops).
+* ``kernel``: a parallel entry point called from the backend (``prange`` loops); it
+  runs on one thread when its arrays are small (``numba/threads.py``).
 * ``helper``: a serial function called from kernels (inlined by LLVM).
 * ``wide_vectors()``: called first thing in a parallel loop body, lets LLVM use
   512-bit vectors in that body (see its docstring).
@@ -16,19 +17,25 @@ only the first process pays the compile time.
 
 from __future__ import annotations
 
-import numba
 from numba import njit, types
 from numba.extending import intrinsic
 
+from tensorcore.backends.numba import threads
+
 JIT_OPTIONS = {"fastmath": {"reassoc", "contract", "nsz"}, "error_model": "numpy"}
 
-kernel = njit(parallel=True, cache=True, **JIT_OPTIONS)
 helper = njit(cache=True, **JIT_OPTIONS)
+_parallel = njit(parallel=True, cache=True, **JIT_OPTIONS)
+
+
+def kernel(fn):
+    """``fn`` compiled as a parallel kernel that runs serially on small arrays."""
+    return threads.SizedKernel(_parallel(fn))
 
 
 def thread_count() -> int:
-    """Threads in Numba's pool (``NUMBA_NUM_THREADS``, or fewer if set at run time)."""
-    return numba.get_num_threads()
+    """Threads a large kernel runs on (``tc.set_num_threads``; default every core)."""
+    return threads.get_num_threads()
 
 
 _PREFER_512 = '"prefer-vector-width"="512"'
