@@ -24,6 +24,12 @@ through ``out=`` wherever the method in use declares the parameter and copies th
 result into it otherwise, so a backend that overrides one of these without ``out`` is
 still correct, only not allocation-free on that op.
 
+Compiled replay first asks ``prepare(op, args, kwargs, out)`` (optional): a backend
+may return a no-argument callable that performs that exact call -- arrays, shapes and
+options fixed, every check done once -- writing the result into ``out``, or None to
+have the method called as usual.  The callable must compute bit for bit what the
+method computes.
+
 Conventions for the fused ops
 -----------------------------
 ``act`` names an activation: ``"none" | "relu" | "gelu" | "gelu_tanh" | "silu" |
@@ -35,7 +41,7 @@ between forward and backward.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 Array = Any  # numpy.ndarray | cupy.ndarray
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")  # names ``act`` may take
@@ -220,3 +226,6 @@ class Backend(Protocol):
                      eps: float) -> None: ...
     def lion_update_(self, p: Array, g: Array, m: Array, lr: Array, beta1: float, beta2: float,
                      weight_decay: float) -> None: ...
+
+    # ----- compiled replay (optional, see the module doc) ---------------------------
+    def prepare(self, op: str, args: tuple, kwargs: dict, out: Array) -> Callable[[], Any] | None: ...

@@ -56,21 +56,26 @@ log = logging.getLogger("tensorcore.compile")
 FORMAT = 1
 MAX_FILE_BYTES = 256 << 20
 T = TypeVar("T")
-_TRAINING = lambda m: m.training  # noqa: E731
 
 
 # ----- keys ------------------------------------------------------------------------------
 def key(args: tuple, kwargs: dict, roots: list[tuple[Any, list]]) -> tuple[Any, list[Tensor], Any]:
     """(key, the tensor arguments in order, the stable part of the key or None)."""
-    tensors: list[Tensor] = []
-    stable = [True]
-    spec = (_spec(args, tensors, stable), _spec(kwargs, tensors, stable))
-    ids = [id(t.data) for t in tensors]
-    alias = tuple(ids.index(i) for i in ids) if len(set(ids)) < len(ids) else ()
+    if not kwargs and all(type(a) is Tensor for a in args):  # the common call: tensors only
+        tensors, stable = list(args), [True]
+        spec: Any = tuple([(a.data.shape, a.data.dtype, a.device, a.requires_grad) for a in args])
+    else:
+        tensors, stable = [], [True]
+        spec = (_spec(args, tensors, stable), _spec(kwargs, tensors, stable))
+    alias = ()
+    if len(tensors) > 1:
+        ids = [id(t.data) for t in tensors]
+        if len(set(ids)) < len(ids):
+            alias = tuple(ids.index(i) for i in ids)
     state = (autograd.is_grad_enabled(), settings.matmul_precision, backends._cpu_name, backends.default_device)
-    trainings = tuple(tuple(map(_TRAINING, modules)) for _, modules in roots)
+    trainings = tuple([tuple([m.training for m in modules]) for _, modules in roots])
     fixed = (spec, alias, state, trainings)
-    versions = tuple(root.structure_version for root, _ in roots)
+    versions = tuple([root.structure_version for root, _ in roots])
     return (fixed, versions), tensors, (fixed if stable[0] else None)
 
 

@@ -111,6 +111,7 @@ class Compiled:
         self.label = _label(fn)
         self._passes = passes_module.resolve(passes)
         self._sources = _root_sources(fn)
+        self._last_seen: list[tuple[Any, bool] | None] = [None] * len(self._sources)
         self._disk = cache.DiskCache.open(cache_dir)
         self._lock = threading.Lock()
         self._plans: cache.LRU[_Entry] = cache.LRU(max_plans)
@@ -310,14 +311,18 @@ class Compiled:
     # ----- the program around the function --------------------------------------------
     def _roots(self) -> list[tuple[str, Any]]:
         """The modules the function uses, by a stable name: the compiled module itself,
-        or the modules its closure, ``self`` and globals refer to."""
-        found, seen = [], set()
-        for name, read in self._sources:
+        or the modules its closure, ``self`` and globals refer to (read on every call:
+        they may be re-bound; what each name held last time is remembered)."""
+        found, seen, last = [], set(), self._last_seen
+        for i, (name, read) in enumerate(self._sources):
             try:
                 value = read()
             except (ValueError, KeyError, NameError):  # an empty closure cell, a deleted global
                 continue
-            if _is_module(value) and id(value) not in seen:
+            previous = last[i]
+            if previous is None or previous[0] is not value:
+                previous = last[i] = (value, _is_module(value))
+            if previous[1] and id(value) not in seen:
                 seen.add(id(value))
                 found.append((name, value))
         return found

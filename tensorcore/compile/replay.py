@@ -4,11 +4,14 @@
 the input buffers, the constants and the arena; every array a step touches -- inputs,
 intermediates, views of either, the program's external buffers -- is built once from
 its storage's address and its recorded geometry, so each step is a pre-bound call.  A
-step whose backend method accepts ``out=`` (the NumPy reference primitives: unary,
-binary, where, matmul, clip, concatenate) writes its result straight into its arena
-buffer and allocates nothing; any other kernel allocates its result as in eager mode
-and the step copies it into the arena (the Numba and fused kernels have no ``out=``
-form).  Replay is a loop over those calls.
+step is, in order of preference: the backend's ``prepare``d form of the call (the
+kernel itself bound to its arrays, checks done once -- NumPy's ufuncs and matmul
+writing into the arena, the Numba activation kernels), the method called with
+``out=`` where it takes one (where, clip, concatenate), or the method called as in
+eager mode with its result copied into the arena.  The first two allocate nothing
+for the NumPy primitives; kernels that allocate their results (the Numba and fused
+kernels) still do, and the copy puts the result in its planned buffer.  Replay is a
+loop over those calls.
 
 ``CudaGraphReplay`` (CuPy) runs the steps once to warm up (kernel compilation, cuBLAS
 handle, memory), then captures them into a CUDA graph on a private stream, with every
@@ -124,10 +127,14 @@ class CpuReplay:
         if not made:
             return functools.partial(fn, *args, **kwargs)
         dests = [(path, self.values[v]) for path, v in made]
-        if made[0][0] == () and "out" not in kwargs and self._out_form(type(backend), node.op, args, dests[0][1]):
-            return functools.partial(fn, *args, out=dests[0][1], **kwargs)
         if made[0][0] == ():
             dest = dests[0][1]
+            prepared = getattr(backend, "prepare", None)
+            fast = prepared(node.op, args, kwargs, dest) if prepared is not None and dest.flags.c_contiguous else None
+            if fast is not None:
+                return fast
+            if "out" not in kwargs and self._out_form(type(backend), node.op, args, dest):
+                return functools.partial(fn, *args, out=dest, **kwargs)
             return lambda: copy_(dest, fn(*args, **kwargs))
 
         def step() -> None:

@@ -85,6 +85,25 @@ class NumbaNNKernels:
                                                     gc.reshape(outer * channels, inner), code)
         return gx.reshape(x.shape), plane_sums.reshape(outer, channels).sum(axis=0)
 
+    def prepare(self, op: str, args: tuple, kwargs: dict, out: Array) -> Any:
+        """The activation and bias + activation kernels bound to their arrays (after the
+        checks ``unary``/``bias_act`` make on every call); the rest as the reference."""
+        from .kernels import activations as K
+
+        if op == "unary" and not kwargs and args[0] in _FUSED_UNARY and fast_path(args[1]) \
+                and args[1].flags.c_contiguous and out is not None and out.flags.c_contiguous:
+            flat, flat_out, code = args[1].reshape(-1), out.reshape(-1), K.ACT_CODES[args[0]]
+            return lambda: np.copyto(flat_out, K.act_forward_flat(flat, code))
+        if op == "bias_act" and not kwargs and args[1] is not None and fast_path(args[0], args[1]) \
+                and args[0].flags.c_contiguous and out is not None and out.flags.c_contiguous:
+            x, bias, act, axis = args
+            check_activation("bias_act", act)
+            outer, channels, inner = self._bias_layout("bias_act", x, bias, axis)
+            rows, kernel = (channels, K.bias_act_rows) if inner == 1 else (inner, K.bias_act_planes)
+            x2, out2, code = x.reshape(-1, rows), out.reshape(-1, rows), K.ACT_CODES[act]
+            return lambda: np.copyto(out2, kernel(x2, bias, code))
+        return super().prepare(op, args, kwargs, out)
+
     # ----- softmax family ----------------------------------------------------------
     def softmax(self, x: Array) -> Array:
         if not fast_path(x) or x.ndim == 0 or x.size == 0:

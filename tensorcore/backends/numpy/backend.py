@@ -9,11 +9,12 @@ in ``optim``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+from typing import Any, Callable, Sequence
 
 import numpy
 
-from ...dtypes import ComputesBfloat16InFloat32
+from ...dtypes import ComputesBfloat16InFloat32, bfloat16
 from .nn import NumpyNNKernels
 from .optim import NumpyOptimKernels
 from .special import erf
@@ -175,6 +176,20 @@ class NumpyPrimitives:
     # ----- linear algebra ----------------------------------------------------------
     def matmul(self, a, b, out=None):
         return self.xp.matmul(a, b, out=out)
+
+    # ----- compiled replay -----------------------------------------------------------
+    def prepare(self, op: str, args: tuple, kwargs: dict, out: Any) -> Callable[[], Any] | None:
+        """The elementwise ufuncs and matmul bound to their arrays and ``out`` (NumPy
+        arrays only: the CuPy backend runs its own kernels for these)."""
+        if self.xp is not numpy or kwargs or out is None or out.dtype == bfloat16:
+            return None
+        if op == "binary" and args[0] in _BINARY:
+            return functools.partial(getattr(numpy, _BINARY[args[0]]), args[1], args[2], out=out)
+        if op == "unary" and args[0] in _UNARY:
+            return functools.partial(getattr(numpy, _UNARY[args[0]]), args[1], out=out)
+        if op == "matmul" and all(getattr(a, "dtype", None) != bfloat16 for a in args):
+            return functools.partial(numpy.matmul, *args, out=out)
+        return None
 
     # ----- RNG ---------------------------------------------------------------------
     def rng(self, seed: int):
