@@ -43,19 +43,17 @@ from .conv_plan import FPROP, PREC_16, PREC_3XTF32, PREC_TF32, SOURCE, WGRAD, Pl
 
 _CTYPES = {"float32": "float", "float16": "half_t", "bfloat16": "bf16_t"}
 _INT32 = 2**31 - 1
-_GRID_YZ = 65535
+_GRID_Z = 65535
 _ALIGN = 256  # bytes between scratch arrays
 
 Pair = tuple[int, int]
 
 
 # ----- coverage and bookkeeping ------------------------------------------------------------
-def _reason(arrays: tuple, groups: int, extents: tuple[int, ...], images: tuple[int, ...]
-            ) -> str | None:
+def _reason(arrays: tuple, groups: int, extents: tuple[int, ...]) -> str | None:
     """Why the kernels do not cover a call, or None: CuPy arrays of one float32 / float16
     / bfloat16 dtype, groups 1, sm_80 or newer, every packed operand and GEMM extent in
-    ``extents`` below 2**31 and every pack grid's image count in ``images`` within the
-    grid limit."""
+    ``extents`` below 2**31."""
     dtype = arrays[0].dtype
     for a in arrays:
         if type(a) is not cupy.ndarray:
@@ -70,7 +68,7 @@ def _reason(arrays: tuple, groups: int, extents: tuple[int, ...], images: tuple[
         return "groups > 1"
     if cuda_loader.compute_capability() < 80:
         return "compute capability below 8.0"
-    if max(extents) > _INT32 or max(images) > _GRID_YZ:
+    if max(extents) > _INT32:
         return "too large for 32-bit tile indices"
     return None
 
@@ -130,10 +128,10 @@ def _pack(src: Any, dst: Any, images: int, channels: int, height: int, width: in
           strides: tuple[int, int, int, int], round_tf32: bool) -> None:
     """dst [images][height][width][Cp] = src[image, channel, h, w] read through element
     ``strides`` (image, channel, h, w); channels up to Cp = dst.shape[-1] are zero."""
-    padded = dst.shape[-1]
-    grid = (-(-(height * width) // 32), -(-padded // 32), images)
+    padded, rows = dst.shape[-1], images * height * width
+    grid = (-(-rows // 32), -(-padded // 32))
     cuda_loader.kernel(SOURCE, "conv_pack_kernel", src.dtype)(
-        grid, (32, 8), (src, dst, images, channels, height, width, padded, *strides,
+        grid, (32, 8), (src, dst, channels, height, width, padded, rows, *strides,
                         int(round_tf32)))
 
 
@@ -205,8 +203,7 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     (ho, wo), itemsize = out_hw, x.dtype.itemsize
     cp = _padded(c, itemsize)
     epilogue = tuple(a for a in (bias, residual) if a is not None)
-    reason = _reason((x, w, *epilogue), groups,
-                     (n * h * wd * cp, cout * r * s * cp, n * ho * wo), (n, cout))
+    reason = _reason((x, w, *epilogue), groups, (n * h * wd * cp, cout * r * s * cp, n * ho * wo))
     if not _covered("forward", reason):
         return None
     prec = _precision(x.dtype)
@@ -238,8 +235,9 @@ def input_grad(grad: Any, w: Any, x_shape: tuple, stride: Pair, padding: Pair,
     r, s = w.shape[2], w.shape[3]
     itemsize = grad.dtype.itemsize
     cop = _padded(cout, itemsize)
-    reason = _reason((grad, w), groups, (n * ho * wo * cop, c * r * s * cop, n * h * wd),
-                     (n, c, conv_plan.MAX_SPLITS * stride[0] * stride[1]))  # grid z
+    reason = _reason((grad, w), groups, (n * ho * wo * cop, c * r * s * cop, n * h * wd))
+    if reason is None and stride[0] * stride[1] * conv_plan.MAX_SPLITS > _GRID_Z:
+        reason = "stride phases beyond the grid"
     if not _covered("input_grad", reason):
         return None
     prec = _precision(grad.dtype)
@@ -268,7 +266,7 @@ def weight_grad(grad: Any, x: Any, w_shape: tuple, stride: Pair, padding: Pair,
     r, s = w_shape[2], w_shape[3]
     itemsize = x.dtype.itemsize
     cp, cop = _padded(c, itemsize), _padded(cout, itemsize)
-    reason = _reason((grad, x), groups, (n * ho * wo * cop, n * h * wd * cp, r * s * cp), (n,))
+    reason = _reason((grad, x), groups, (n * ho * wo * cop, n * h * wd * cp, r * s * cp))
     if not _covered("weight_grad", reason):
         return None
     prec = _precision(x.dtype)

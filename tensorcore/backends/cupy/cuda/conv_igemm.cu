@@ -7,10 +7,12 @@
 // shared-memory tile row is filled by 16-byte cp.async copies, zero-filled outside the
 // image.  STAGES tiles are in flight; one barrier per K tile.
 //
-//   conv_pack_kernel            dst[n][h][w][c] = src[n, c, h, w] (any strides), c < Cp.
-//                               Grid (ceil(H*W/32), ceil(Cp/32), N), block (32, 8): a
-//                               32 x 32 tile transposed through shared memory.  Memory
-//                               bound.
+//   conv_pack_kernel            dst[n][h][w][c] = src[n, c, h, w] (any strides), c < Cp:
+//                               the rows q = (n, h, w) of dst in tiles of 32 rows x 32
+//                               channels transposed through shared memory (tiles span
+//                               images, so 3 x 3 weight planes keep every thread busy).
+//                               Grid (ceil(N*H*W/32), ceil(Cp/32)), block (32, 8).
+//                               Memory bound.
 //   conv_fprop_kernel           out[n, j, y, x] = sum over taps (r, s) and channels c of
 //                               act[n][iy][ix][c] * w[j][r][s][c].  GEMM rows are output
 //                               pixels (BM per block), columns output channels (BN), K
@@ -43,31 +45,30 @@
 #include "conv_igemm.cuh"
 
 template <typename T>
-__global__ void conv_pack_kernel(const T* __restrict__ src, T* __restrict__ dst, long long N,
-                                 long long C, long long H, long long W, long long Cp,
+__global__ void conv_pack_kernel(const T* __restrict__ src, T* __restrict__ dst, long long C,
+                                 long long H, long long W, long long Cp, long long rows,
                                  long long sn, long long sc, long long sh, long long sw,
                                  long long round_tf32) {
     __shared__ T tile[32][33];
-    const int hw = (int)(H * W), p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
-    const long long n = blockIdx.z;
+    const int hw = (int)(H * W), q0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
     const T zero = store_as<T>((acc_t<T>)0);
+    {  // read: this thread's pixel q = (n, p), channels c0 + threadIdx.y + 8j
+        const int q = q0 + threadIdx.x, n = q / hw, p = q - n * hw;
+        // a plane with sh == W * sw needs no (h, w) split of p
+        const long long at = n * sn + (sh == W * sw ? p * sw : (p / (int)W) * sh + (p % (int)W) * sw);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int c = c0 + threadIdx.y + 8 * j, p = p0 + threadIdx.x;
-        T v = zero;
-        if (c < C && p < hw) {
-            const int h = p / (int)W, w = p - h * (int)W;
-            v = src[n * sn + c * sc + h * sh + w * sw];
+        for (int j = 0; j < 4; ++j) {
+            const int c = c0 + threadIdx.y + 8 * j;
+            tile[threadIdx.y + 8 * j][threadIdx.x] = c < C && q < rows ? src[at + c * sc] : zero;
         }
-        tile[threadIdx.y + 8 * j][threadIdx.x] = v;
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int p = p0 + threadIdx.y + 8 * j, c = c0 + threadIdx.x;
-        if (p < hw && c < Cp)
-            dst[(n * hw + p) * Cp + c] = tf32_if(tile[threadIdx.x][threadIdx.y + 8 * j],
-                                                 round_tf32 != 0);
+    for (int j = 0; j < 4; ++j) {  // write: pixel q0 + threadIdx.y + 8j, channel c0 + threadIdx.x
+        const long long q = q0 + threadIdx.y + 8 * j;
+        const int c = c0 + threadIdx.x;
+        if (q < rows && c < Cp)
+            dst[q * Cp + c] = tf32_if(tile[threadIdx.x][threadIdx.y + 8 * j], round_tf32 != 0);
     }
 }
 
@@ -125,8 +126,8 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
     static_assert(THREADS % CPR == 0 && BM % RPP == 0 && BN % RPP == 0, "copy layout");
     static_assert(WTM % 16 == 0 && WTN % 16 == 0 && BK % KMMA == 0, "warp tile");
 
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* smem = reinterpret_cast<T*>(smem_raw);
+    extern __shared__ uint4 smem_words[];  // 16-byte aligned
+    T* smem = reinterpret_cast<T*>(smem_words);
 
     const int split = blockIdx.z % splits, phase = blockIdx.z / splits;
     const int py = phase / div_w, px = phase - py * div_w;
@@ -139,8 +140,8 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
     const TapAxis th(R, nb_h, nd_h, div_h, py, rstep), tw(S, nb_w, nd_w, div_w, px, sstep);
     const int ktiles = (th.count * tw.count * Cp + BK - 1) / BK;
     const int kper = (ktiles + splits - 1) / splits;
-    const int kt0 = min(ktiles, split * kper);
-    const int nk = min(ktiles, kt0 + kper) - kt0;
+    const int kt0 = imin(ktiles, split * kper);
+    const int nk = imin(ktiles, kt0 + kper) - kt0;
 
     const int tid = threadIdx.x, col = tid % CPR, row0 = tid / CPR;
     // the output pixels this thread copies: the input pixel of tap offset (0, 0)
@@ -277,16 +278,16 @@ conv_wgrad_kernel(const T* __restrict__ gh, const T* __restrict__ xh, T* __restr
     static_assert(BK % A_RPP == 0 && BK % B_RPP == 0, "copy layout");
     static_assert(WTM % 16 == 0 && WTN % 16 == 0 && BK % KMMA == 0, "warp tile");
 
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* smem = reinterpret_cast<T*>(smem_raw);
+    extern __shared__ uint4 smem_words[];  // 16-byte aligned
+    T* smem = reinterpret_cast<T*>(smem_words);
 
     const int split = blockIdx.z;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int PQ = P * Q, Kpix = Nimg * PQ, Ncols = R * S * Cp;
     const int ktiles = (Kpix + BK - 1) / BK;
     const int kper = (ktiles + splits - 1) / splits;
-    const int kt0 = min(ktiles, split * kper);
-    const int nk = min(ktiles, kt0 + kper) - kt0;
+    const int kt0 = imin(ktiles, split * kper);
+    const int nk = imin(ktiles, kt0 + kper) - kt0;
 
     const int tid = threadIdx.x;
     // A: chunk a_col of output channels at pixels k

@@ -15,6 +15,8 @@
 #define PREC_TF32 1
 #define PREC_3XTF32 2
 
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
 // The 32-bit shared-memory address of a generic pointer into shared memory.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned a;
