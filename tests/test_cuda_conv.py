@@ -10,8 +10,9 @@ products per output and ``|x| * |w|`` the float64 convolution of the absolute va
 products are exact in float32), 2^-10 for TF32 (both operands rounded to 11 bits),
 2^-20 for 3xTF32 (the dropped small * small term and the small parts' rounding);
 ``2 * terms * 2^-24`` bounds the float32 accumulation; ``stored`` is the output's
-rounding (2^-24, 2^-11 for float16, 2^-8 for bfloat16).  The reference is computed from
-the inputs rounded to the dtype, so input rounding is not part of the error.
+rounding (2^-24, 2^-11 for float16, 2^-8 for bfloat16), plus float16's subnormal
+spacing 2^-24 for results that small.  The reference is computed from the inputs
+rounded to the dtype, so input rounding is not part of the error.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def assert_bounded(got, want: np.ndarray, magnitude: np.ndarray, terms: int, mod
     stored_magnitude = np.abs(want) if stored_magnitude is None else stored_magnitude
     bound = 2 * (slope * (product + 2 * terms * 2.0**-24) * magnitude
                  + stored * stored_magnitude)
-    bound += 1e-30
+    bound += 2.0**-24 if mode == "fp16" else 1e-30
     excess = np.abs(got - want) / bound
     worst = np.unravel_index(np.argmax(excess), excess.shape)
     assert excess.max() <= 1.0, (f"{mode}: error {abs(got - want)[worst]:.3g} at {worst} exceeds "
