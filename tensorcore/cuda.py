@@ -50,3 +50,20 @@ def synchronize() -> None:
     import cupy
 
     cupy.cuda.Device().synchronize()
+
+
+def conv_stats() -> dict[str, dict[str, int]]:
+    """How GPU convolutions ran since the last reset: ``{"implicit_gemm": {pass: count},
+    "fallback": {"pass: reason": count}}`` with pass "forward", "input_grad" or
+    "weight_grad".  A fallback runs the slower im2col + GEMM path (groups > 1, float64,
+    CPU arrays, ...)."""
+    from .backends.cupy import conv_plan
+
+    return conv_plan.stats()
+
+
+def reset_conv_stats() -> None:
+    """Zero the counters of ``conv_stats``."""
+    from .backends.cupy import conv_plan
+
+    conv_plan.reset_stats()

@@ -114,7 +114,11 @@ class Backend(Protocol):
 
     # ----- convolution (NCHW, weight [Cout, Cin/groups, kh, kw]) -------------------
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,
-               dilation: Pair, groups: int) -> Array: ...
+               dilation: Pair, groups: int, bias: Array | None = None, act: str = "none",
+               residual: Array | None = None, residual_scale: float = 1.0) -> Array:
+        """Cross-correlation with a fused epilogue:
+        ``(act(conv(x, w) + bias[None, :, None, None]) + residual) * residual_scale``,
+        terms left out when not given; residual has the output's shape."""
     def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
                           padding: Pair, dilation: Pair, groups: int) -> Array:
         """Gradient of conv2d w.r.t. its input; also the forward of conv_transpose2d."""

@@ -1,5 +1,6 @@
-"""CuPy overrides for GEMM-based ops: matmul, conv2d (+ both gradients) as
-im2col + GEMM, and attention as GEMM + fused masked softmax + GEMM.
+"""CuPy overrides for GEMM-based ops: matmul, conv2d (+ both gradients) as implicit
+GEMM on the tensor cores (``cupy/conv_igemm.py``) with im2col + GEMM as the fallback,
+and attention as GEMM + fused masked softmax + GEMM.
 
 Every GEMM goes through ``cublas.gemm`` (our own cuBLAS handle), so all of these can
 be captured in a CUDA graph.  TF32 is used for float32 when the matmul precision
@@ -15,6 +16,7 @@ import cupy
 import numpy
 
 from . import cublas
+from . import conv_igemm
 from .loader import kernel, launch
 from .util import INT32_LIMIT, contiguous, empty_as, has_kernels, ptr, row_launch
 
@@ -113,10 +115,27 @@ class CupyLinalgKernels:
                (x, col, n, c, h, w, kh, kw, *stride, *padding, *dilation, ho, wo))
         return col
 
-    def conv2d(self, x, w, stride, padding, dilation, groups):
+    def conv2d(self, x, w, stride, padding, dilation, groups, bias=None, act="none",
+               residual=None, residual_scale=1.0):
+        ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
+        self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
+        # the kernel fuses a bias and residual of x's own dtype; others are added after
+        fused = all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype)
+                    for a in (bias, residual))
+        kernel_epilogue = (bias, act, residual, residual_scale) if fused else ()
+        y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups,
+                               *kernel_epilogue)
+        if y is None:
+            y = self._conv2d_gemm(x, w, (ho, wo), stride, padding, dilation, groups)
+        elif fused:
+            return y
+        return self._conv_epilogue(y, bias, act, residual, residual_scale)
+
+    def _conv2d_gemm(self, x, w, out_hw, stride, padding, dilation, groups):
+        """conv2d as im2col + cuBLAS GEMM (or the xp reference where cuBLAS can't)."""
         if not self._conv_ok(x.shape, w.shape, x, w):
             return super().conv2d(x, w, stride, padding, dilation, groups)
-        ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
+        ho, wo = out_hw
         x, w = contiguous(x), contiguous(w)
         n, cout = x.shape[0], w.shape[0]
         col = self._im2col_gpu(x, w.shape, (ho, wo), stride, padding, dilation)
@@ -129,10 +148,13 @@ class CupyLinalgKernels:
         return out
 
     def conv2d_grad_input(self, grad, w, x_shape, stride, padding, dilation, groups):
-        if not self._conv_ok(x_shape, w.shape, grad, w):
-            return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
         ho, wo = self._conv_grad_geometry("conv2d_grad_input", grad, x_shape, w.shape, stride,
                                           padding, dilation, groups)
+        dx = conv_igemm.input_grad(grad, w, x_shape, stride, padding, dilation, groups)
+        if dx is not None:
+            return dx
+        if not self._conv_ok(x_shape, w.shape, grad, w):
+            return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
         n, c, h, wd = x_shape
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         grad, w = contiguous(grad), contiguous(w)
@@ -150,10 +172,13 @@ class CupyLinalgKernels:
         return dx
 
     def conv2d_grad_weight(self, grad, x, w_shape, stride, padding, dilation, groups):
-        if not self._conv_ok(x.shape, w_shape, grad, x):
-            return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
         ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
                                           padding, dilation, groups)
+        dw = conv_igemm.weight_grad(grad, x, w_shape, stride, padding, dilation, groups)
+        if dw is not None:
+            return dw
+        if not self._conv_ok(x.shape, w_shape, grad, x):
+            return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
         n, cout = x.shape[0], w_shape[0]
         grad, x = contiguous(grad), contiguous(x)
         col = self._im2col_gpu(x, w_shape, (ho, wo), stride, padding, dilation)

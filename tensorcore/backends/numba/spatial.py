@@ -171,13 +171,22 @@ class NumbaSpatialKernels:
         return K.swap_leading_axes(np.ascontiguousarray(grad)).reshape(groups, cout // groups,
                                                                         n * ho * wo)
 
-    def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,
-               dilation: Pair, groups: int) -> Array:
+    def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
+               groups: int, bias: Array | None = None, act: str = "none",
+               residual: Array | None = None, residual_scale: float = 1.0) -> Array:
+        epilogue = (bias, act, residual, residual_scale)
         if not fast_path(x, w):
-            return super().conv2d(x, w, stride, padding, dilation, groups)
+            return super().conv2d(x, w, stride, padding, dilation, groups, *epilogue)
+        ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
+        self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
+        return self._conv_epilogue(self._conv2d_plain(x, w, stride, padding, dilation, groups,
+                                                      (ho, wo)), *epilogue)
+
+    def _conv2d_plain(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
+                      groups: int, out_hw: Pair) -> Array:
         from .kernels import conv as K
 
-        ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
+        ho, wo = out_hw
         algorithm = conv_algorithm("forward", w.shape, stride, padding, dilation, groups,
                                    x.shape[0], (ho, wo))
         if algorithm == WINOGRAD:

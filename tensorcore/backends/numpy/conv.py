@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .numpy_act import check_activation
+
 Array = Any
 Pair = tuple[int, int]
 Shape = tuple[int, ...]
@@ -82,15 +84,44 @@ class NumpyConvKernels:
         return by_group.reshape(groups, cout // groups, n * ho * wo)
 
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,
-               dilation: Pair, groups: int) -> Array:
-        """Cross-correlation of x [N, C, H, W] with w [Cout, C/groups, kh, kw]."""
+               dilation: Pair, groups: int, bias: Array | None = None, act: str = "none",
+               residual: Array | None = None, residual_scale: float = 1.0) -> Array:
+        """Cross-correlation of x [N, C, H, W] with w [Cout, C/groups, kh, kw], then the
+        epilogue ``(act(y + bias) + residual) * residual_scale``."""
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding,
                                      dilation, groups)
+        self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         cols = self._im2col(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
         out = self.xp.matmul(w.reshape(groups, cout // groups, -1), cols)
         out = out.reshape(cout, x.shape[0], ho, wo).transpose(1, 0, 2, 3)
-        return self.xp.ascontiguousarray(out)
+        return self._conv_epilogue(self.xp.ascontiguousarray(out), bias, act, residual,
+                                   residual_scale)
+
+    @staticmethod
+    def _check_epilogue(op: str, out_shape: Shape, bias: Array | None, act: str,
+                        residual: Array | None) -> None:
+        """Raise a ValueError unless bias is [Cout], residual has the output's shape and
+        act is a known activation."""
+        check_activation(op, act)
+        if bias is not None and tuple(bias.shape) != (out_shape[1],):
+            raise ValueError(f"{op}: bias must have shape ({out_shape[1]},), got "
+                             f"{tuple(bias.shape)}")
+        if residual is not None and tuple(residual.shape) != tuple(out_shape):
+            raise ValueError(f"{op}: residual must have the output's shape {tuple(out_shape)},"
+                             f" got {tuple(residual.shape)}")
+
+    def _conv_epilogue(self, y: Array, bias: Array | None, act: str, residual: Array | None,
+                       residual_scale: float) -> Array:
+        """(act(y + bias) + residual) * residual_scale from the backend's own primitives
+        (terms left out when not given): the generic form of the fused epilogue."""
+        if bias is not None or act != "none":
+            y = self.bias_act(y, bias, act, 1)
+        if residual is not None:
+            y = self.binary("add", y, residual)
+        if residual_scale != 1.0:
+            y = self.binary("mul", y, self.full((), residual_scale, y.dtype))
+        return y
 
     def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
                            padding: Pair, dilation: Pair, groups: int) -> Array:

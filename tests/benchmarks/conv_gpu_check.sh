@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The convolution kernels' GPU check in one command: compile every kernel instantiation
+# (in parallel, filling CuPy's kernel cache), run the convolution GPU tests, then
+# conv_bench.py; logs under the log dir, a short summary printed last.
+#   bash tests/benchmarks/conv_gpu_check.sh [log-dir]      (default: $OUT, else ./gpu-logs)
+# Time limits: TEST_SECONDS (default 240), BENCH_SECONDS (default 330); BENCH_ARGS is
+# passed to conv_bench.py (e.g. "--quick" or "--tiles").
+set -u
+logs=${1:-${OUT:-gpu-logs}}
+mkdir -p "$logs"
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$logs/gpu.txt" 2>&1
+start=$(date +%s)
+timeout 300 python3 - > "$logs/compile.log" 2>&1 <<'PY'
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+import tensorcore as tc
+from tensorcore.backends import cuda_loader
+from tensorcore.backends.cupy import conv_plan
+
+t0 = time.time()
+for dtype in (np.float32, np.float16, tc.bfloat16):
+    cuda_loader.kernel(conv_plan.SOURCE, "conv_pack_kernel", dtype)
+with ThreadPoolExecutor(8) as pool:
+    list(pool.map(lambda e: cuda_loader.raw_instance(conv_plan.SOURCE, e).kernel,
+                  conv_plan.instances()))
+print(f"compiled {len(conv_plan.instances())} GEMM instantiations in {time.time() - t0:.1f} s")
+PY
+echo "compile exit code $?" >> "$logs/compile.log"
+timeout "${TEST_SECONDS:-240}" python3 -m pytest -m gpu tests/test_cuda_conv.py \
+    tests/test_conv_epilogue.py tests/test_cuda_backend.py tests/test_layers_gpu.py \
+    -q -n "${WORKERS:-4}" --tb=short -p no:cacheprovider -o addopts="" > "$logs/tests.log" 2>&1
+echo "tests exit code $?" >> "$logs/tests.log"
+timeout "${BENCH_SECONDS:-330}" python3 tests/benchmarks/conv_bench.py ${BENCH_ARGS:-} \
+    > "$logs/conv_bench.log" 2>&1
+echo "bench exit code $?" >> "$logs/conv_bench.log"
+echo "== $(cat "$logs/gpu.txt"), $(( $(date +%s) - start )) s"
+tail -2 "$logs/compile.log"
+echo "== failures"; grep -E "^(FAILED|ERROR)" "$logs/tests.log" | head -30
+echo "== tests"; tail -2 "$logs/tests.log"
+echo "== bench"; grep -E "^== targets" -A 8 "$logs/conv_bench.log"; grep -E "^UNet|exit code" "$logs/conv_bench.log"
