@@ -13,8 +13,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from tensorcore.backends.cupy_backend import CupyBackend  # noqa: E402
-from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
+from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
+from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
 from gpu_check import ACTS, RNG, cancellation_atol, check, on_gpu, rand  # noqa: E402
 
 GPU, REF = CupyBackend(), NumpyBackend()

@@ -10,15 +10,15 @@ import subprocess
 
 import pytest
 
-from tensorcore.backends import cuda_loader
+from tensorcore.backends.cupy import loader
 
 NVCC = shutil.which("nvcc")
-SOURCES = sorted(p.name for p in cuda_loader.CUDA_DIR.glob("*.cu"))
+SOURCES = sorted(p.name for p in loader.CUDA_DIR.glob("*.cu"))
 
 
 def wrapper(filename: str) -> str:
-    names = [name for ctype in [None, *cuda_loader.C_TYPES.values()]
-             for name in cuda_loader.name_expressions(filename, ctype)]
+    names = [name for ctype in [None, *loader.C_TYPES.values()]
+             for name in loader.name_expressions(filename, ctype)]
     takes = ",\n    ".join(f"(const void*)&{name}" for name in names)
     return f'#include "{filename}"\nconst void* instantiated[] = {{\n    {takes}\n}};\n'
 
@@ -26,7 +26,7 @@ def wrapper(filename: str) -> str:
 def test_every_source_has_kernels():
     assert SOURCES
     for filename in SOURCES:
-        assert cuda_loader.kernel_names(filename), filename
+        assert loader.kernel_names(filename), filename
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -35,11 +35,11 @@ def test_compiles_for_sm90(filename, tmp_path):
     wrapped = tmp_path / f"wrap_{filename}"
     wrapped.write_text(wrapper(filename))
     result = subprocess.run(
-        [NVCC, "-arch=sm_90", "-std=c++17", "--ptx", f"-I{cuda_loader.CUDA_DIR}",
+        [NVCC, "-arch=sm_90", "-std=c++17", "--ptx", f"-I{loader.CUDA_DIR}",
          str(wrapped), "-o", str(tmp_path / "out.ptx")],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     ptx = (tmp_path / "out.ptx").read_text()
-    for ctype in [None, *cuda_loader.C_TYPES.values()]:
-        for name in cuda_loader.name_expressions(filename, ctype):
+    for ctype in [None, *loader.C_TYPES.values()]:
+        for name in loader.name_expressions(filename, ctype):
             assert name.split("<")[0] in ptx

@@ -11,9 +11,9 @@ import pytest
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from tensorcore.backends import cuda_loader, cupy_groupnorm  # noqa: E402
-from tensorcore.backends.cupy_backend import CupyBackend  # noqa: E402
-from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
+from tensorcore.backends.cupy import groupnorm, loader  # noqa: E402
+from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
+from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
 from gpu_check import cancellation_atol, check, on_gpu, rand  # noqa: E402
 
 GPU, REF = CupyBackend(), NumpyBackend()
@@ -72,9 +72,9 @@ def forward(kernel: str, x, w, b, groups: int, act: str):
     s = x.size // (n * c)
     if kernel == "two-pass":
         return GPU._plane_forward(x, w, b, (n, groups), c // groups, False, 1e-5, act)
-    if cuda_loader.compute_capability() < 90:
+    if loader.compute_capability() < 90:
         pytest.skip("one-pass GroupNorm kernels need Hopper")
-    run = {"resident": cupy_groupnorm._resident, "cluster": cupy_groupnorm._clustered}[kernel]
+    run = {"resident": groupnorm._resident, "cluster": groupnorm._clustered}[kernel]
     return run(x, w, b, (n, groups), c // groups * s, s, 1e-5, act)
 
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
-from tensorcore.backends import numba_spatial  # noqa: E402
-from tensorcore.backends.numba_backend import NumbaBackend  # noqa: E402
-from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
+from tensorcore.backends.numba import spatial  # noqa: E402
+from tensorcore.backends.numba.backend import NumbaBackend  # noqa: E402
+from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
 
 NB, NP = NumbaBackend(), NumpyBackend()
 DTYPES = [np.float32, np.float64]
@@ -240,9 +240,9 @@ def test_winograd_matches_direct_convolution(xs, cout, padding, dtype):
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     geo = ((1, 1), padding, (1, 1), 1)
     ref = NP.conv2d(x64, w64, *geo)
-    assert_winograd_close(numba_spatial._winograd_conv(x, w, padding, ref.shape[2:]), ref, dtype)
+    assert_winograd_close(spatial._winograd_conv(x, w, padding, ref.shape[2:]), ref, dtype)
     g = rand(ref.shape, dtype, 3)
-    assert_winograd_close(numba_spatial._winograd_weight_grad(g, x, padding),
+    assert_winograd_close(spatial._winograd_weight_grad(g, x, padding),
                           NP.conv2d_grad_weight(g.astype(np.float64), x64, w.shape, *geo), dtype)
 
 
@@ -254,7 +254,7 @@ def test_conv2d_takes_winograd_for_large_3x3(padding, dtype):
     xs, ws = (16, 64, 29, 31), (64, 64, 3, 3)
     geo = ((1, 1), padding, (1, 1), 1)
     out_hw = (xs[2] + 2 * padding[0] - 2, xs[3] + 2 * padding[1] - 2)
-    assert numba_spatial._winograd_fits(ws, (1, 1), (1, 1), 1, xs[0], out_hw)
+    assert spatial._winograd_fits(ws, (1, 1), (1, 1), 1, xs[0], out_hw)
     x, w = rand(xs, dtype, 1), rand(ws, dtype, 2, 0.1)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     assert_winograd_close(NB.conv2d(x, w, *geo), NP.conv2d(x64, w64, *geo), dtype)

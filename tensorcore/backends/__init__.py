@@ -16,9 +16,9 @@ from .. import settings
 from .base import Backend
 
 _MODULES = {
-    "numpy": ("tensorcore.backends.numpy_backend", "NumpyBackend"),
-    "numba": ("tensorcore.backends.numba_backend", "NumbaBackend"),
-    "cupy": ("tensorcore.backends.cupy_backend", "CupyBackend"),
+    "numpy": ("tensorcore.backends.numpy.backend", "NumpyBackend"),
+    "numba": ("tensorcore.backends.numba.backend", "NumbaBackend"),
+    "cupy": ("tensorcore.backends.cupy.backend", "CupyBackend"),
 }
 _INSTALL_HINT = {
     "numba": "pip install numba",

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import tensorcore as tc
 from tensorcore import settings
-from tensorcore.backends.cupy_backend import CupyBackend
+from tensorcore.backends.cupy.backend import CupyBackend
 from gpu_timing import graph_ms, queued_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tensorcore.backends import cupy_groupnorm as gn
-from tensorcore.backends.cupy_backend import CupyBackend
+from tensorcore.backends.cupy import groupnorm as gn
+from tensorcore.backends.cupy.backend import CupyBackend
 from gpu_timing import graph_ms, queued_ms  # tests/benchmarks/gpu_timing.py
 
 SHAPES = [((8, 256, 64, 64), 32, "float32"), ((8, 256, 64, 64), 32, "float16"),

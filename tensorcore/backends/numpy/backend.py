@@ -1,0 +1,181 @@
+"""The NumPy backend: the complete, readable reference for every kernel.
+
+Primitives live here and are written against ``self.xp`` so the CuPy backend inherits
+them by swapping the array module; the fused ops live in ``nn`` and the optimizer
+updates in ``optim``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy
+
+from ..bfloat16 import computes_bfloat16_in_float32
+from .nn import NumpyNNKernels
+from .optim import NumpyOptimKernels
+from .special import erf
+
+_UNARY = {
+    "neg": "negative", "abs": "abs", "sign": "sign", "exp": "exp", "log": "log",
+    "log1p": "log1p", "sqrt": "sqrt", "sin": "sin", "cos": "cos", "tanh": "tanh",
+    "floor": "floor", "ceil": "ceil", "round": "round", "logical_not": "logical_not",
+    "isnan": "isnan", "isinf": "isinf",
+}
+_BINARY = {
+    "add": "add", "sub": "subtract", "mul": "multiply", "div": "true_divide",
+    "pow": "power", "maximum": "maximum", "minimum": "minimum", "eq": "equal",
+    "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater",
+    "ge": "greater_equal", "logical_and": "logical_and", "logical_or": "logical_or",
+    "floordiv": "floor_divide", "mod": "remainder",
+}
+_REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "prod", "any": "any", "all": "all"}
+
+
+class NumpyPrimitives:
+    """Allocation, elementwise, reductions, movement, indexing, matmul and RNG."""
+
+    xp: Any = numpy
+
+    # ----- allocation and transfer -------------------------------------------------
+    def array(self, obj: Any, dtype: Any = None) -> Any:
+        return self.xp.array(obj, dtype=dtype)
+
+    def empty(self, shape, dtype):
+        return self.xp.empty(shape, dtype=dtype)
+
+    def zeros(self, shape, dtype):
+        return self.xp.zeros(shape, dtype=dtype)
+
+    def full(self, shape, value, dtype):
+        return self.xp.full(shape, value, dtype=dtype)
+
+    def arange(self, start, stop, step, dtype):
+        return self.xp.arange(start, stop, step, dtype=dtype)
+
+    def linspace(self, start, stop, num, dtype):
+        return self.xp.linspace(start, stop, num, dtype=dtype)
+
+    def eye(self, n, m, dtype):
+        return self.xp.eye(n, m, dtype=dtype)
+
+    def to_numpy(self, a):
+        return numpy.asarray(a)
+
+    def from_numpy(self, a):
+        return self.xp.asarray(a)
+
+    def astype(self, a, dtype):
+        return a.astype(dtype, copy=False)
+
+    def copy(self, a):
+        return a.copy()
+
+    def copy_(self, dst, src) -> None:
+        dst[...] = src
+
+    def add_(self, dst, src) -> None:
+        self.xp.add(dst, src, out=dst, casting="unsafe")
+
+    # ----- elementwise -------------------------------------------------------------
+    def unary(self, op: str, a):
+        xp = self.xp
+        if op in _UNARY:
+            return getattr(xp, _UNARY[op])(a)
+        if op == "rsqrt":
+            return 1 / xp.sqrt(a)
+        if op == "sigmoid":
+            return self.bias_act(a, None, "sigmoid", 0)
+        if op == "relu":
+            return xp.maximum(a, a.dtype.type(0))
+        if op == "erf":
+            return erf(xp, a)
+        if op == "softplus":
+            return xp.logaddexp(a, a.dtype.type(0))
+        return self.bias_act(a, None, op, 0)
+
+    def binary(self, op: str, a, b):
+        return getattr(self.xp, _BINARY[op])(a, b)
+
+    def where(self, cond, a, b):
+        return self.xp.where(cond, a, b)
+
+    def clip(self, a, lo, hi):
+        return self.xp.clip(a, lo, hi)
+
+    def leaky_relu(self, a, slope):
+        return self.xp.where(a > 0, a, a * a.dtype.type(slope))
+
+    # ----- reductions --------------------------------------------------------------
+    def reduce(self, op: str, a, axes, keepdims: bool):
+        if (op == "sum" and isinstance(axes, tuple) and len(axes) > 1 and min(axes) == 0
+                and a.ndim > 2 and a.flags.c_contiguous):
+            # Adding whole contiguous slabs over the leading axis first vectorises; a
+            # multi-axis sum walks the strided layout (NCHW bias gradients: 60 us
+            # instead of 207 us for [128, 64, 8, 8]).
+            rest = tuple(sorted(ax - 1 for ax in axes if ax != 0))
+            out = a.sum(axis=0).sum(axis=rest)
+            if keepdims:
+                out = out.reshape([1 if i in axes else n for i, n in enumerate(a.shape)])
+            return out
+        return getattr(self.xp, _REDUCE[op])(a, axis=axes, keepdims=keepdims)
+
+    def arg_reduce(self, op: str, a, axis, keepdims: bool):
+        out = getattr(self.xp, op)(a, axis=axis, keepdims=keepdims)
+        return out.astype(numpy.int64, copy=False)
+
+    # ----- movement and indexing ---------------------------------------------------
+    def reshape(self, a, shape):
+        return a.reshape(shape)
+
+    def transpose(self, a, axes):
+        return a.transpose(axes)
+
+    def broadcast_to(self, a, shape):
+        return self.xp.broadcast_to(a, shape)
+
+    def concatenate(self, arrays: Sequence[Any], axis: int):
+        return self.xp.concatenate(arrays, axis=axis)
+
+    def stack(self, arrays: Sequence[Any], axis: int):
+        return self.xp.stack(arrays, axis=axis)
+
+    def pad(self, a, widths, value):
+        return self.xp.pad(a, widths, mode="constant", constant_values=value)
+
+    def flip(self, a, axes):
+        return self.xp.flip(a, axis=tuple(axes))
+
+    def getitem(self, a, index):
+        return a[index]
+
+    def setitem_(self, a, index, value) -> None:
+        a[index] = value
+
+    def index_add_(self, dst, index, value) -> None:
+        self.xp.add.at(dst, index, value)
+
+    # ----- linear algebra ----------------------------------------------------------
+    def matmul(self, a, b):
+        return self.xp.matmul(a, b)
+
+    # ----- RNG ---------------------------------------------------------------------
+    def rng(self, seed: int):
+        return numpy.random.Generator(numpy.random.PCG64(seed))
+
+    def uniform(self, rng, shape, low, high, dtype):
+        return self.from_numpy(rng.uniform(low, high, size=shape).astype(dtype))
+
+    def normal(self, rng, shape, mean, std, dtype):
+        return self.from_numpy(rng.normal(mean, std, size=shape).astype(dtype))
+
+    def integers(self, rng, shape, low, high, dtype):
+        return self.from_numpy(rng.integers(low, high, size=shape).astype(dtype))
+
+
+@computes_bfloat16_in_float32
+class NumpyBackend(NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
+    """The reference backend: NumPy arrays on the CPU."""
+
+    name = "numpy"
+    device = "cpu"
