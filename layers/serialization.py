@@ -25,10 +25,15 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": bflo
 
 def save_file(arrays: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
     """Write ``arrays`` (name -> host array) to ``path`` atomically."""
-    path = os.fspath(path)
     payload = _encode({name: a if a.flags.c_contiguous else np.copy(a, order="C") for name, a in arrays.items()})
+    write_atomic(path, payload)
+
+
+def write_atomic(path: str | os.PathLike, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a synced temporary file renamed over it."""
+    path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
