@@ -26,9 +26,9 @@ def to_pil(images: Any) -> list[Image.Image]:
     return [Image.fromarray(p[..., 0] if p.shape[-1] == 1 else p) for p in pixels]
 
 
-def image_grid(images: Any, rows: int, scale: int = 1, padding: int = 1) -> Image.Image:
+def image_grid(images: Any, rows: int, scale: int = 1, padding: int = 2) -> Image.Image:
     """Tile ``[N, C, H, W]`` images row by row (``N = rows * columns``) into one image,
-    each enlarged ``scale`` times with nearest-neighbour pixels, ``padding`` pixels apart."""
+    each enlarged ``scale`` times with nearest-neighbour pixels, ``padding`` white pixels apart."""
     tiles = to_pil(images)
     if rows < 1 or len(tiles) % rows:
         raise ValueError(f"image_grid: {len(tiles)} images do not fill {rows} rows")
@@ -36,7 +36,8 @@ def image_grid(images: Any, rows: int, scale: int = 1, padding: int = 1) -> Imag
         raise ValueError(f"image_grid: need scale >= 1 and padding >= 0, got scale={scale}, padding={padding}")
     columns = len(tiles) // rows
     width, height = tiles[0].width * scale, tiles[0].height * scale
-    grid = Image.new(tiles[0].mode, (columns * (width + padding) + padding, rows * (height + padding) + padding))
+    grid = Image.new(tiles[0].mode, (columns * (width + padding) + padding, rows * (height + padding) + padding),
+                     "white")
     for i, tile in enumerate(tiles):
         row, column = divmod(i, columns)
         enlarged = tile.resize((width, height), Image.NEAREST)
@@ -44,7 +45,7 @@ def image_grid(images: Any, rows: int, scale: int = 1, padding: int = 1) -> Imag
     return grid
 
 
-def save_image_grid(images: Any, path: str | os.PathLike, rows: int, scale: int = 1, padding: int = 1) -> str:
+def save_image_grid(images: Any, path: str | os.PathLike, rows: int, scale: int = 1, padding: int = 2) -> str:
     """Write :func:`image_grid` as a PNG (atomically: a temporary file renamed into place)."""
     return save_png(image_grid(images, rows, scale, padding), path)
 
@@ -65,7 +66,7 @@ def save_png(image: Image.Image, path: str | os.PathLike) -> str:
 def labelled_rows(images: Any, labels: Sequence[str], scale: int = 1) -> Image.Image:
     """An :func:`image_grid` with one row per label and the label written left of each row."""
     grid = image_grid(images, len(labels), scale).convert("RGB")
-    row_height = (grid.height - 1) / len(labels)
+    row_height = grid.height / len(labels)
     margin = 8 + 7 * max(len(text) for text in labels)
     framed = Image.new("RGB", (grid.width + margin, grid.height), "white")
     framed.paste(grid, (margin, 0))

@@ -11,7 +11,8 @@ from typing import Any
 
 from tensorcore import Tensor
 
-from .pipeline import DiffusionPipeline, model_device, unwrapped
+from .modules import model_device, unwrapped
+from .pipeline import DiffusionPipeline
 
 
 class LatentDiffusionPipeline(DiffusionPipeline):
@@ -37,3 +38,10 @@ class LatentDiffusionPipeline(DiffusionPipeline):
         if config.get("shift_factor") is not None:
             latents = latents + config["shift_factor"]
         return self.vae.decode(latents)
+
+    @classmethod
+    def _from_parts(cls, folder: str, parts: dict[str, Any]) -> "LatentDiffusionPipeline":
+        if parts["vae"] is None:
+            raise ValueError(f"LatentDiffusionPipeline.from_pretrained: {folder!r} has no vae/; "
+                             f"load a pixel-space pipeline with DiffusionPipeline.from_pretrained")
+        return cls(parts["vae"], parts["unet"], parts["scheduler"], parts["null_class_label"])

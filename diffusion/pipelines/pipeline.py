@@ -23,19 +23,11 @@ from tensorcore import Tensor
 from .drivers import run_async, run_sync
 from .generation import Generation
 from .inputs import ModelFacts, Request, check_request, step_parameters
+from .modules import model_device, unwrapped
 from .output import ImagePipelineOutput
+from .pretrained import load_parts, save_pipeline
 
 Callback = Callable[[int, Any, Tensor], Any]
-
-
-def unwrapped(model: Any) -> Any:
-    """The module behind a compiled callable (``tc.compile`` keeps it as ``__wrapped__``)."""
-    return getattr(model, "__wrapped__", model)
-
-
-def model_device(module: Any) -> str:
-    """The device of a module's parameters."""
-    return next(iter(module.parameters())).device
 
 
 class DiffusionPipeline:
@@ -70,7 +62,7 @@ class DiffusionPipeline:
 
     @property
     def device(self) -> str:
-        return model_device(unwrapped(self.unet))
+        return model_device(self.unet)
 
     @property
     def dtype(self) -> Any:
@@ -137,6 +129,24 @@ class DiffusionPipeline:
         return await run_async(generation)
 
     __call__ = generate
+
+    # ----- folders ------------------------------------------------------------------
+    def save_pretrained(self, folder: str) -> None:
+        """Write the pipeline as a diffusers-style folder (model_index.json, unet/, scheduler/, vae/)."""
+        save_pipeline(self, folder)
+
+    @classmethod
+    def from_pretrained(cls, folder: str, scheduler: Any = None, device: str | None = None) -> "DiffusionPipeline":
+        """The pipeline saved in ``folder`` (with ``scheduler`` instead of the stored one if given)."""
+        parts = load_parts(folder, scheduler, device)
+        return cls._from_parts(folder, parts)
+
+    @classmethod
+    def _from_parts(cls, folder: str, parts: dict[str, Any]) -> "DiffusionPipeline":
+        if parts["vae"] is not None:
+            raise ValueError(f"DiffusionPipeline.from_pretrained: {folder!r} holds a latent pipeline (it has a "
+                             f"VAE); load it with LatentDiffusionPipeline.from_pretrained")
+        return cls(parts["unet"], parts["scheduler"], parts["null_class_label"])
 
 
 def _step_options(scheduler: Any) -> frozenset[str]:

@@ -27,7 +27,8 @@ PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 
 
 def train_ddpm(unet: Any, scheduler: Any, data: Any, *, label_dropout: float = 0.1,
-               null_class_label: int | None = None, **options: Any) -> TrainResult:
+               null_class_label: int | None = None, run_info: dict[str, Any] | None = None,
+               **options: Any) -> TrainResult:
     """Train ``unet`` on ``data`` (images ``[N, C, H, W]`` in [-1, 1], or ``(images, labels)``).
 
     ``scheduler`` gives the noise schedule and the prediction type.  For a class-conditioned
@@ -41,8 +42,8 @@ def train_ddpm(unet: Any, scheduler: Any, data: Any, *, label_dropout: float = 0
     ``out_dir`` (checkpoints every ``checkpoint_every`` steps, keeping ``keep_checkpoints``,
     ``metrics.csv`` and ``loss.png``), ``resume`` (a checkpoint file, a folder, or True for
     out_dir's latest), ``seed``, ``log_every``, ``progress``, ``callback(step)`` (return False
-    to stop).  Returns a ``TrainResult``; sample with its EMA weights
-    (``result.ema.copy_to(unet.parameters())``).
+    to stop).  ``run_info``: extra JSON data stored in every checkpoint.  Returns a
+    ``TrainResult``; sample with its EMA weights (``result.ema.copy_to(unet.parameters())``).
     """
     train_options, unknown = split_options(options)
     if unknown:
@@ -79,7 +80,7 @@ def train_ddpm(unet: Any, scheduler: Any, data: Any, *, label_dropout: float = 0
     description = {"kind": "ddpm", "unet": config.to_json_dict(),
                    "scheduler": {**scheduler.config, "_class_name": type(scheduler).__name__},
                    "null_class_label": null, "label_dropout": float(label_dropout),
-                   "options": train_options.describe()}
+                   "options": train_options.describe(), **(run_info or {})}
     tensors = (images,) if labels is None else (images, labels)
     return Trainer(unet, loss_fn, tensors, train_options, description).run()
 

@@ -22,11 +22,13 @@ from .loop import Trainer, TrainResult
 from .options import split_options
 
 
-def train_vae(vae: Any, data: Any, *, kl_weight: float = 1e-3, **options: Any) -> TrainResult:
+def train_vae(vae: Any, data: Any, *, kl_weight: float = 1e-3, run_info: dict[str, Any] | None = None,
+              **options: Any) -> TrainResult:
     """Train ``vae`` on ``data`` (images ``[N, C, H, W]`` in [-1, 1]; labels, if given, are unused).
 
     Training options as for ``train_ddpm`` (``steps``, ``batch_size``, ``lr``, ``out_dir``,
-    ``resume``, ...).  Returns a ``TrainResult`` whose EMA holds the averaged weights.
+    ``resume``, ...); ``run_info``: extra JSON data for the checkpoints.  Returns a
+    ``TrainResult`` whose EMA holds the averaged weights.
     """
     train_options, unknown = split_options(options)
     if unknown:
@@ -44,7 +46,7 @@ def train_vae(vae: Any, data: Any, *, kl_weight: float = 1e-3, **options: Any) -
         return F.mse_loss(reconstruction, x) + posterior.kl().mean() * (kl_weight / pixels)
 
     description = {"kind": "vae", "vae": vae.config.to_json_dict(), "kl_weight": float(kl_weight),
-                   "options": train_options.describe()}
+                   "options": train_options.describe(), **(run_info or {})}
     return Trainer(vae, loss_fn, (images,), train_options, description).run()
 
 
