@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from diffusion import cli_args
+from diffusion.cli import args as cli_args
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _parser() -> cli_args.ArgumentParser:
-    parser = cli_args.ArgumentParser(prog="tool")
+def _parser() -> cli_args.OneLineParser:
+    parser = cli_args.OneLineParser(prog="tool")
     sub = parser.add_subparsers(dest="command", required=True).add_parser("run")
     for option, kind in [("--steps", cli_args.positive_int), ("--workers", cli_args.non_negative_int),
                          ("--lr", cli_args.positive_float), ("--decay", cli_args.non_negative_float),
@@ -27,7 +27,7 @@ def _parser() -> cli_args.ArgumentParser:
 
 @pytest.mark.parametrize("option, good, value", [
     ("--steps", "3", 3), ("--workers", "0", 0), ("--lr", "1e-3", 1e-3), ("--decay", "0", 0.0),
-    ("--p", "1", 1.0), ("--p", "0", 0.0),
+    ("--p", "0.5", 0.5), ("--p", "0", 0.0),
 ])
 def test_good_values_parse(option, good, value):
     args = _parser().parse_args(["run", option, good])
@@ -37,7 +37,7 @@ def test_good_values_parse(option, good, value):
 @pytest.mark.parametrize("option, bad", [
     ("--steps", "0"), ("--steps", "-5"), ("--steps", "2.5"), ("--steps", "many"), ("--workers", "-1"),
     ("--lr", "-1"), ("--lr", "0"), ("--lr", "nan"), ("--lr", "inf"), ("--decay", "-0.1"),
-    ("--p", "1.5"), ("--p", "-0.1"), ("--p", "nan"),
+    ("--p", "1"), ("--p", "1.5"), ("--p", "-0.1"), ("--p", "nan"),
 ])
 def test_bad_values_exit_with_one_line_naming_the_option(option, bad, capsys):
     with pytest.raises(SystemExit) as info:
@@ -48,10 +48,10 @@ def test_bad_values_exit_with_one_line_naming_the_option(option, bad, capsys):
     assert f"argument {option}:" in err and repr(bad) in err
 
 
-@pytest.mark.parametrize("option, bad", [("--lr", "-1"), ("--batch", "0"), ("--steps", "-5"), ("--seed", "-1")])
-def test_the_demo_command_rejects_bad_numbers(option, bad):
+@pytest.mark.parametrize("option, bad", [("--lr", "-1"), ("--batch-size", "0"), ("--steps", "-5"), ("--seed", "-1"), ("--ema-decay", "2")])
+def test_the_train_command_rejects_bad_numbers(option, bad):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-m", "diffusion", "demo", option, bad], env=env, cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "diffusion", "train", option, bad], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stdout == ""  # nothing was trained
