@@ -18,14 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import tensorcore as tc
-from tensorcore.backends import cuda_loader
+from tensorcore.backends.cupy import loader
 from tensorcore.backends.cupy import conv_plan
 
 t0 = time.time()
 for dtype in (np.float32, np.float16, tc.bfloat16):
-    cuda_loader.kernel(conv_plan.SOURCE, "conv_pack_kernel", dtype)
+    loader.kernel(conv_plan.SOURCE, "conv_pack_kernel", dtype)
 with ThreadPoolExecutor(8) as pool:
-    list(pool.map(lambda e: cuda_loader.raw_instance(conv_plan.SOURCE, e).kernel,
+    list(pool.map(lambda e: loader.raw_instance(conv_plan.SOURCE, e).kernel,
                   conv_plan.instances()))
 print(f"compiled {len(conv_plan.instances())} GEMM instantiations in {time.time() - t0:.1f} s")
 PY
