@@ -144,7 +144,7 @@ def test_small_kernels_run_serially():
         import numba
         import tensorcore as tc
         from tensorcore.backends.numba import threads
-        from tensorcore.backends.numba_kernels import activations as K
+        from tensorcore.backends.numba.kernels import activations as K
         tc.get_backend()
         counts = {}
         for n in (100, threads.SERIAL_BELOW):

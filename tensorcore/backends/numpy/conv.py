@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .numpy_act import check_activation
+from .act import check_activation
 
 Array = Any
 Pair = tuple[int, int]
