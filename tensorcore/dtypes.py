@@ -62,6 +62,8 @@ def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
         return a
     if is_floating(a) != is_floating(b):
         return a if is_floating(a) else b
+    if {a, b} == {float16, bfloat16}:  # older ml_dtypes releases define no common dtype
+        return float32
     return np.promote_types(a, b)
 
 

@@ -34,5 +34,9 @@ def check(got, want, dtype=np.float32, atol=0.0):
     want = np.asarray(want, dtype=np.float64)
     tol = TOL[dtype]
     scale = float(np.max(np.abs(want))) if want.size else 0.0
-    np.testing.assert_allclose(got, want, rtol=tol["rtol"],
-                               atol=np.maximum(max(tol["atol"], tol["rtol"] * scale), atol))
+    bound = tol["rtol"] * np.abs(want) + np.maximum(max(tol["atol"], tol["rtol"] * scale), atol)
+    error = np.abs(got - want)
+    bad = ~(error <= bound)  # NaN fails too
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.size} elements off, the worst at "
+                           f"{np.unravel_index(np.argmax(np.where(bad, error - bound, -np.inf)), bad.shape)}: "
+                           f"got {got[bad][:4]}, want {want[bad][:4]}, bound {np.broadcast_to(bound, bad.shape)[bad][:4]}")

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 import tensorcore as tc
 from tensorcore.backends.base import ACTIVATIONS
-from tensorcore.backends.numpy_backend import NumpyBackend
+from tensorcore.backends.numpy.backend import NumpyBackend
 
 REF = NumpyBackend()
 GEOMETRIES = [  # x shape, weight shape, stride, padding, dilation

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 from tensorcore.backends.cupy import conv_plan  # noqa: E402
-from tensorcore.backends.cupy_backend import CupyBackend  # noqa: E402
-from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
+from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
+from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
 
 GPU, REF = CupyBackend(), NumpyBackend()
 RNG = np.random.default_rng(7)

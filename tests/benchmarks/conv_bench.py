@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import tensorcore as tc
 from tensorcore import settings
 from tensorcore.backends.cupy import conv_plan
-from tensorcore.backends.cupy_backend import CupyBackend
+from tensorcore.backends.cupy.backend import CupyBackend
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()
