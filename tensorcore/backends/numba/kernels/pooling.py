@@ -26,11 +26,15 @@ def _window_pick(best, where, v, k):
 
 
 @helper
-def _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w):
-    """The input rows [r0, r1) and columns [c0, c1) inside output (oh, ow)'s window,
-    clipped to the image."""
-    h0, w0 = oh * sh - ph, ow * sw - pw
-    return max(h0, 0), min(h0 + kh, h), max(w0, 0), min(w0 + kw, w)
+def _span(p, k, s, pad, size, covering):
+    """A range [lo, hi) along one axis.  Not ``covering``: the input positions inside
+    output p's window, clipped to the ``size`` inputs.  ``covering``: the outputs (of
+    ``size``) whose windows cover input position p."""
+    if not covering:
+        start = p * s - pad
+        return max(start, 0), min(start + k, size)
+    t = p + pad - k + 1
+    return (0 if t <= 0 else (t + s - 1) // s), min((p + pad) // s + 1, size)
 
 
 @helper
@@ -67,8 +71,9 @@ def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
             _max_pool_halving(src[p], out[p], arg[p], w, ho, wo)
             continue
         for oh in range(ho):
+            r0, r1 = _span(oh, kh, sh, ph, h, False)
             for ow in range(wo):
-                r0, r1, c0, c1 = _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w)
+                c0, c1 = _span(ow, kw, sw, pw, w, False)
                 best, where = t(-np.inf), r0 * w + c0
                 for ih in range(r0, r1):
                     for iw in range(c0, c1):
@@ -109,37 +114,38 @@ def max_pool_backward(grad, arg, h, w):
 
 
 @kernel
-def avg_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
-    """Window means with zero padding counted in the divisor."""
-    t = x.dtype.type
-    n, c, h, w = x.shape
-    out = np.empty((n, c, ho, wo), dtype=x.dtype)
-    inv = t(1.0) / t(kh * kw)
+def _avg_pool_gather(src, out_h, out_w, kh, kw, sh, sw, ph, pw, backward):
+    """[N, C, out_h, out_w]: each value the sum of a rectangle of its src plane over kh *
+    kw (zero padding counted in the divisor).  Forward (src the input): the output's
+    window.  Backward (src the output gradient): the windows that cover the input
+    position, so every input gathers its share without scattering."""
+    n, c, h, w = src.shape
+    out = np.empty((n, c, out_h, out_w), dtype=src.dtype)
+    inv = src.dtype.type(1.0) / src.dtype.type(kh * kw)
+    cols = np.empty((out_w, 2), dtype=np.int64)  # every row's column spans, computed once
+    for x in range(out_w):
+        cols[x, 0], cols[x, 1] = _span(x, kw, sw, pw, w, backward)
     for task in prange(n * c):
-        i, ch = task // c, task % c
-        src = x[i, ch]
-        for oh in range(ho):
-            for ow in range(wo):
-                r0, r1, c0, c1 = _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w)
-                out[i, ch, oh, ow] = src[r0:r1, c0:c1].sum() * inv
+        plane, dst = src[task // c, task % c], out[task // c, task % c]
+        for y in range(out_h):
+            r0, r1 = _span(y, kh, sh, ph, h, backward)
+            for x in range(out_w):
+                total = src.dtype.type(0.0)
+                for a in range(r0, r1):
+                    for b in range(cols[x, 0], cols[x, 1]):
+                        total += plane[a, b]
+                dst[y, x] = total * inv
     return out
 
 
-@kernel
+def avg_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
+    """Window means with zero padding counted in the divisor."""
+    return _avg_pool_gather(x, ho, wo, kh, kw, sh, sw, ph, pw, False)
+
+
 def avg_pool_backward(grad, h, w, kh, kw, sh, sw, ph, pw):
-    """Spread each output gradient evenly over its window (padding included)."""
-    t = grad.dtype.type
-    n, c, ho, wo = grad.shape
-    dx = np.zeros((n, c, h, w), dtype=grad.dtype)
-    inv = t(1.0) / t(kh * kw)
-    for task in prange(n * c):
-        i, ch = task // c, task % c
-        dst = dx[i, ch]
-        for oh in range(ho):
-            for ow in range(wo):
-                r0, r1, c0, c1 = _window(oh, ow, kh, kw, sh, sw, ph, pw, h, w)
-                dst[r0:r1, c0:c1] += grad[i, ch, oh, ow] * inv
-    return dx
+    """Each output gradient spread evenly over its window (padding included)."""
+    return _avg_pool_gather(grad, h, w, kh, kw, sh, sw, ph, pw, True)
 
 
 @kernel
