@@ -169,11 +169,14 @@ def test_set_num_threads_validates():
                 tc.set_num_threads(bad)
             except (TypeError, ValueError) as exc:
                 caught[repr(bad)] = [type(exc).__name__, str(exc)]
-        print("REPORT " + json.dumps({"caught": caught, "unchanged": tc.get_num_threads() == before}))
+        unchanged = tc.get_num_threads() == before
+        import numpy as np
+        tc.set_num_threads(np.int64(1))  # NumPy integers are accepted
+        print("REPORT " + json.dumps({"caught": caught, "unchanged": unchanged, "numpy_int": tc.get_num_threads()}))
     """)
     expected = {"0": "ValueError", "-3": "ValueError", "2.5": "TypeError", "True": "TypeError",
                 "'2'": "TypeError", "None": "TypeError"}
     assert {k: v[0] for k, v in report["caught"].items()} == expected
     for value, (_, message) in report["caught"].items():
         assert "set_num_threads" in message and value in message
-    assert report["unchanged"]
+    assert report["unchanged"] and report["numpy_int"] == 1
