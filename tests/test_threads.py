@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Runs after the scenario's imports: exercises kernels and threaded products and reports.
 REPORT = """
-import json, threading
+import json, sys, threading
 import numpy as np
 import numba
 import tensorcore as tc
@@ -56,11 +56,19 @@ report = {"default": tc.get_num_threads(), "layer": numba.threading_layer(),
 tc.set_num_threads(1)
 report["after_1"] = [tc.get_num_threads(), blas_threads(), products_ok(), step()]
 seen = []
-t = threading.Thread(target=lambda: seen.append(tc.get_num_threads()))
+
+def other_thread():
+    tc.randn(300_000).relu()  # a kernel large enough to run in parallel
+    seen.extend([tc.get_num_threads(), numba.get_num_threads()])
+
+t = threading.Thread(target=other_thread)
 t.start(); t.join()
-report["other_thread_sees"] = seen[0]
+report["other_thread_sees"] = seen
 tc.set_num_threads(64)
 report["after_64"] = [tc.get_num_threads(), blas_threads(), products_ok(), step()]
+if "torch" in sys.modules:
+    import torch
+    report["torch_threads"] = [globals()["TORCH_BEFORE"], torch.get_num_threads()]
 print("REPORT " + json.dumps(report))
 """
 
@@ -86,7 +94,7 @@ def check_report(report: dict) -> None:
     assert report["products_ok"] and report["step_ok"]
     assert report["spin_env_left"] is False  # the spin setting never leaks to other libraries
     assert report["after_1"] == [1, [1], True, True]
-    assert report["other_thread_sees"] == 1  # process-wide, as torch's setting
+    assert report["other_thread_sees"] == [1, 1]  # process-wide, as torch's setting
     assert report["after_64"] == [2, [2], True, True]  # capped at Numba's pool
 
 
@@ -98,11 +106,14 @@ def test_defaults_and_set_num_threads_numpy_first():
 def test_settings_apply_with_torch_imported(order):
     pytest.importorskip("torch")
     if order == "torch first":
-        code = "import torch\n" + REPORT
-    else:
-        code = "import tensorcore\nimport torch\n" + REPORT
-    report = run_script(code + "\nimport torch\nassert torch.get_num_threads() >= 1\n")
+        prefix = "import torch\nTORCH_BEFORE = torch.get_num_threads()\n"
+    else:  # tensorcore's pools exist before torch loads its OpenMP runtime and runs on it
+        prefix = ("import tensorcore as tc\ntc.get_num_threads()\nimport torch\n"
+                  "TORCH_BEFORE = torch.get_num_threads()\ntorch.ones(300, 300) @ torch.ones(300, 300)\n")
+    report = run_script(prefix + REPORT)
     check_report(report)
+    before, after = report["torch_threads"]
+    assert after == before  # torch's own setting is left alone
 
 
 def test_blas_limit_from_environment_is_kept_until_set():
@@ -169,11 +180,14 @@ def test_set_num_threads_validates():
                 tc.set_num_threads(bad)
             except (TypeError, ValueError) as exc:
                 caught[repr(bad)] = [type(exc).__name__, str(exc)]
-        print("REPORT " + json.dumps({"caught": caught, "unchanged": tc.get_num_threads() == before}))
+        unchanged = tc.get_num_threads() == before
+        import numpy as np
+        tc.set_num_threads(np.int64(1))  # NumPy integers are accepted
+        print("REPORT " + json.dumps({"caught": caught, "unchanged": unchanged, "numpy_int": tc.get_num_threads()}))
     """)
     expected = {"0": "ValueError", "-3": "ValueError", "2.5": "TypeError", "True": "TypeError",
                 "'2'": "TypeError", "None": "TypeError"}
     assert {k: v[0] for k, v in report["caught"].items()} == expected
     for value, (_, message) in report["caught"].items():
         assert "set_num_threads" in message and value in message
-    assert report["unchanged"]
+    assert report["unchanged"] and report["numpy_int"] == 1

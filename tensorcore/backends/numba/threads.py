@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import os
 import threading
 import warnings
@@ -86,8 +87,9 @@ def set_num_threads(n: int) -> None:
     """Use ``n`` threads for the Numba kernels and the BLAS matrix products, as
     ``torch.set_num_threads``.  More threads than Numba's pool holds (the cores, or
     ``NUMBA_NUM_THREADS``) run as many as the pool holds."""
-    if isinstance(n, bool) or not isinstance(n, int):
+    if isinstance(n, bool) or not hasattr(type(n), "__index__"):  # ints and NumPy integers
         raise TypeError(f"set_num_threads: n must be an int, got {type(n).__name__} {n!r}")
+    n = operator.index(n)
     if n < 1:
         raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
     configure()
@@ -167,13 +169,15 @@ def _launch_numba() -> tuple[str, int]:
     spin_unset = "GOMP_SPINCOUNT" not in os.environ
     if spin_unset:
         os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT  # read by libgomp as Numba loads it, below
+    ours = numba.config.THREADING_LAYER == "default"  # else the user named one
+    if ours:
+        numba.config.THREADING_LAYER = "omp"
     try:
-        if numba.config.THREADING_LAYER == "default":
-            numba.config.THREADING_LAYER = "omp"
-            try:
-                parallel._launch_threads()
-            except (ValueError, ImportError, OSError):  # no OpenMP runtime: Numba's own order
-                numba.config.THREADING_LAYER = "default"
+        parallel._launch_threads()
+    except (ValueError, ImportError, OSError):
+        if not ours:
+            raise
+        numba.config.THREADING_LAYER = "default"  # no OpenMP runtime: Numba's own order
         parallel._launch_threads()
     finally:
         if spin_unset:
@@ -193,7 +197,8 @@ def _blas_controllers() -> list[Any]:
 
 
 def _hook_openblas(controllers: list[Any]) -> bool:
-    """Route every OpenBLAS's parallel jobs to Numba's pool; False if one lacks the hook."""
+    """Hand the parallel jobs of every loaded OpenBLAS to Numba's pool; False (and
+    nothing changed) if one of the BLAS libraries lacks the hook."""
     if not controllers:
         return False
     setters = []
