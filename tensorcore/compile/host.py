@@ -34,6 +34,7 @@ from ..tensor import Tensor
 from . import cache, passes as passes_module, plan as plan_module, replay, trace
 from .graph import Ref
 from .trace import TraceError, owner
+from .trace import _state as _TRACE_STATE
 
 log = logging.getLogger("tensorcore.compile")
 
@@ -78,6 +79,10 @@ class _Entry:
     generators: list[tuple[Any, Any]]  # (Generator, the state object the plan draws from)
     source: str  # "trace" | "disk"
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.effects = tuple(self.plan.graph.effects)
+        self.single = type(self.plan.graph.outputs) is Ref  # the function returns one tensor
 
     def holds(self) -> bool:
         """Whether the program still looks as it did when the plan was made."""
@@ -124,7 +129,7 @@ class Compiled:
 
     # ----- the call ------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if trace.is_tracing():
+        if _TRACE_STATE.tracer is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
         roots = self._roots()
         key, tensors, stable = cache.key(args, kwargs, [(r, self._modules(r)) for _, r in roots])
@@ -162,7 +167,7 @@ class Compiled:
     def _replay(self, key: Any, entry: _Entry, tensors: list[Tensor], args: tuple, kwargs: dict) -> Any:
         with entry.lock:
             try:
-                for effect in entry.plan.graph.effects:
+                for effect in entry.effects:
                     effect()
                 arrays = entry.executor.run([t.data for t in tensors])
                 if not self.reuse_outputs:
@@ -170,6 +175,8 @@ class Compiled:
             except Exception as exc:  # noqa: BLE001  (any failure: the eager result is still right)
                 failure = exc
             else:
+                if entry.single:
+                    return Tensor._wrap(arrays[0], entry.device)
                 return _rebuild(entry.plan.graph.outputs, iter(arrays), entry.device)
         self._give_up(key, f"its replay failed ({type(failure).__name__}: {failure})", drop=True)
         return self.fn(*args, **kwargs)
