@@ -131,7 +131,7 @@ class Compiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _TRACE_STATE.tracer is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
-        roots = self._roots()
+        roots = self._roots(args)
         key, tensors, stable = cache.key(args, kwargs, [(r, self._modules(r)) for _, r in roots])
         with self._lock:
             entry = self._plans.get(key)
@@ -190,7 +190,7 @@ class Compiled:
         backend = backend_for(devices.pop())
         named = self._named(roots)
         if self._disk is not None and stable is not None:
-            entry = self._load(key, stable, named, backend, tensors)
+            entry = self._load(key, stable, roots, named, backend, tensors)
             if entry is not None:
                 return self._replay(key, entry, tensors, args, kwargs)
         return self._trace(key, stable, roots, named, backend, tensors, args, kwargs)
@@ -228,10 +228,11 @@ class Compiled:
             self._unsettle(key, reasons)
         else:
             self._unsettled.pop(key, None)
-            self._build(key, stable, tracer, named, backend, device)
+            self._build(key, stable, roots, tracer, named, backend, device)
         return _rebuild(template, iter(results), device)
 
-    def _build(self, key: Any, stable: Any, tracer: trace.Tracer, named: list, backend: Any, device: str) -> None:
+    def _build(self, key: Any, stable: Any, roots: list, tracer: trace.Tracer, named: list, backend: Any,
+               device: str) -> None:
         graph = passes_module.run(tracer.graph, self._passes)
         plan = plan_module.lower(graph)
         if settings.debug_level >= 2:
@@ -243,12 +244,12 @@ class Compiled:
             return
         self._store(key, entry)
         if self._disk is not None and stable is not None:
-            self._disk.save(stable, self._identity(), plan, named)
+            self._disk.save(stable, self._identity(roots), plan, named)
 
-    def _load(self, key: Any, stable: Any, named: list, backend: Any, tensors: list[Tensor]) -> _Entry | None:
+    def _load(self, key: Any, stable: Any, roots: list, named: list, backend: Any, tensors: list[Tensor]) -> _Entry | None:
         """The key's plan from the disk cache, bound and cached, or None."""
         start = time.perf_counter()
-        found = self._disk.load(stable, self._identity(), named, backend, [t.data for t in tensors])
+        found = self._disk.load(stable, self._identity(roots), named, backend, [t.data for t in tensors])
         if found is None:
             return None
         plan, external_roots = found
@@ -316,11 +317,16 @@ class Compiled:
                 copy_(tracer.backend, tensors[s.input_index].data, inputs[s.input_index])
 
     # ----- the program around the function --------------------------------------------
-    def _roots(self) -> list[tuple[str, Any]]:
-        """The modules the function uses, by a stable name: the compiled module itself,
-        or the modules its closure, ``self`` and globals refer to (read on every call:
-        they may be re-bound; what each name held last time is remembered)."""
+    def _roots(self, args: tuple = ()) -> list[tuple[str, Any]]:
+        """The modules the call uses, by a stable name: the compiled module itself, or
+        the modules passed as arguments and those the function's closure, ``self`` and
+        globals refer to (read on every call: they may be re-bound; what each name held
+        last time is remembered)."""
         found, seen, last = [], set(), self._last_seen
+        for i, a in enumerate(args):
+            if hasattr(type(a), "structure_version") and id(a) not in seen:
+                seen.add(id(a))
+                found.append((f"arg{i}", a))
         for i, (name, read) in enumerate(self._sources):
             try:
                 value = read()
@@ -352,8 +358,8 @@ class Compiled:
                 named.append((f"{prefix}.{name}" if prefix else name, t))
         return named
 
-    def _identity(self) -> str:
-        return cache.identity(self.fn, self._roots())
+    def _identity(self, roots: list[tuple[str, Any]]) -> str:
+        return cache.identity(self.fn, roots)
 
     # ----- public ----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:
@@ -383,6 +389,10 @@ class Compiled:
             self._unsettled.clear()
         for entry in entries:
             self._release(entry)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        """``@tc.compile`` on a method: bound to the instance (a module instance is a root)."""
+        return self if obj is None else functools.partial(self, obj)
 
     def __repr__(self) -> str:
         return f"tc.compile({self.label})"
