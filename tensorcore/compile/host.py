@@ -32,7 +32,7 @@ from ..backends import backend_for, default_device_name
 from ..random import _default, _generators
 from ..tensor import Tensor
 from . import cache, passes as passes_module, plan as plan_module, replay, trace
-from .graph import Ref
+from .graph import Ref, leaves, tree_map
 from .trace import TraceError, owner
 from .trace import _state as _TRACE_STATE
 
@@ -200,7 +200,7 @@ class Compiled:
         copy = type(backend).copy.__get__(backend)
         inputs = [copy(t.data) for t in tensors]
         stand_ins = iter(_stand_in(buf, t) for buf, t in zip(inputs, tensors))
-        call_args, call_kwargs = _replace_tensors((args, kwargs), stand_ins)
+        call_args, call_kwargs = tree_map((args, kwargs), lambda x: next(stand_ins) if isinstance(x, Tensor) else x)
         names = {id(t.data): name for name, t in named if owner(t.data) is t.data}
         tracer = trace.Tracer(backend, inputs, names, _object_name, self.fallback, self.label)
         with trace.recording(tracer):
@@ -444,37 +444,13 @@ def _stand_in(buf: Any, t: Tensor) -> Tensor:
     return stand_in
 
 
-def _replace_tensors(tree: Any, replacements: Any) -> Any:
-    kind = type(tree)
-    if isinstance(tree, Tensor):
-        return next(replacements)
-    if kind is tuple or kind is list:
-        return kind(_replace_tensors(t, replacements) for t in tree)
-    if kind is dict:
-        return {k: _replace_tensors(v, replacements) for k, v in tree.items()}
-    return tree
-
-
-def _tensors(tree: Any) -> Iterable[Tensor]:
-    if isinstance(tree, Tensor):
-        yield tree
-    elif isinstance(tree, tuple | list):
-        for t in tree:
-            yield from _tensors(t)
-    elif isinstance(tree, dict):
-        for t in tree.values():
-            yield from _tensors(t)
+def _tensors(tree: Any) -> list[Tensor]:
+    return [x for x in leaves(tree) if isinstance(x, Tensor)]
 
 
 def _rebuild(template: Any, arrays: Any, device: str) -> Any:
-    kind = type(template)
-    if kind is Ref:
-        return Tensor._wrap(next(arrays), device)
-    if kind is tuple or kind is list:
-        return kind(_rebuild(t, arrays, device) for t in template)
-    if kind is dict:
-        return {k: _rebuild(v, arrays, device) for k, v in template.items()}
-    return template
+    """The returned structure with each Ref replaced by a tensor of the next array."""
+    return tree_map(template, lambda x: Tensor._wrap(next(arrays), device) if type(x) is Ref else x)
 
 
 def _object_name(obj: Any) -> str | None:
