@@ -95,9 +95,9 @@ def _spec(obj: Any, tensors: list[Tensor], stable: list[bool]) -> Any:
         return ("dtype", obj.name)
     if isinstance(obj, np.generic):
         return ("scalar", obj.dtype.name, obj.item())
+    if hasattr(type(obj), "structure_version"):  # a module argument: one of the call's roots
+        return ("module",)
     stable[0] = False
-    if hasattr(type(obj), "structure_version"):
-        return ("module", id(obj), obj.structure_version)
     try:
         hash(obj)
     except TypeError as exc:

@@ -130,44 +130,38 @@ class Graph:
     __str__ = table
 
 
+def tree_map(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``tree`` with ``fn`` applied to every item that is not a tuple, list or dict (the
+    containers are rebuilt as they were)."""
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        return kind([tree_map(item, fn) for item in tree])
+    if kind is dict:
+        return {k: tree_map(v, fn) for k, v in tree.items()}
+    return fn(tree)
+
+
+def leaves(tree: Any) -> Iterator[Any]:
+    """Every item of ``tree`` that is not a tuple, list or dict, in order."""
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        for item in tree:
+            yield from leaves(item)
+    elif kind is dict:
+        for item in tree.values():
+            yield from leaves(item)
+    else:
+        yield tree
+
+
 def refs(template: Any) -> Iterator[Ref]:
     """Every Ref inside a template."""
-    if isinstance(template, Ref):
-        yield template
-    elif isinstance(template, tuple | list):
-        for item in template:
-            yield from refs(item)
-    elif isinstance(template, dict):
-        for item in template.values():
-            yield from refs(item)
+    return (x for x in leaves(template) if type(x) is Ref)
 
 
 def substitute(template: Any, ref: Callable[[Ref], Any], obj: Callable[[Obj], Any]) -> Any:
-    """The template with every Ref and Obj replaced (tuple, list and dict kept as they were)."""
-    kind = type(template)
-    if kind is Ref:
-        return ref(template)
-    if kind is Obj:
-        return obj(template)
-    if kind is tuple:
-        return tuple(substitute(item, ref, obj) for item in template)
-    if kind is list:
-        return [substitute(item, ref, obj) for item in template]
-    if kind is dict:
-        return {k: substitute(v, ref, obj) for k, v in template.items()}
-    return template
-
-
-def leaves(template: Any) -> Iterator[Any]:
-    """Every non-container item of a template."""
-    if isinstance(template, tuple | list):
-        for item in template:
-            yield from leaves(item)
-    elif isinstance(template, dict):
-        for item in template.values():
-            yield from leaves(item)
-    else:
-        yield template
+    """The template with every Ref and Obj replaced."""
+    return tree_map(template, lambda x: ref(x) if type(x) is Ref else obj(x) if type(x) is Obj else x)
 
 
 def node_refs(node: Node) -> Iterator[Ref]:

@@ -32,8 +32,9 @@ from ..backends import backend_for, default_device_name
 from ..random import _default, _generators
 from ..tensor import Tensor
 from . import cache, passes as passes_module, plan as plan_module, replay, trace
-from .graph import Ref
+from .graph import Ref, leaves, tree_map
 from .trace import TraceError, owner
+from .trace import _state as _TRACE_STATE
 
 log = logging.getLogger("tensorcore.compile")
 
@@ -78,6 +79,10 @@ class _Entry:
     generators: list[tuple[Any, Any]]  # (Generator, the state object the plan draws from)
     source: str  # "trace" | "disk"
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.effects = tuple(self.plan.graph.effects)
+        self.single = type(self.plan.graph.outputs) is Ref  # the function returns one tensor
 
     def holds(self) -> bool:
         """Whether the program still looks as it did when the plan was made."""
@@ -124,9 +129,9 @@ class Compiled:
 
     # ----- the call ------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if trace.is_tracing():
+        if _TRACE_STATE.tracer is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
-        roots = self._roots()
+        roots = self._roots(args)
         key, tensors, stable = cache.key(args, kwargs, [(r, self._modules(r)) for _, r in roots])
         with self._lock:
             entry = self._plans.get(key)
@@ -162,7 +167,7 @@ class Compiled:
     def _replay(self, key: Any, entry: _Entry, tensors: list[Tensor], args: tuple, kwargs: dict) -> Any:
         with entry.lock:
             try:
-                for effect in entry.plan.graph.effects:
+                for effect in entry.effects:
                     effect()
                 arrays = entry.executor.run([t.data for t in tensors])
                 if not self.reuse_outputs:
@@ -170,6 +175,8 @@ class Compiled:
             except Exception as exc:  # noqa: BLE001  (any failure: the eager result is still right)
                 failure = exc
             else:
+                if entry.single:
+                    return Tensor._wrap(arrays[0], entry.device)
                 return _rebuild(entry.plan.graph.outputs, iter(arrays), entry.device)
         self._give_up(key, f"its replay failed ({type(failure).__name__}: {failure})", drop=True)
         return self.fn(*args, **kwargs)
@@ -183,7 +190,7 @@ class Compiled:
         backend = backend_for(devices.pop())
         named = self._named(roots)
         if self._disk is not None and stable is not None:
-            entry = self._load(key, stable, named, backend, tensors)
+            entry = self._load(key, stable, roots, named, backend, tensors)
             if entry is not None:
                 return self._replay(key, entry, tensors, args, kwargs)
         return self._trace(key, stable, roots, named, backend, tensors, args, kwargs)
@@ -193,7 +200,7 @@ class Compiled:
         copy = type(backend).copy.__get__(backend)
         inputs = [copy(t.data) for t in tensors]
         stand_ins = iter(_stand_in(buf, t) for buf, t in zip(inputs, tensors))
-        call_args, call_kwargs = _replace_tensors((args, kwargs), stand_ins)
+        call_args, call_kwargs = tree_map((args, kwargs), lambda x: next(stand_ins) if isinstance(x, Tensor) else x)
         names = {id(t.data): name for name, t in named if owner(t.data) is t.data}
         tracer = trace.Tracer(backend, inputs, names, _object_name, self.fallback, self.label)
         with trace.recording(tracer):
@@ -221,10 +228,11 @@ class Compiled:
             self._unsettle(key, reasons)
         else:
             self._unsettled.pop(key, None)
-            self._build(key, stable, tracer, named, backend, device)
+            self._build(key, stable, roots, tracer, named, backend, device)
         return _rebuild(template, iter(results), device)
 
-    def _build(self, key: Any, stable: Any, tracer: trace.Tracer, named: list, backend: Any, device: str) -> None:
+    def _build(self, key: Any, stable: Any, roots: list, tracer: trace.Tracer, named: list, backend: Any,
+               device: str) -> None:
         graph = passes_module.run(tracer.graph, self._passes)
         plan = plan_module.lower(graph)
         if settings.debug_level >= 2:
@@ -236,12 +244,12 @@ class Compiled:
             return
         self._store(key, entry)
         if self._disk is not None and stable is not None:
-            self._disk.save(stable, self._identity(), plan, named)
+            self._disk.save(stable, self._identity(roots), plan, named)
 
-    def _load(self, key: Any, stable: Any, named: list, backend: Any, tensors: list[Tensor]) -> _Entry | None:
+    def _load(self, key: Any, stable: Any, roots: list, named: list, backend: Any, tensors: list[Tensor]) -> _Entry | None:
         """The key's plan from the disk cache, bound and cached, or None."""
         start = time.perf_counter()
-        found = self._disk.load(stable, self._identity(), named, backend, [t.data for t in tensors])
+        found = self._disk.load(stable, self._identity(roots), named, backend, [t.data for t in tensors])
         if found is None:
             return None
         plan, external_roots = found
@@ -309,11 +317,16 @@ class Compiled:
                 copy_(tracer.backend, tensors[s.input_index].data, inputs[s.input_index])
 
     # ----- the program around the function --------------------------------------------
-    def _roots(self) -> list[tuple[str, Any]]:
-        """The modules the function uses, by a stable name: the compiled module itself,
-        or the modules its closure, ``self`` and globals refer to (read on every call:
-        they may be re-bound; what each name held last time is remembered)."""
+    def _roots(self, args: tuple = ()) -> list[tuple[str, Any]]:
+        """The modules the call uses, by a stable name: the compiled module itself, or
+        the modules passed as arguments and those the function's closure, ``self`` and
+        globals refer to (read on every call: they may be re-bound; what each name held
+        last time is remembered)."""
         found, seen, last = [], set(), self._last_seen
+        for i, a in enumerate(args):
+            if hasattr(type(a), "structure_version") and id(a) not in seen:
+                seen.add(id(a))
+                found.append((f"arg{i}", a))
         for i, (name, read) in enumerate(self._sources):
             try:
                 value = read()
@@ -345,8 +358,8 @@ class Compiled:
                 named.append((f"{prefix}.{name}" if prefix else name, t))
         return named
 
-    def _identity(self) -> str:
-        return cache.identity(self.fn, self._roots())
+    def _identity(self, roots: list[tuple[str, Any]]) -> str:
+        return cache.identity(self.fn, roots)
 
     # ----- public ----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:
@@ -376,6 +389,10 @@ class Compiled:
             self._unsettled.clear()
         for entry in entries:
             self._release(entry)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        """``@tc.compile`` on a method: bound to the instance (a module instance is a root)."""
+        return self if obj is None else functools.partial(self, obj)
 
     def __repr__(self) -> str:
         return f"tc.compile({self.label})"
@@ -427,37 +444,13 @@ def _stand_in(buf: Any, t: Tensor) -> Tensor:
     return stand_in
 
 
-def _replace_tensors(tree: Any, replacements: Any) -> Any:
-    kind = type(tree)
-    if isinstance(tree, Tensor):
-        return next(replacements)
-    if kind is tuple or kind is list:
-        return kind(_replace_tensors(t, replacements) for t in tree)
-    if kind is dict:
-        return {k: _replace_tensors(v, replacements) for k, v in tree.items()}
-    return tree
-
-
-def _tensors(tree: Any) -> Iterable[Tensor]:
-    if isinstance(tree, Tensor):
-        yield tree
-    elif isinstance(tree, tuple | list):
-        for t in tree:
-            yield from _tensors(t)
-    elif isinstance(tree, dict):
-        for t in tree.values():
-            yield from _tensors(t)
+def _tensors(tree: Any) -> list[Tensor]:
+    return [x for x in leaves(tree) if isinstance(x, Tensor)]
 
 
 def _rebuild(template: Any, arrays: Any, device: str) -> Any:
-    kind = type(template)
-    if kind is Ref:
-        return Tensor._wrap(next(arrays), device)
-    if kind is tuple or kind is list:
-        return kind(_rebuild(t, arrays, device) for t in template)
-    if kind is dict:
-        return {k: _rebuild(v, arrays, device) for k, v in template.items()}
-    return template
+    """The returned structure with each Ref replaced by a tensor of the next array."""
+    return tree_map(template, lambda x: Tensor._wrap(next(arrays), device) if type(x) is Ref else x)
 
 
 def _object_name(obj: Any) -> str | None:

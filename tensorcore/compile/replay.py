@@ -13,11 +13,12 @@ for the NumPy primitives; kernels that allocate their results (the Numba and fus
 kernels) still do, and the copy puts the result in its planned buffer.  Replay is a
 loop over those calls.
 
-``CudaGraphReplay`` (CuPy) runs the steps once to warm up (kernel compilation, cuBLAS
-handle, memory), then captures them into a CUDA graph on a private stream, with every
-allocation served by a private memory pool: the pool is the plan's arena (blocks freed
-during the capture are reused by later kernels in stream order) and it lives as long as
-the graph, so every buffer the graph touches stays valid.  A call copies the inputs
+``CudaGraphReplay`` (CuPy) captures the steps into a CUDA graph on a private stream
+(the trace has compiled every kernel and opened the capture-safe cuBLAS handle; a
+separate warm-up run would repeat the plan's effects), with every allocation served by
+a private memory pool: the pool is the plan's arena -- blocks freed during the capture
+are reused by later kernels in stream order -- and it lives as long as the graph, so
+every buffer the graph touches stays valid.  A call copies the inputs
 into the input buffers on the caller's stream, launches the graph on the plan's stream
 ordered after those copies with events, and makes the caller's stream wait for it; the
 host never synchronizes.
@@ -129,7 +130,7 @@ class CpuReplay:
         dests = [(path, self.values[v]) for path, v in made]
         if made[0][0] == ():
             dest = dests[0][1]
-            prepared = getattr(backend, "prepare", None)
+            prepared = _method(backend, "prepare") if hasattr(type(backend), "prepare") else None
             fast = prepared(node.op, args, kwargs, dest) if prepared is not None and dest.flags.c_contiguous else None
             if fast is not None:
                 return fast
@@ -186,50 +187,46 @@ class CudaGraphReplay:
             for v in graph.values:
                 kind, offset = plan.placement.get(v.storage, ("arena", 0))
                 if kind == "external":
-                    s = graph.storages[v.storage]
-                    fixed[v.index] = self._array(roots[v.storage].data + (v.offset - s.origin), v)
+                    fixed[v.index] = self._array(roots[v.storage].data + (v.offset - graph.storages[v.storage].origin), v)
                 elif kind != "arena":
                     fixed[v.index] = self._array(base + offset + v.offset, v)
-            for position in plan.init:
+            for position in plan.init:  # constants, once
                 self._run_node(graph.nodes[position], fixed, {})
-            self._execute(fixed)  # warm-up: compiles kernels, opens the cuBLAS handle, fills the pool
-            self.stream.synchronize()
+            # No warm-up run: the trace already compiled every kernel and opened the cuBLAS
+            # handle, and a run would repeat the plan's effects (an optimizer step, a draw).
+            env, dynamic = dict(fixed), {}
             self.stream.begin_capture()
             try:
-                env = self._execute(fixed)
+                for position in plan.steps:
+                    self._run_node(graph.nodes[position], env, dynamic)
             finally:
                 self.graph = self.stream.end_capture()
+            self.outputs = [self._value(r.value, env, dynamic) for r in graph.output_refs()]
         self.env = env  # every array the graph touches lives as long as the graph
         self.inputs = [env[v] for v in graph.inputs]
-        self.outputs = [env[r.value] for r in graph.output_refs()]
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
         self.arena_bytes = int(self.pool.total_bytes())
 
     def _array(self, pointer: Any, v: Value) -> Any:
         return self.cupy.ndarray(v.shape, v.dtype, memptr=pointer, strides=v.strides)
 
-    def _execute(self, fixed: dict[int, Any]) -> dict[int, Any]:
-        """Run the steps once, each intermediate in a fresh pool allocation."""
-        env, roots = dict(fixed), {}
-        for position in self.plan.steps:
-            self._run_node(self.plan.graph.nodes[position], env, roots)
-        return env
+    def _value(self, index: int, env: dict[int, Any], dynamic: dict[int, Any]) -> Any:
+        """Value ``index``: bound already, or a view of the array a captured step made."""
+        found = env.get(index)
+        if found is None:
+            v = self.plan.graph.values[index]
+            root = dynamic[v.storage]
+            found = env[index] = self._array(root.data + (v.offset - self.plan.graph.storages[v.storage].origin), v)
+        return found
 
-    def _run_node(self, node: Node, env: dict[int, Any], roots: dict[int, Any]) -> None:
+    def _run_node(self, node: Node, env: dict[int, Any], dynamic: dict[int, Any]) -> None:
+        """Run one call; results it allocated become the roots of their storages."""
         graph = self.plan.graph
-
-        def value(ref: Ref) -> Any:
-            found = env.get(ref.value)
-            if found is None:
-                v = graph.values[ref.value]
-                found = env[ref.value] = self._array(roots[v.storage].data + (v.offset - graph.storages[v.storage].origin), v)
-            return found
-
         if node.op == "constant":
             result = self.cupy.array(node.data, copy=True)
         else:
-            args = substitute(node.args, value, lambda o: self.objects[o.index])
-            kwargs = substitute(node.kwargs, value, lambda o: self.objects[o.index])
+            args = substitute(node.args, lambda r: self._value(r.value, env, dynamic), lambda o: self.objects[o.index])
+            kwargs = substitute(node.kwargs, lambda r: self._value(r.value, env, dynamic), lambda o: self.objects[o.index])
             result = _method(self.backend, node.op)(*args, **kwargs)
         for path, v in _made_results(self.plan, node):
             array = _pick(result, path)
@@ -237,10 +234,10 @@ class CudaGraphReplay:
             root = owner(array)
             if (tuple(root.shape), tuple(root.strides), root.dtype) != s.root:
                 raise RuntimeError(f"compile: {node.op} returned a result laid out differently from the trace")
-            roots[s.index] = root
-            if v in env:  # a constant recomputed into its fixed block
+            if v in env:  # a constant, computed into its fixed block
                 env[v][...] = array
             else:
+                dynamic[s.index] = root
                 env[v] = array
 
     def run(self, arrays: list[Any]) -> list[Any]:

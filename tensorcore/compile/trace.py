@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .graph import Graph, Node, Obj, Ref, Storage, Value, leaves, refs
+from .graph import Graph, Node, Obj, Ref, Storage, Value, leaves, refs, tree_map
 
 
 class TraceError(RuntimeError):
@@ -275,15 +275,12 @@ class Tracer:
         return self._value(self._storage("external", root, name=self.names.get(id(root))), a)
 
     def _template(self, obj: Any) -> Any:
+        return tree_map(obj, self._leaf)
+
+    def _leaf(self, obj: Any) -> Any:
         kind = type(obj)
         if kind in self.types:
             return Ref(self._argument(obj))
-        if kind is tuple:
-            return tuple(self._template(o) for o in obj)
-        if kind is list:
-            return [self._template(o) for o in obj]
-        if kind is dict:
-            return {k: self._template(v) for k, v in obj.items()}
         if kind is np.ndarray:  # host data handed to a GPU kernel: a constant
             return obj.copy()
         if obj is None or kind in (bool, int, float, str, slice, type(Ellipsis)) or isinstance(obj, np.generic | np.dtype | type):
@@ -297,13 +294,7 @@ class Tracer:
 
     def _mentions_known(self, obj: Any) -> bool:
         """Whether ``obj`` holds an array the trace knows (host data holds none)."""
-        if type(obj) in self.types:
-            return self._known(obj) is not None
-        if isinstance(obj, tuple | list):
-            return any(self._mentions_known(o) for o in obj)
-        if isinstance(obj, dict):
-            return any(self._mentions_known(o) for o in obj.values())
-        return False
+        return any(type(a) in self.types and self._known(a) is not None for a in leaves(obj))
 
     def _result(self, r: Any, node: int, pure: bool) -> Any:
         kind = type(r)
@@ -427,17 +418,14 @@ class Tracer:
 
 def output_template(tracer: Tracer, tree: Any, tensor_type: type) -> Any:
     """The returned structure with each Tensor replaced by a Ref to its array."""
-    kind = type(tree)
-    if isinstance(tree, tensor_type):
-        return Ref(tracer._argument(tree.data))
-    if kind is tuple or kind is list:
-        return kind(output_template(tracer, t, tensor_type) for t in tree)
-    if kind is dict:
-        return {k: output_template(tracer, v, tensor_type) for k, v in tree.items()}
-    if tree is None or kind in (bool, int, float, str):
-        return tree
-    raise TraceError(f"tc.compile: {tracer.label} returned a {kind.__name__}; a compiled function may return "
-                     "Tensors, Python scalars and strings, None, and tuples, lists and dicts of them")
+    def leaf(x: Any) -> Any:
+        if isinstance(x, tensor_type):
+            return Ref(tracer._argument(x.data))
+        if x is None or type(x) in (bool, int, float, str):
+            return x
+        raise TraceError(f"tc.compile: {tracer.label} returned a {type(x).__name__}; a compiled function may "
+                         "return Tensors, Python scalars and strings, None, and tuples, lists and dicts of them")
+    return tree_map(tree, leaf)
 
 
 def _describe_read() -> str:

@@ -181,7 +181,7 @@ class NumpyPrimitives:
     def prepare(self, op: str, args: tuple, kwargs: dict, out: Any) -> Callable[[], Any] | None:
         """The elementwise ufuncs and matmul bound to their arrays and ``out`` (NumPy
         arrays only: the CuPy backend runs its own kernels for these)."""
-        if self.xp is not numpy or kwargs or out is None or out.dtype == bfloat16:
+        if type(self).xp is not numpy or kwargs or out is None or out.dtype == bfloat16:
             return None
         if op == "binary" and args[0] in _BINARY:
             return functools.partial(getattr(numpy, _BINARY[args[0]]), args[1], args[2], out=out)

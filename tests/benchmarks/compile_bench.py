@@ -1,0 +1,212 @@
+"""tc.compile against eager mode: per-call time of compiled replays, start-up from the disk cache.
+
+    python tests/benchmarks/compile_bench.py                          # the CPU figures
+    TENSORCORE_BACKEND=cupy python tests/benchmarks/compile_bench.py  # also the GPU figures
+
+CPU: the tiny MLP (2x16 -> 32 -> 32 -> 4, SiLU/GELU) forward on each CPU backend, eager
+(no_grad, and with autograd recording) against the compiled replay; an Adam train step
+of the same MLP; the first call of a new process that traces against one that loads
+the plan from the disk cache.  GPU (TENSORCORE_BACKEND=cupy): the same MLP, then the
+reference UNet (``diffusion.UNet2D.reference()``, input [1, 4, 128, 128]) forward and an
+AdamW train step, eager against the compiled CUDA-graph replay, with the host time per
+replay.  Times are medians; device times are CUDA-event times of back-to-back calls.
+Nothing is asserted: the figures go to docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import tensorcore as tc  # first: its settings tune BLAS thread waits before NumPy loads
+import tensorcore.functional as F
+
+import numpy as np  # noqa: E402
+
+import layers  # noqa: E402
+import optim  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def median_us(fn: Callable[[], object], repeat: int = 15, number: int = 200) -> tuple[float, float]:
+    """Median microseconds per call over ``repeat`` timings of ``number`` calls: wall
+    time, and the process's CPU time (less disturbed when other jobs share the cores)."""
+    for _ in range(20):
+        fn()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        for _ in range(number):
+            fn()
+        wall.append((time.perf_counter() - start) / number * 1e6)
+        cpu.append((time.process_time() - start_cpu) / number * 1e6)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def tiny_mlp(device: str | None = None) -> layers.Module:
+    tc.manual_seed(0)
+    model = layers.Sequential(layers.Linear(16, 32), layers.SiLU(), layers.Linear(32, 32), layers.GELU(),
+                              layers.Linear(32, 4))
+    return model.to(device) if device else model
+
+
+def mlp_rows(backend: str, device: str | None = None, sync: Callable[[], None] = lambda: None) -> list[tuple]:
+    """(case, eager, compiled) times in us for the tiny MLP forward and Adam step."""
+    model = tiny_mlp(device).eval()
+    compiled = tc.compile(model, cache_dir=False)
+    x = tc.randn(2, 16, device=device)
+
+    def timed(fn: Callable[[], object]) -> tuple[float, float]:
+        return median_us(lambda: (fn(), sync()))
+
+    with tc.no_grad():
+        eager = timed(lambda: model(x))
+        replay = timed(lambda: compiled(x))
+    eager_grad = timed(lambda: model(x))
+    rows = [(f"tiny MLP forward, {backend}", eager, replay), ("  eager recording autograd", eager_grad, replay)]
+    opt = optim.Adam(model.parameters(), lr=1e-3)
+    target = tc.randn(2, 4, device=device)
+
+    def step() -> tc.Tensor:
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step_compiled = tc.compile(step, cache_dir=False)
+    rows.append((f"tiny MLP Adam step, {backend}", timed(step), timed(step_compiled)))
+    return rows
+
+
+STARTUP = """
+import json, sys, time
+import tensorcore as tc, layers
+tc.manual_seed(0)
+model = layers.Sequential(layers.Conv2d(4, 32, 3, padding=1), layers.GroupNorm(8, 32), layers.SiLU(),
+                          layers.Conv2d(32, 32, 3, padding=1), layers.GroupNorm(8, 32), layers.SiLU(),
+                          layers.Conv2d(32, 4, 3, padding=1)).eval()
+x = tc.randn(1, 4, 32, 32)
+with tc.no_grad():
+    model(x)  # kernels compiled or loaded first: the first compiled call measures only trace or load
+    compiled = tc.compile(model, cache_dir=sys.argv[1])
+    start = time.perf_counter()
+    compiled(x)
+    first = time.perf_counter() - start
+print(json.dumps({"first_ms": first * 1e3, "traces": compiled.cache_info().traces,
+                  "disk_loads": compiled.cache_info().disk_loads}))
+"""
+
+
+def startup() -> None:
+    """First compiled call in a new process: traced, then loaded from the disk cache."""
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        runs = []
+        for _ in range(2):
+            out = subprocess.run([sys.executable, "-c", STARTUP, cache_dir], env=env, capture_output=True,
+                                 text=True, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    traced, loaded = runs
+    assert traced["traces"] == 1 and loaded["disk_loads"] == 1, runs
+    print(f"\nfirst call in a new process (small CNN, kernels warm): traced {traced['first_ms']:.1f} ms, "
+          f"plan loaded from disk {loaded['first_ms']:.1f} ms: {traced['first_ms'] - loaded['first_ms']:.1f} ms saved")
+
+
+def print_rows(title: str, rows: list[tuple], unit: str = "us") -> None:
+    """Rows of (case, eager, compiled), each time a number or a (wall, cpu) pair."""
+    print(f"\n{title}")
+    print(f"{'case':<44} {'eager ' + unit:>18} {'compiled ' + unit:>18} {'speed-up':>14}")
+    for case, eager, compiled in rows:
+        eager, compiled = (eager if isinstance(eager, tuple) else (eager,)), (compiled if isinstance(compiled, tuple) else (compiled,))
+        cells = [" / ".join(f"{v:.1f}" for v in eager), " / ".join(f"{v:.1f}" for v in compiled),
+                 " / ".join(f"{e / c:.2f}x" for e, c in zip(eager, compiled))]
+        print(f"{case:<44} {cells[0]:>18} {cells[1]:>18} {cells[2]:>14}")
+
+
+def cpu_section() -> None:
+    rows = []
+    for name in ("numpy", "numba"):
+        try:
+            with tc.use_backend(name):
+                rows += mlp_rows(name)
+        except RuntimeError as exc:  # numba not installed
+            print(f"({name}: {exc})")
+    print_rows("CPU, per call (wall / process CPU time)", rows)
+    startup()
+
+
+# ----- GPU ---------------------------------------------------------------------------------
+def gpu_section() -> None:
+    import cupy as cp
+
+    from gpu_timing import queued_ms
+
+    sync = cp.cuda.Device().synchronize
+    print_rows("GPU tiny MLP, per call synchronized (wall / process CPU time)", mlp_rows("cupy", "cuda", sync))
+    try:
+        from diffusion import UNet2D
+
+        unet = UNet2D.reference().to("cuda").eval()
+    except (ImportError, AttributeError) as exc:
+        print(f"\nreference UNet unavailable ({exc}); skipping the UNet figures")
+        return
+    x = tc.randn(1, 4, 128, 128, device="cuda")
+    t = tc.tensor([500.0], device="cuda")
+    compiled = tc.compile(unet, cache_dir=False)
+    rows = []
+    with tc.no_grad():
+        eager_ms = queued_ms(lambda: unet(x, t))
+        compiled(x, t)  # trace and capture
+        replay_ms = queued_ms(lambda: compiled(x, t))
+        host = host_us(lambda: compiled(x, t), sync)
+    rows.append(("UNet forward [1,4,128,128] fp32", eager_ms, replay_ms))
+    opt = optim.AdamW(unet.parameters(), lr=1e-5)
+    noise = tc.randn(1, 4, 128, 128, device="cuda")
+    unet.train()
+
+    def step() -> tc.Tensor:
+        opt.zero_grad()
+        loss = F.mse_loss(unet(x, t), noise)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step_compiled = tc.compile(step, cache_dir=False)
+    eager_step = queued_ms(step, calls=5, reps=5)
+    for _ in range(3):
+        step_compiled()  # settles: the optimizer packs its buffers on its first step
+    replay_step = queued_ms(step_compiled, calls=5, reps=5)
+    host_step = host_us(step_compiled, sync, number=5)
+    rows.append(("UNet AdamW train step", eager_step, replay_step))
+    print_rows("GPU reference UNet (CUDA-event time per call)", rows, unit="ms")
+    print(f"host time per replay: forward {host:.1f} us, train step {host_step:.1f} us "
+          f"(plans: {compiled.cache_info().plans}, train step {step_compiled.cache_info()})")
+
+
+def host_us(fn: Callable[[], object], sync: Callable[[], None], number: int = 20) -> float:
+    """Median host microseconds per call, the device left to catch up between timings."""
+    samples = []
+    for _ in range(7):
+        sync()
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number * 1e6)
+    sync()
+    return statistics.median(samples)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    cpu_section()
+    if tc.get_backend().name == "cupy":
+        gpu_section()

@@ -1,0 +1,118 @@
+"""tc.compile on the GPU: one CUDA graph per plan, memory flat over 1000 replays, plans
+freed by release(), per-call scalars as device inputs, callers on their own streams.
+
+(The op, layer, train-step and safety tests also run on CuPy through the ``backend``
+fixture; these cover what only the GPU path has.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import layers
+import optim
+import tensorcore as tc
+import tensorcore.functional as F
+from tensorcore.compile import replay
+
+pytestmark = pytest.mark.gpu
+
+
+def _block() -> layers.Module:
+    """A UNet-style residual block with a timestep input and self-attention."""
+
+    class Block(layers.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = layers.GroupNorm(4, 16)
+            self.conv = layers.Conv2d(16, 16, 3, padding=1)
+            self.time = layers.Linear(8, 16)
+            self.attn = layers.MultiHeadAttention(16, 2, batch_first=True)
+
+        def forward(self, x: tc.Tensor, t: tc.Tensor) -> tc.Tensor:
+            freqs = tc.tensor(np.linspace(0.1, 1.0, 4, dtype=np.float32), device=x.device)
+            emb = tc.cat([tc.sin(t.reshape(-1, 1) * freqs), tc.cos(t.reshape(-1, 1) * freqs)], axis=-1)
+            h = self.conv(F.silu(self.norm(x))) + self.time(emb).reshape(-1, 16, 1, 1)
+            tokens = h.flatten(2).transpose(1, 2)
+            out, _ = self.attn(tokens, need_weights=False)
+            return x + out.transpose(1, 2).reshape(h.shape)
+
+    tc.manual_seed(0)
+    return Block().to("cuda").eval()
+
+
+def test_block_replays_one_graph_for_every_timestep():
+    block = _block()
+    compiled = tc.compile(block, cache_dir=False)
+    x = tc.randn(2, 16, 8, 8, device="cuda")
+    with tc.no_grad():
+        for step in (999.0, 500.0, 1.0):
+            t = tc.tensor([step, step], device="cuda")
+            assert np.array_equal(compiled(x, t).numpy(), block(x, t).numpy())
+    info = compiled.cache_info()
+    assert info.traces == 1 and info.hits == 2
+    executor = compiled._plans.values()[0].executor
+    assert isinstance(executor, replay.CudaGraphReplay) and executor.graph is not None
+
+
+def test_memory_is_flat_over_1000_replays():
+    block = _block()
+    compiled = tc.compile(block, cache_dir=False, reuse_outputs=True)
+    x, t = tc.randn(1, 16, 8, 8, device="cuda"), tc.tensor([10.0], device="cuda")
+    with tc.no_grad():
+        for _ in range(3):
+            compiled(x, t)
+        tc.cuda.synchronize()
+        before = tc.cuda.memory_allocated()
+        for _ in range(1000):
+            compiled(x, t)
+        tc.cuda.synchronize()
+        assert tc.cuda.memory_allocated() == before
+
+
+def test_release_frees_the_graph_and_its_pool():
+    block = _block()
+    compiled = tc.compile(block, cache_dir=False)
+    x, t = tc.randn(1, 16, 8, 8, device="cuda"), tc.tensor([3.0], device="cuda")
+    with tc.no_grad():
+        compiled(x, t)
+        executor = compiled._plans.values()[0].executor
+        assert executor.pool.total_bytes() > 0 and compiled.plan_info()[0]["arena_bytes"] > 0
+        compiled.release()
+        tc.cuda.synchronize()
+        assert executor.pool.total_bytes() == 0 and executor.graph is None
+        assert np.array_equal(compiled(x, t).numpy(), block(x, t).numpy())
+
+
+def test_callers_on_their_own_streams():
+    import cupy
+
+    compiled = tc.compile(lambda x: tc.tanh(x) * 2 + 1, cache_dir=False)
+    xs = [tc.randn(1 << 16, device="cuda") for _ in range(4)]
+    compiled(xs[0])
+    outs = []
+    for x in xs:
+        with cupy.cuda.Stream(non_blocking=True):
+            outs.append(compiled(x))
+    tc.cuda.synchronize()
+    for x, out in zip(xs, outs):
+        assert np.array_equal(out.numpy(), (tc.tanh(x) * 2 + 1).numpy())
+
+
+def test_train_step_graph_updates_parameters_and_advances_dropout():
+    tc.manual_seed(0)
+    model = layers.Sequential(layers.Linear(8, 32), layers.SiLU(), layers.Dropout(0.3), layers.Linear(32, 4)).to("cuda")
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=False)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = tc.compile(step, cache_dir=False)
+    x, y = tc.randn(16, 8, device="cuda"), tc.randn(16, 4, device="cuda")
+    losses = [float(compiled(x, y).numpy()) for _ in range(30)]
+    assert compiled.cache_info().hits >= 25
+    assert losses[-1] < losses[0] and len(set(losses)) == len(losses)
