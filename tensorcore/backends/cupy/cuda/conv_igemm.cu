@@ -87,23 +87,27 @@ __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __r
     }
 }
 
-// The taps of one kernel axis a phase uses: tap(j) = first + j * step for j < count, at
-// input offset (base + tap * nd) / div (exact) from u * (the pixel step).
+// The taps of one kernel axis a phase uses: tap(j) = first + j * step for j < count, read
+// at input offset (base + tap * nd) / div (exact) from u * (the pixel step).  The offsets
+// form a progression too: offset(j) = at0 + j * (step * nd / div).
 struct TapAxis {
-    int first, count, step, base, nd, div;
+    int first, count, step, at0, at_step;
 
-    __device__ __forceinline__ TapAxis(int taps, int nb, int nd_, int div_, int phase,
-                                       int step_)
-        : first(-1), count(0), step(step_), base(nb + phase), nd(nd_), div(div_) {
-        for (int r = 0; r < taps && r < div_; ++r)
-            if ((base + r * nd_) % div_ == 0) {
+    __device__ __forceinline__ TapAxis(int taps, int nb, int nd, int div, int phase, int step_)
+        : first(-1), count(0), step(step_), at0(0), at_step(step_ * nd / div) {
+        const int base = nb + phase;
+        for (int r = 0; r < taps && r < div; ++r)
+            if ((base + r * nd) % div == 0) {
                 first = r;
                 break;
             }
-        if (first >= 0) count = (taps - 1 - first) / step_ + 1;
+        if (first >= 0) {
+            count = (taps - 1 - first) / step_ + 1;
+            at0 = (base + first * nd) / div;
+        }
     }
     __device__ __forceinline__ int tap(int j) const { return first + j * step; }
-    __device__ __forceinline__ int offset(int j) const { return (base + tap(j) * nd) / div; }
+    __device__ __forceinline__ int offset(int j) const { return at0 + j * at_step; }
 };
 
 template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
