@@ -221,6 +221,7 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
         wp = w
     else:
         _pack(w, wp, cout, c, r, s, _strides(w), rounded)
+    bias = None if bias is None else contiguous(bias)  # the kernels index both densely
     residual = None if residual is None else contiguous(residual)
     _fprop(xh, wp, out, part, plan, prec, (r, s), stride, (-padding[0], -padding[1]), dilation,
            (1, 1), (1, 1), bias, act, residual, residual_scale)
