@@ -188,8 +188,9 @@ def test_fused_epilogue(mode, act, splits):
     residual = rounded(RNG.standard_normal(conv.shape), mode)
     want = REF.conv2d(x, w, *geo, bias=bias, act=act, residual=residual, residual_scale=0.7)
     tile = conv_plan.tiles(conv_plan.FPROP, kernel_precision(mode))[1]
+    strided_bias = on_gpu(np.repeat(bias, 2), mode)[::2]  # a view: read through its stride
     with precision(mode), conv_plan.forced(conv_plan.FPROP, conv_plan.Plan(tile, splits)):
-        y = GPU.conv2d(gx, gw, *geo, bias=on_gpu(bias, mode), act=act,
+        y = GPU.conv2d(gx, gw, *geo, bias=strided_bias, act=act,
                        residual=on_gpu(residual, mode), residual_scale=0.7)
     magnitude = 0.7 * (REF.conv2d(abs(x), abs(w), *geo) + abs(bias)[None, :, None, None]
                        + abs(residual))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import cupy
@@ -124,15 +125,35 @@ def _strides(a: Any) -> tuple[int, ...]:
     return tuple(s // a.itemsize for s in a.strides)
 
 
-def _pack(src: Any, dst: Any, images: int, channels: int, height: int, width: int,
-          strides: tuple[int, int, int, int], round_tf32: bool) -> None:
+@dataclass(frozen=True)
+class _Pack:
     """dst [images][height][width][Cp] = src[image, channel, h, w] read through element
-    ``strides`` (image, channel, h, w); channels up to Cp = dst.shape[-1] are zero."""
-    padded, rows = dst.shape[-1], images * height * width
-    grid = (-(-rows // 32), -(-padded // 32))
-    loader.kernel(SOURCE, "conv_pack_kernel", src.dtype)(
-        grid, (32, 8), (src, dst, channels, height, width, padded, rows, *strides,
-                        int(round_tf32)))
+    ``strides`` (image, channel, h, w); channels from ``channels`` to Cp = dst.shape[-1]
+    are zero."""
+
+    src: Any
+    dst: Any
+    channels: int
+    height: int
+    width: int
+    strides: tuple[int, int, int, int]
+
+    def args(self) -> tuple:
+        rows = self.dst.size // self.dst.shape[-1] if self.dst.size else 0
+        return (self.src, self.dst, self.channels, self.height, self.width, self.dst.shape[-1],
+                rows, *self.strides)
+
+    def blocks(self) -> int:
+        rows = self.dst.size // self.dst.shape[-1] if self.dst.size else 0
+        return -(-rows // 32) * -(-self.dst.shape[-1] // 32)
+
+
+def _pack(first: _Pack, second: _Pack | None, round_tf32: bool) -> None:
+    """One launch packing one or two tensors."""
+    rest = second.args() if second else (first.src, first.dst, 0, 1, 1, 1, 0, 0, 0, 0, 0)
+    blocks = first.blocks() + (second.blocks() if second else 0)
+    loader.kernel(SOURCE, "conv_pack_kernel", first.src.dtype)(
+        (blocks,), (32, 8), (*first.args(), *rest, int(round_tf32)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -216,12 +237,11 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     xh, wp, part = _scratch_arrays(((n, h, wd, cp), x.dtype),
                                    ((0,) if reuse_w else (cout, r, s, cp), x.dtype),
                                    _partials(plan, out.size))
-    _pack(x, xh, n, c, h, wd, _strides(x), rounded)
+    packed_w = None if reuse_w else _Pack(w, wp, c, r, s, _strides(w))
+    _pack(_Pack(x, xh, c, h, wd, _strides(x)), packed_w, rounded)
     if reuse_w:  # a 1x1 weight [Cout, C] is already the packed layout
         wp = w
-    else:
-        _pack(w, wp, cout, c, r, s, _strides(w), rounded)
-    bias = None if bias is None else contiguous(bias)
+    bias = None if bias is None else contiguous(bias)  # the kernels index both densely
     residual = None if residual is None else contiguous(residual)
     _fprop(xh, wp, out, part, plan, prec, (r, s), stride, (-padding[0], -padding[1]), dilation,
            (1, 1), (1, 1), bias, act, residual, residual_scale)
@@ -251,9 +271,9 @@ def input_grad(grad: Any, w: Any, x_shape: tuple, stride: Pair, padding: Pair,
     dx = cupy.empty(tuple(x_shape), dtype=grad.dtype)
     gh, wt, part = _scratch_arrays(((n, ho, wo, cop), grad.dtype), ((c, r, s, cop), grad.dtype),
                                    _partials(plan, dx.size))
-    _pack(grad, gh, n, cout, ho, wo, _strides(grad), rounded)
     ws = _strides(w)  # wt[c][r][s][j] = w[j, c, r, s]
-    _pack(w, wt, c, cout, r, s, (ws[1], ws[0], ws[2], ws[3]), rounded)
+    _pack(_Pack(grad, gh, cout, ho, wo, _strides(grad)),
+          _Pack(w, wt, cout, r, s, (ws[1], ws[0], ws[2], ws[3])), rounded)
     _fprop(gh, wt, dx, part, plan, prec, (r, s), (1, 1), padding, (-dilation[0], -dilation[1]),
            stride, tap_step, None, "none", None, 1.0)
     return dx
@@ -278,8 +298,8 @@ def weight_grad(grad: Any, x: Any, w_shape: tuple, stride: Pair, padding: Pair,
     tile, splits = plan.tile, plan.splits
     gh, xh, part = _scratch_arrays(((n, ho, wo, cop), x.dtype), ((n, h, wd, cp), x.dtype),
                                    _partials(plan, dw.size))
-    _pack(grad, gh, n, cout, ho, wo, _strides(grad), rounded)
-    _pack(x, xh, n, c, h, wd, _strides(x), rounded)
+    _pack(_Pack(grad, gh, cout, ho, wo, _strides(grad)), _Pack(x, xh, c, h, wd, _strides(x)),
+          rounded)
     grid = (-(-cout // tile.bm), -(-(r * s * cp) // tile.bn), splits)
     _launch(WGRAD, plan, x.dtype, prec, grid,
             (gh, xh, dw, part if splits > 1 else NULL,

@@ -104,7 +104,7 @@ _BANDWIDTH = 3.0e12
 _LAUNCH_S = 3e-6  # the reduce kernel's launch and tail
 MAX_SPLITS = 128
 _MIN_K_TILES_PER_SPLIT = 4
-_WORKSPACE_LIMIT = 256 * 2**20  # bytes of float32 partials a split may use
+_WORKSPACE_LIMIT = 64 * 2**20  # bytes of float32 partials a split may use
 
 
 @dataclass(frozen=True)

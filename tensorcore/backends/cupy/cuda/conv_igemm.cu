@@ -7,12 +7,12 @@
 // shared-memory tile row is filled by 16-byte cp.async copies, zero-filled outside the
 // image.  STAGES tiles are in flight; one barrier per K tile.
 //
-//   conv_pack_kernel            dst[n][h][w][c] = src[n, c, h, w] (any strides), c < Cp:
+//   conv_pack_kernel            dst[n][h][w][c] = src[n, c, h, w] (any strides), c < Cp,
+//                               for two tensors in one launch (an activation and a weight):
 //                               the rows q = (n, h, w) of dst in tiles of 32 rows x 32
 //                               channels transposed through shared memory (tiles span
 //                               images, so 3 x 3 weight planes keep every thread busy).
-//                               Grid (ceil(N*H*W/32), ceil(Cp/32)), block (32, 8).
-//                               Memory bound.
+//                               1-D grid of both packs' tiles, block (32, 8).  Memory bound.
 //   conv_fprop_kernel           out[n, j, y, x] = sum over taps (r, s) and channels c of
 //                               act[n][iy][ix][c] * w[j][r][s][c].  GEMM rows are output
 //                               pixels (BM per block), columns output channels (BN), K
@@ -44,15 +44,17 @@
 #include "common.cuh"
 #include "conv_igemm.cuh"
 
+// One 32-row x 32-channel tile of a pack: rows q = (n, h, w) of dst [rows][Cp] from
+// src[n, c, h, w] read through element strides (sn, sc, sh, sw).
 template <typename T>
-__global__ void conv_pack_kernel(const T* __restrict__ src, T* __restrict__ dst, long long C,
-                                 long long H, long long W, long long Cp, long long rows,
-                                 long long sn, long long sc, long long sh, long long sw,
-                                 long long round_tf32) {
-    __shared__ T tile[32][33];
-    const int hw = (int)(H * W), q0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+__device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restrict__ dst,
+                                          long long C, long long H, long long W, long long Cp,
+                                          long long rows, long long sn, long long sc,
+                                          long long sh, long long sw, bool round_tf32, int q0,
+                                          int c0, T (&tile)[32][33]) {
+    const int hw = (int)(H * W);
     const T zero = store_as<T>((acc_t<T>)0);
-    {  // read: this thread's pixel q = (n, p), channels c0 + threadIdx.y + 8j
+    {  // read: this thread's row q = (n, p), channels c0 + threadIdx.y + 8j
         const int q = q0 + threadIdx.x, n = q / hw, p = q - n * hw;
         // a plane with sh == W * sw needs no (h, w) split of p
         const long long at = n * sn + (sh == W * sw ? p * sw : (p / (int)W) * sh + (p % (int)W) * sw);
@@ -64,11 +66,35 @@ __global__ void conv_pack_kernel(const T* __restrict__ src, T* __restrict__ dst,
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // write: pixel q0 + threadIdx.y + 8j, channel c0 + threadIdx.x
+    for (int j = 0; j < 4; ++j) {  // write: row q0 + threadIdx.y + 8j, channel c0 + threadIdx.x
         const long long q = q0 + threadIdx.y + 8 * j;
         const int c = c0 + threadIdx.x;
         if (q < rows && c < Cp)
-            dst[q * Cp + c] = tf32_if(tile[threadIdx.x][threadIdx.y + 8 * j], round_tf32 != 0);
+            dst[q * Cp + c] = tf32_if(tile[threadIdx.x][threadIdx.y + 8 * j], round_tf32);
+    }
+}
+
+// Two packs in one launch (the second may be empty: rows1 = 0): blocks [0, blocks0) tile
+// the first, the rest the second.
+template <typename T>
+__global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst0, long long C0,
+                                 long long H0, long long W0, long long Cp0, long long rows0,
+                                 long long sn0, long long sc0, long long sh0, long long sw0,
+                                 const T* __restrict__ src1, T* __restrict__ dst1, long long C1,
+                                 long long H1, long long W1, long long Cp1, long long rows1,
+                                 long long sn1, long long sc1, long long sh1, long long sw1,
+                                 long long round_tf32) {
+    __shared__ T tile[32][33];
+    const int row_tiles0 = (int)((rows0 + 31) / 32), blocks0 = row_tiles0 * (int)((Cp0 + 31) / 32);
+    int b = blockIdx.x;
+    if (b < blocks0) {
+        pack_tile(src0, dst0, C0, H0, W0, Cp0, rows0, sn0, sc0, sh0, sw0, round_tf32 != 0,
+                  32 * (b % row_tiles0), 32 * (b / row_tiles0), tile);
+    } else {
+        b -= blocks0;
+        const int row_tiles1 = (int)((rows1 + 31) / 32);
+        pack_tile(src1, dst1, C1, H1, W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32 != 0,
+                  32 * (b % row_tiles1), 32 * (b / row_tiles1), tile);
     }
 }
 
@@ -87,23 +113,27 @@ __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __r
     }
 }
 
-// The taps of one kernel axis a phase uses: tap(j) = first + j * step for j < count, at
-// input offset (base + tap * nd) / div (exact) from u * (the pixel step).
+// The taps of one kernel axis a phase uses: tap(j) = first + j * step for j < count, read
+// at input offset (base + tap * nd) / div (exact) from u * (the pixel step).  The offsets
+// form a progression too: offset(j) = at0 + j * (step * nd / div).
 struct TapAxis {
-    int first, count, step, base, nd, div;
+    int first, count, step, at0, at_step;
 
-    __device__ __forceinline__ TapAxis(int taps, int nb, int nd_, int div_, int phase,
-                                       int step_)
-        : first(-1), count(0), step(step_), base(nb + phase), nd(nd_), div(div_) {
-        for (int r = 0; r < taps && r < div_; ++r)
-            if ((base + r * nd_) % div_ == 0) {
+    __device__ __forceinline__ TapAxis(int taps, int nb, int nd, int div, int phase, int step_)
+        : first(-1), count(0), step(step_), at0(0), at_step(step_ * nd / div) {
+        const int base = nb + phase;
+        for (int r = 0; r < taps && r < div; ++r)
+            if ((base + r * nd) % div == 0) {
                 first = r;
                 break;
             }
-        if (first >= 0) count = (taps - 1 - first) / step_ + 1;
+        if (first >= 0) {
+            count = (taps - 1 - first) / step_ + 1;
+            at0 = (base + first * nd) / div;
+        }
     }
     __device__ __forceinline__ int tap(int j) const { return first + j * step; }
-    __device__ __forceinline__ int offset(int j) const { return (base + tap(j) * nd) / div; }
+    __device__ __forceinline__ int offset(int j) const { return at0 + j * at_step; }
 };
 
 template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
