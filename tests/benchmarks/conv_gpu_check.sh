@@ -2,11 +2,13 @@
 # The convolution kernels' GPU check in one command: compile every kernel instantiation
 # (in parallel, filling CuPy's kernel cache), run the convolution GPU tests, then
 # conv_bench.py; logs under the log dir, a short summary printed last.
-#   bash tests/benchmarks/conv_gpu_check.sh [log-dir]      (default: $OUT, else ./gpu-logs)
-# Time limits: TEST_SECONDS (default 240), BENCH_SECONDS (default 330); BENCH_ARGS is
-# passed to conv_bench.py (e.g. "--quick" or "--tiles").
+#   bash tests/benchmarks/conv_gpu_check.sh [log-dir] [all|tests|bench]
+# log-dir defaults to $OUT, else ./gpu-logs; "tests" stops after the tests, "bench" skips
+# them (each half fits a 10-minute limit).  Time limits: TEST_SECONDS (default 240),
+# BENCH_SECONDS (default 330); BENCH_ARGS is passed to conv_bench.py ("--quick", "--tiles").
 set -u
 logs=${1:-${OUT:-gpu-logs}}
+stage=${2:-all}
 mkdir -p "$logs"
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$logs/gpu.txt" 2>&1
@@ -36,15 +38,24 @@ with ProcessPoolExecutor(8) as pool:
 print(f"compiled {len(jobs)} kernel modules in {time.time() - t0:.1f} s")
 PY
 echo "compile exit code $?" >> "$logs/compile.log"
-timeout "${TEST_SECONDS:-240}" python3 -m pytest -m gpu tests/test_cuda_conv.py \
-    tests/test_conv_epilogue.py tests/test_cuda_backend.py tests/test_layers_gpu.py \
-    -q -n "${WORKERS:-4}" --tb=short -p no:cacheprovider -o addopts="" > "$logs/tests.log" 2>&1
-echo "tests exit code $?" >> "$logs/tests.log"
-timeout "${BENCH_SECONDS:-330}" python3 tests/benchmarks/conv_bench.py ${BENCH_ARGS:-} \
-    > "$logs/conv_bench.log" 2>&1
-echo "bench exit code $?" >> "$logs/conv_bench.log"
+if [ "$stage" != bench ]; then
+    timeout "${TEST_SECONDS:-240}" python3 -m pytest -m gpu tests/test_cuda_conv.py \
+        tests/test_conv_epilogue.py tests/test_cuda_backend.py tests/test_layers_gpu.py \
+        -q -n "${WORKERS:-4}" --tb=short -p no:cacheprovider -o addopts="" > "$logs/tests.log" 2>&1
+    echo "tests exit code $?" >> "$logs/tests.log"
+fi
+if [ "$stage" != tests ]; then
+    timeout "${BENCH_SECONDS:-330}" python3 tests/benchmarks/conv_bench.py ${BENCH_ARGS:-} \
+        > "$logs/conv_bench.log" 2>&1
+    echo "bench exit code $?" >> "$logs/conv_bench.log"
+fi
 echo "== $(cat "$logs/gpu.txt"), $(( $(date +%s) - start )) s"
 tail -2 "$logs/compile.log"
-echo "== failures"; grep -E "^(FAILED|ERROR)" "$logs/tests.log" | head -30
-echo "== tests"; tail -2 "$logs/tests.log"
-echo "== bench"; grep -E "^== targets" -A 8 "$logs/conv_bench.log"; grep -E "^UNet|exit code" "$logs/conv_bench.log"
+if [ "$stage" != bench ]; then
+    echo "== failures"; grep -E "^(FAILED|ERROR)" "$logs/tests.log" | head -30
+    echo "== tests"; tail -2 "$logs/tests.log"
+fi
+if [ "$stage" != tests ]; then
+    echo "== bench"; grep -E "^== targets" -A 8 "$logs/conv_bench.log"
+    grep -E "^UNet|exit code" "$logs/conv_bench.log"
+fi
