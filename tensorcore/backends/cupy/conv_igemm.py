@@ -139,13 +139,12 @@ class _Pack:
     strides: tuple[int, int, int, int]
 
     def args(self) -> tuple:
-        rows = self.dst.size // self.dst.shape[-1] if self.dst.size else 0
         return (self.src, self.dst, self.channels, self.height, self.width, self.dst.shape[-1],
-                rows, *self.strides)
+                math.prod(self.dst.shape[:-1]), *self.strides)
 
     def blocks(self) -> int:
-        rows = self.dst.size // self.dst.shape[-1] if self.dst.size else 0
-        return -(-rows // 32) * -(-self.dst.shape[-1] // 32)
+        """32-row x 32-channel tiles of dst."""
+        return -(-math.prod(self.dst.shape[:-1]) // 32) * -(-self.dst.shape[-1] // 32)
 
 
 def _pack(first: _Pack, second: _Pack | None, round_tf32: bool) -> None:
@@ -201,14 +200,16 @@ def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kerne
     tile, splits = plan.tile, plan.splits
     rows = n * -(-oh // phases[0]) * -(-ow // phases[1])  # phase (0, 0) is the largest
     grid = (-(-rows // tile.bm), -(-nout // tile.bn), phases[0] * phases[1] * splits)
-    fused = splits == 1
+    if splits > 1:  # the GEMM writes partials, the reduce kernel the epilogue
+        epilogue = (part, NULL, NULL, 0, 1.0)
+    else:
+        epilogue = (NULL, NULL if bias is None else bias, NULL if residual is None else residual,
+                    ACT_CODES[act_name], scale)
     _launch(FPROP, plan, out.dtype, prec, grid,
-            (act, wpk, out, part if splits > 1 else NULL, bias if fused and bias is not None else NULL,
-             residual if fused and residual is not None else NULL,
+            (act, wpk, out, *epilogue[:3],
              *_int32(n, ih, iw, cp, nout, oh, ow, *kernel_hw, *step, *base, *tap_delta,
-                     *phases, *tap_step, splits, ACT_CODES[act_name] if fused else 0),
-             numpy.float32(scale if fused else 1.0)))
-    if not fused:
+                     *phases, *tap_step, splits, epilogue[3]), numpy.float32(epilogue[4])))
+    if splits > 1:
         _reduce(part, out, splits, oh * ow, nout, bias, residual, act_name, scale)
 
 
