@@ -10,14 +10,15 @@ library loads, so they do nothing once NumPy (or torch) is imported.  Hence, at 
 time, once per process (``configure``, called when the Numba backend is created):
 
 1. Numba's parallel loops run on OpenMP (the ``omp`` threading layer) unless
-   ``NUMBA_THREADING_LAYER`` names another.  Its workers keep spinning for
-   ``GOMP_SPINCOUNT`` = 10 000 after a region (unless the variable is set), which
-   keeps them hot through a train step; the variable is set only while Numba loads
-   its OpenMP library and restored after, so no other library sees it.
+   ``NUMBA_THREADING_LAYER`` names another.  If Numba is the first to load GNU
+   OpenMP, its workers spin ``GOMP_SPINCOUNT`` = 1000 times after a region (unless the
+   variable is set): long enough to catch the next kernel of a step, short enough
+   not to burn a core another process needs.  The variable is set only while Numba
+   loads the runtime, then removed.  Torch shares the process's one GNU OpenMP
+   runtime with Numba, whichever loads it first (and then its spin setting).
 2. OpenBLAS (NumPy's BLAS) runs its parallel jobs on that same pool: its threads
    callback hands each multi-threaded product's jobs to ``_run_blas_jobs``, a
-   parallel loop with one job per thread, so its own workers never run.  Torch's
-   OpenMP runtime, when loaded, is a separate library and stays idle unless torch runs.
+   parallel loop with one job per thread, so its own workers never run.
 3. A BLAS without that hook (MKL, BLIS, OpenBLAS < 0.3.27, or a non-OpenMP Numba
    layer) is limited to one thread while Numba runs more, through threadpoolctl:
    one pool is multi-threaded, never two.
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-SPIN_COUNT = "10000"  # GOMP_SPINCOUNT for Numba's OpenMP workers (see 1. above)
+SPIN_COUNT = "1000"  # GOMP_SPINCOUNT for Numba's OpenMP workers (see 1. above)
 SERIAL_BELOW = 65_536  # elements over a kernel's array arguments (see SizedKernel)
 _CALLBACK_SYMBOL = "openblas_set_threads_callback_function"
 
