@@ -112,11 +112,11 @@ class SizedKernel:
         self.dispatcher = dispatcher
         functools.update_wrapper(self, dispatcher.py_func)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         configure()
-        work = sum(a.size for a in args if isinstance(a, np.ndarray))
+        work = sum(a.size for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
         _use_threads(1 if work < SERIAL_BELOW else _pools.num_threads)
-        return self.dispatcher(*args)
+        return self.dispatcher(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dispatcher, name)
