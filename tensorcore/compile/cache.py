@@ -59,8 +59,9 @@ T = TypeVar("T")
 
 
 # ----- keys ------------------------------------------------------------------------------
-def key(args: tuple, kwargs: dict, roots: list[tuple[Any, list]]) -> tuple[Any, list[Tensor], Any]:
-    """(key, the tensor arguments in order, the stable part of the key or None)."""
+def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modules_of: Any) -> tuple[Any, list[Tensor], Any]:
+    """(key, the tensor arguments in order, the stable part of the key or None);
+    ``modules_of(root, version)`` lists a root module's submodules."""
     if not kwargs and all(type(a) is Tensor for a in args):  # the common call: tensors only
         tensors, stable = list(args), [True]
         spec: Any = tuple([(a.data.shape, a.data.dtype, a.device, a.requires_grad) for a in args])
@@ -73,10 +74,13 @@ def key(args: tuple, kwargs: dict, roots: list[tuple[Any, list]]) -> tuple[Any, 
         if len(set(ids)) < len(ids):
             alias = tuple(ids.index(i) for i in ids)
     state = (autograd.is_grad_enabled(), settings.matmul_precision, backends._cpu_name, backends.default_device)
-    trainings = tuple([tuple([m.training for m in modules]) for _, modules in roots])
-    fixed = (spec, alias, state, trainings)
-    versions = tuple([root.structure_version for root, _ in roots])
-    return (fixed, versions), tensors, (fixed if stable[0] else None)
+    trainings, versions = [], []
+    for _, root in roots:
+        version = root.structure_version
+        versions.append(version)
+        trainings.append(tuple([m.training for m in modules_of(root, version)]))
+    fixed = (spec, alias, state, tuple(trainings))
+    return (fixed, tuple(versions)), tensors, (fixed if stable[0] else None)
 
 
 def _spec(obj: Any, tensors: list[Tensor], stable: list[bool]) -> Any:

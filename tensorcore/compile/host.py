@@ -132,7 +132,7 @@ class Compiled:
         if _TRACE_STATE.tracer is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
         roots = self._roots(args)
-        key, tensors, stable = cache.key(args, kwargs, [(r, self._modules(r)) for _, r in roots])
+        key, tensors, stable = cache.key(args, kwargs, roots, self._modules)
         with self._lock:
             entry = self._plans.get(key)
             if entry is None or not entry.holds():
@@ -324,9 +324,11 @@ class Compiled:
         last time is remembered)."""
         found, seen, last = [], set(), self._last_seen
         for i, a in enumerate(args):
-            if hasattr(type(a), "structure_version") and id(a) not in seen:
+            if type(a) is not Tensor and hasattr(type(a), "structure_version") and id(a) not in seen:
                 seen.add(id(a))
                 found.append((f"arg{i}", a))
+        if _is_module(self.fn):
+            return found + [("", self.fn)] if id(self.fn) not in seen else found
         for i, (name, read) in enumerate(self._sources):
             try:
                 value = read()
@@ -340,9 +342,9 @@ class Compiled:
                 found.append((name, value))
         return found
 
-    def _modules(self, root: Any) -> list:
+    def _modules(self, root: Any, version: int) -> list:
         """Every submodule of ``root`` (cached per structure version)."""
-        cached_key = (id(root), root.structure_version)
+        cached_key = (id(root), version)
         modules = self._modules_cache.get(cached_key)
         if modules is None:
             if len(self._modules_cache) > 64:
@@ -410,10 +412,10 @@ def _label(fn: Any) -> str:
 
 
 def _root_sources(fn: Any) -> list[tuple[str, Callable[[], Any]]]:
-    """Where the function's modules are found, as (name, reader) pairs read on every call
-    (closure cells and globals may be re-bound)."""
+    """Where a function's modules are found, as (name, reader) pairs read on every call
+    (closure cells and globals may be re-bound); none for a module."""
     if _is_module(fn):
-        return [("", lambda: fn)]
+        return []
     sources: list[tuple[str, Callable[[], Any]]] = []
     bound_self = getattr(fn, "__self__", None)
     if bound_self is not None:

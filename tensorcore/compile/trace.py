@@ -199,6 +199,7 @@ def recording(tracer: "Tracer") -> Iterator[None]:
 
 # ----- the tracer ----------------------------------------------------------------------
 _TENSOR_FILE = str(Path(__file__).resolve().parent.parent / "tensor.py")
+_MOVEMENT_FILE = str(Path(__file__).resolve().parent.parent / "ops" / "movement.py")
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 _READS = {
     "numpy": "Tensor.numpy()", "item": "Tensor.item()", "tolist": "Tensor.tolist()",
@@ -429,7 +430,8 @@ def output_template(tracer: Tracer, tree: Any, tensor_type: type) -> Any:
 
 
 def _describe_read() -> str:
-    """The outermost Tensor method on the stack that led to the host read."""
+    """The outermost Tensor method on the stack that led to the host read (or the
+    function that called ``to_numpy`` itself)."""
     frame, found = sys._getframe(2), None
     while frame is not None:
         if frame.f_code.co_filename == _TENSOR_FILE:
@@ -437,9 +439,15 @@ def _describe_read() -> str:
         elif found is not None:
             break
         frame = frame.f_back
-    if found is None:
+    if found is not None:
+        return _READS.get(found, f"Tensor.{found}()") + " (reads a value to the host)"
+    caller = sys._getframe(2)
+    while caller.f_code.co_filename == __file__:  # past the tracer and the recording wrapper
+        caller = caller.f_back
+    caller = caller.f_code
+    if caller.co_filename == _MOVEMENT_FILE:
         return "moving a tensor to another device (a host round trip)"
-    return _READS.get(found, f"Tensor.{found}()") + " (reads a value to the host)"
+    return f"backend.to_numpy in {caller.co_name}() (reads a value to the host)"
 
 
 def _caller() -> str:

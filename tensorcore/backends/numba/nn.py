@@ -7,6 +7,7 @@ argument checks, so both backends reject bad input with the same message.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -18,6 +19,7 @@ from ..numpy.act import check_activation
 Array = Any
 
 _FUSED_UNARY = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
+SMALL = 1 << 16  # elements below which a parallel kernel's start-up costs more than its work
 
 
 def _rows(a: Array, width: int) -> Array:
@@ -98,6 +100,8 @@ class NumbaNNKernels:
                 and args[0].flags.c_contiguous and out is not None and out.flags.c_contiguous:
             x, bias, act, axis = args
             check_activation("bias_act", act)
+            if act == "none" and x.size <= SMALL:  # a broadcast add, exact either way: NumPy's is cheaper to call
+                return functools.partial(np.add, x, self._bias_along("bias_act", x, bias, axis), out=out)
             outer, channels, inner = self._bias_layout("bias_act", x, bias, axis)
             rows, kernel = (channels, K.bias_act_rows) if inner == 1 else (inner, K.bias_act_planes)
             x2, out2, code = x.reshape(-1, rows), out.reshape(-1, rows), K.ACT_CODES[act]
