@@ -1,24 +1,8 @@
-"""Command line: ``python -m diffusion <command>``."""
+"""``python -m diffusion <command>``: see ``diffusion.cli``."""
 
-from __future__ import annotations
+import sys
 
-import argparse
-
-from .demo import run_demo
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m diffusion", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="train an MLP on the bundled 8x8 digits and print the loss")
-    demo.add_argument("--steps", type=int, default=300)
-    demo.add_argument("--batch", type=int, default=128)
-    demo.add_argument("--lr", type=float, default=0.1)
-    demo.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        run_demo(steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed)
-
+from .cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import tensorcore as tc
 from tensorcore import Tensor
+from tensorcore.devices import canonical, is_device
 
 from . import serialization
 from .parameter import Parameter
@@ -245,8 +246,9 @@ class Module:
         Parameters keep their identity (their data is swapped), so references held
         elsewhere stay valid.  ``to(tc.float64)`` is accepted as a dtype-only call.
         """
-        if device is not None and not isinstance(device, str):
+        if device is not None and not is_device(device):
             device, dtype = None, device
+        device = canonical(device) if device is not None else None
         moved = False
         for module in self.modules():
             for p in module._parameters.values():
@@ -290,6 +292,13 @@ class Module:
         With ``strict``, missing and unexpected keys raise; a wrong shape always raises.
         Every check runs before the first copy, so a failure leaves the module as it was.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"load_state_dict for {type(self).__name__}: expected a mapping of names to tensors "
+                            f"(such as state_dict() returns), got {type(state_dict).__name__}")
+        bad_keys = [k for k in state_dict if not isinstance(k, str)]
+        if bad_keys:
+            raise TypeError(f"load_state_dict for {type(self).__name__}: keys must be parameter and buffer names "
+                            f"(str), got {bad_keys[0]!r} of type {type(bad_keys[0]).__name__}")
         targets = self.state_dict()
         missing = [k for k in targets if k not in state_dict]
         unexpected = [k for k in state_dict if k not in targets]
@@ -364,7 +373,7 @@ def _move_parameter(p: Parameter, device: str | None, dtype: Any) -> bool:
     new = _moved(p, device, dtype)
     if new is p:
         return False
-    p.data, p.device = new.data, new.device
+    p._set_storage(new.data, new.device)
     if p.grad is not None:
         p.grad = _moved(p.grad, device, dtype)
     return True
@@ -373,6 +382,8 @@ def _move_parameter(p: Parameter, device: str | None, dtype: Any) -> bool:
 def _as_tensor(value: Any, like: Tensor, key: str) -> Tensor:
     if isinstance(value, Tensor):
         return value.detach()
+    if value is None:
+        raise TypeError(f"load_state_dict: value for {key!r} is None; expected a tensor or array of shape {like.shape}")
     try:
         return tc.tensor(value, device="cpu", dtype=like.dtype)
     except (TypeError, ValueError) as exc:

@@ -47,6 +47,9 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.param_groups: list[dict[str, Any]] = []
         self._packing: Packing | None = None
+        if isinstance(params, Tensor | dict):  # iterating would walk its rows or keys
+            raise TypeError(f"{self._name}: params must be an iterable of Parameters or dicts, "
+                            f"got a {type(params).__name__} (wrap it in a list)")
         groups = list(params)
         if not groups:
             raise ValueError(f"{self._name}: got an empty parameter list")

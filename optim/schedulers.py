@@ -1,11 +1,12 @@
 """Learning-rate schedules that run on the device: StepLR, CosineAnnealingLR,
 LinearWarmup, and their compositions SequentialLR and ChainedScheduler.
 
-Each schedule is one formula ``lr_at(base_lr, t, xp)`` written against a NumPy-like
-module.  ``step()`` evaluates it twice with the same code: on the device, from a
-device step counter, into the optimizer's lr scalars (so a step captured in a CUDA
-graph replays the schedule), and on the host into ``group["lr"]`` (so reading the lr
-never waits for the device).  Values follow ``torch.optim.lr_scheduler``'s closed forms.
+Each schedule is one formula ``lr_at(base_lr, t, backend)`` over a 1-element float64
+step array ``t``, written with array operators and the backend's ``unary`` / ``clip`` /
+``where``.  ``step()`` evaluates it twice with the same code: on the parameters' device,
+from a device step counter, into the optimizer's lr scalars (so a step captured in a
+CUDA graph replays the schedule), and on the CPU into ``group["lr"]`` (so reading the
+lr never waits for the device).  Values follow ``torch.optim.lr_scheduler``'s closed forms.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensorcore.backends import backend_for
+from tensorcore.backends.base import Backend
 
 from .optimizer import Optimizer
 
@@ -38,8 +40,8 @@ class LRScheduler:
         self._ones: dict[str, Any] = {}
         self.step()
 
-    def lr_at(self, base_lr: float, t: Any, xp: Any) -> Any:
-        """The lr at step ``t`` (a float, or a 1-element array of ``xp``)."""
+    def lr_at(self, base_lr: float, t: Any, backend: Backend) -> Any:
+        """The lr at step ``t`` (a 1-element float64 array of ``backend``)."""
         return base_lr
 
     def step(self) -> None:
@@ -61,8 +63,9 @@ class LRScheduler:
         for index, (group, base) in enumerate(zip(self.optimizer.param_groups, self.base_lrs)):
             device = group["params"][0].device
             backend = backend_for(device)
-            device_lr = self.lr_at(base, self._counter(device), backend.xp)
-            host_lr = float(self.lr_at(base, np.float64(self.last_epoch), np))
+            device_lr = self.lr_at(base, self._counter(device), backend)
+            host = backend_for("cpu")
+            host_lr = float(np.asarray(self.lr_at(base, np.full(1, float(self.last_epoch)), host)).item())
             self.optimizer._set_lr(index, host_lr, device_lr)
 
     def get_last_lr(self) -> list[float]:
@@ -90,8 +93,8 @@ class StepLR(LRScheduler):
         self.step_size, self.gamma = int(step_size), float(gamma)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr: float, t: Any, xp: Any) -> Any:
-        return base_lr * self.gamma ** xp.floor(t / self.step_size)
+    def lr_at(self, base_lr: float, t: Any, backend: Backend) -> Any:
+        return base_lr * self.gamma ** backend.unary("floor", t / self.step_size)
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -103,8 +106,8 @@ class CosineAnnealingLR(LRScheduler):
         self.T_max, self.eta_min = T_max, float(eta_min)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr: float, t: Any, xp: Any) -> Any:
-        return self.eta_min + (base_lr - self.eta_min) * (1 + xp.cos(np.pi * t / self.T_max)) / 2
+    def lr_at(self, base_lr: float, t: Any, backend: Backend) -> Any:
+        return self.eta_min + (base_lr - self.eta_min) * (1 + backend.unary("cos", np.pi * t / self.T_max)) / 2
 
 
 class LinearWarmup(LRScheduler):
@@ -120,8 +123,8 @@ class LinearWarmup(LRScheduler):
         self.warmup_steps, self.start_factor = int(warmup_steps), float(start_factor)
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr: float, t: Any, xp: Any) -> Any:
-        ramp = xp.minimum(t, float(self.warmup_steps)) / self.warmup_steps
+    def lr_at(self, base_lr: float, t: Any, backend: Backend) -> Any:
+        ramp = backend.clip(t, None, float(self.warmup_steps)) / self.warmup_steps
         return base_lr * (self.start_factor + (1.0 - self.start_factor) * ramp)
 
 
@@ -140,10 +143,10 @@ class SequentialLR(LRScheduler):
             group["lr"] = base
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, base_lr: float, t: Any, xp: Any) -> Any:
-        lr = self.schedulers[0].lr_at(base_lr, t, xp)
+    def lr_at(self, base_lr: float, t: Any, backend: Backend) -> Any:
+        lr = self.schedulers[0].lr_at(base_lr, t, backend)
         for scheduler, milestone in zip(self.schedulers[1:], self.milestones):
-            lr = xp.where(t >= milestone, scheduler.lr_at(base_lr, t - milestone, xp), lr)
+            lr = backend.where(t >= milestone, scheduler.lr_at(base_lr, t - milestone, backend), lr)
         return lr
 
 
@@ -158,8 +161,8 @@ class ChainedScheduler(LRScheduler):
         self.schedulers = list(schedulers)
         super().__init__(optimizer)
 
-    def lr_at(self, base_lr: float, t: Any, xp: Any) -> Any:
+    def lr_at(self, base_lr: float, t: Any, backend: Backend) -> Any:
         lr = base_lr
         for scheduler in self.schedulers:
-            lr = scheduler.lr_at(lr, t, xp)
+            lr = scheduler.lr_at(lr, t, backend)
         return lr

@@ -4,7 +4,9 @@ A differentiable op is a ``Function`` subclass whose ``forward`` computes on bac
 arrays and whose ``backward`` maps the output gradient to one gradient per forward
 argument (``None`` for arguments that need none).  ``Function.apply`` wraps the
 result in a Tensor and links it to its inputs; ``backward`` walks that graph in
-reverse topological order without recursion.
+reverse topological order without recursion.  As in PyTorch, a backward pass frees
+what each Function saved for it, so a second backward through the same graph raises
+unless the first was given ``retain_graph=True``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Function:
 
     backend: Any
     inputs: tuple
+    released = False  # set once a backward pass has freed what forward saved
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{type(self).__name__} defines no forward")
@@ -75,6 +78,11 @@ class Function:
         """Whether forward argument ``position`` wants a gradient (skip the work if not)."""
         arg = self.inputs[position]
         return isinstance(arg, Tensor) and arg.requires_grad
+
+    def release(self) -> None:
+        """Free what forward saved and the links to the inputs (after its backward ran)."""
+        self.__dict__.clear()
+        self.released = True
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> "Tensor":
@@ -115,8 +123,12 @@ def _debug_forward(fn: Function, arrays: list, kwargs: dict) -> Any:
     return out
 
 
-def backward(root: "Tensor", gradient: Any = None) -> None:
-    """Accumulate d root / d leaf into every leaf's ``.grad``."""
+def backward(root: "Tensor", gradient: Any = None, retain_graph: bool = False) -> None:
+    """Accumulate d root / d leaf into every leaf's ``.grad``.
+
+    Each Function's saved arrays are freed once its backward has run, unless
+    ``retain_graph`` keeps the graph for another backward pass.
+    """
     if not root.requires_grad:
         raise RuntimeError("backward: the tensor does not require grad and has no graph")
     backend = root.backend
@@ -140,7 +152,11 @@ def backward(root: "Tensor", gradient: Any = None) -> None:
             continue
         if node._retains_grad:
             _accumulate_leaf(node, g, handed_out)
-        for parent, pg in zip(fn.inputs, fn.backward(g)):
+        parent_grads = fn.backward(g)
+        parents = fn.inputs
+        if not retain_graph:
+            fn.release()
+        for parent, pg in zip(parents, parent_grads):
             if pg is None or not isinstance(parent, Tensor) or not parent.requires_grad:
                 continue
             if pg.dtype != parent.dtype:
@@ -183,7 +199,11 @@ def _memory_owner(a: Any) -> Any:
 
 
 def _topological_order(root: "Tensor") -> list["Tensor"]:
-    """Tensors reachable from root, each after every tensor that depends on it."""
+    """Tensors reachable from root, each after every tensor that depends on it.
+
+    Raises before any gradient is computed if part of the graph was freed by an
+    earlier backward pass.
+    """
     order: list[Tensor] = []
     visited: set[int] = set()
     stack: list[tuple[Tensor, bool]] = [(root, False)]
@@ -197,6 +217,10 @@ def _topological_order(root: "Tensor") -> list["Tensor"]:
         visited.add(id(node))
         stack.append((node, True))
         if node._ctx is not None:
+            if node._ctx.released:
+                raise RuntimeError(f"backward: the graph through {type(node._ctx).__name__} was already freed by an "
+                                   "earlier backward(); pass retain_graph=True to the first backward() to run "
+                                   "backward through it again")
             for parent in node._ctx.inputs:
                 if isinstance(parent, Tensor) and parent.requires_grad and id(parent) not in visited:
                     stack.append((parent, False))

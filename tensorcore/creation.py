@@ -6,13 +6,15 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes
+from . import dlpack, dtypes
 from .backends import backend_for, default_device_name
+from .devices import canonical
+from .ops.shape_utils import nested_shape
 from .tensor import Tensor
 
 
-def _device(device: str | None) -> str:
-    return device or default_device_name()
+def _device(device: Any) -> str:
+    return canonical(device) if device is not None else default_device_name()
 
 
 def _shape(shape: tuple) -> tuple[int, ...]:
@@ -32,12 +34,20 @@ def tensor(data: Any, dtype: Any = None, device: str | None = None, requires_gra
     device = _device(device)
     if isinstance(data, Tensor):
         data = data.numpy()
+    elif hasattr(data, "__cuda_array_interface__"):  # a CuPy array: copy it to the host first
+        data = data.get()
+    elif isinstance(data, list | tuple):
+        nested_shape(data, "tensor: the data")
+    elif not isinstance(data, bool | int | float | np.generic) and not hasattr(data, "__array__"):
+        raise TypeError(f"tensor: expected a number, a nested list of numbers, an array or a Tensor, "
+                        f"got {type(data).__name__}")
     keeps_dtype = hasattr(data, "dtype")
-    array = np.array(data.get() if hasattr(data, "get") else data, dtype=None if dtype is None else dtypes.as_dtype(dtype))
+    array = np.array(data, dtype=None if dtype is None else dtypes.as_dtype(dtype))
     if dtype is None and not keeps_dtype and array.dtype == np.float64:
         array = array.astype(dtypes.default_float)
     if array.dtype not in dtypes.SUPPORTED:
-        raise TypeError(f"tensor: dtype {array.dtype} of the data is not supported")
+        raise TypeError(f"tensor: expected numbers of a supported dtype ({', '.join(map(str, dtypes.SUPPORTED))}), "
+                        f"got data of dtype {array.dtype}")
     return Tensor(backend_for(device).from_numpy(array), device, requires_grad)
 
 
@@ -127,7 +137,14 @@ def from_dlpack(obj: Any) -> Tensor:
     """Zero-copy import of a DLPack-capable array (torch, cupy, jax, numpy)."""
     device_type, _ = obj.__dlpack_device__()
     if device_type == 1:  # kDLCPU
-        return Tensor(np.from_dlpack(obj), "cpu")
+        return _from_dlpack_array(dlpack.import_cpu(obj), "cpu")  # bfloat16 too, which NumPy cannot import
     if device_type == 2:  # kDLCUDA
-        return Tensor(backend_for("cuda").xp.from_dlpack(obj), "cuda")
+        return _from_dlpack_array(backend_for("cuda").from_dlpack(obj), "cuda")
     raise ValueError(f"from_dlpack: unsupported DLPack device type {device_type}")
+
+
+def _from_dlpack_array(array: Any, device: str) -> Tensor:
+    if array.dtype not in dtypes.SUPPORTED:
+        raise TypeError(f"from_dlpack: dtype {array.dtype} is not supported; convert the tensor to one of "
+                        f"{', '.join(map(str, dtypes.SUPPORTED))} before exporting it")
+    return Tensor(array, device)

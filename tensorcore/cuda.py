@@ -31,9 +31,16 @@ def memory_reserved() -> int:
 
 
 def empty_cache() -> None:
-    """Return the pool's cached free blocks (device and pinned host) to the driver."""
+    """Free the buffers the CuPy backend keeps between calls, then return the pool's
+    cached free blocks (device and pinned host) to the driver.  Like any buffer, those
+    the backend kept must not be freed under a CUDA graph that will still replay."""
     import cupy
 
+    from .backends import created
+
+    backend = created("cupy")
+    if backend is not None:
+        backend.empty_cache()
     cupy.get_default_memory_pool().free_all_blocks()
     cupy.get_default_pinned_memory_pool().free_all_blocks()
 
@@ -43,3 +50,20 @@ def synchronize() -> None:
     import cupy
 
     cupy.cuda.Device().synchronize()
+
+
+def conv_stats() -> dict[str, dict[str, int]]:
+    """How GPU convolutions ran since the last reset: ``{"implicit_gemm": {pass: count},
+    "fallback": {"pass: reason": count}}`` with pass "forward", "input_grad" or
+    "weight_grad".  A fallback runs the slower im2col + GEMM path (groups > 1, float64,
+    CPU arrays, ...)."""
+    from .backends.cupy import conv_plan
+
+    return conv_plan.stats()
+
+
+def reset_conv_stats() -> None:
+    """Zero the counters of ``conv_stats``."""
+    from .backends.cupy import conv_plan
+
+    conv_plan.reset_stats()

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from typing import Any
 
+import numpy as np
+
 from . import dtypes
 from .backends import backend_for, default_device_name
+from .devices import canonical
 
 
 class Generator:
     """A seeded stream of random numbers on one device."""
 
     def __init__(self, device: str = "cpu", seed: int | None = None) -> None:
-        self.device = device
+        self.device = canonical(device)
         self._lock = threading.Lock()
         self.manual_seed(_default_seed[0] if seed is None else seed)
         _generators.add(self)
@@ -28,6 +32,30 @@ class Generator:
 
     def initial_seed(self) -> int:
         return self.seed
+
+    def get_state(self) -> np.ndarray:
+        """The generator's position as a uint8 array (for checkpoints), as ``torch.Generator.get_state``."""
+        with self._lock:
+            if hasattr(self._state, "bit_generator"):  # NumPy: the bit generator's state dict
+                return np.frombuffer(json.dumps(self._state.bit_generator.state).encode(), np.uint8).copy()
+            words = np.concatenate([[np.uint64(self._state.seed)], self._state.state.get()])  # CUDA: seed, Philox
+            return words.astype(np.uint64).view(np.uint8)
+
+    def set_state(self, state: Any) -> None:
+        """Return to a position saved by ``get_state`` (on a generator of the same device)."""
+        raw = np.ascontiguousarray(np.asarray(state), dtype=np.uint8)
+        with self._lock:
+            if hasattr(self._state, "bit_generator"):
+                try:
+                    self._state.bit_generator.state = json.loads(raw.tobytes().decode())
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise ValueError(f"Generator.set_state: not a state of a {self.device} generator ({exc})") from exc
+                return
+            if raw.size != 24:
+                raise ValueError(f"Generator.set_state: a {self.device} generator's state is 24 bytes, got {raw.size}")
+            words = raw.view(np.uint64)
+            self._state.seed = np.uint64(words[0])
+            self._state.state.set(words[1:].copy())
 
     def draw(self, kind: str, shape: tuple[int, ...], a: float, b: float, dtype: Any) -> Any:
         """Backend array of ``kind`` in (uniform, normal, integers) with parameters a, b."""
@@ -64,7 +92,7 @@ def _generator(device: str, generator: Generator | None) -> Generator:
 
 def _random(kind: str, shape: tuple, a: float, b: float, dtype: Any, device: str | None,
             generator: Generator | None, requires_grad: bool = False) -> "Tensor":
-    device = device or default_device_name()
+    device = canonical(device) if device is not None else default_device_name()
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else tuple(shape)
     if any(not isinstance(n, int) or n < 0 for n in shape):
         raise ValueError(f"{kind}: shape must be non-negative ints, got {shape}")

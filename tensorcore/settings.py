@@ -5,17 +5,10 @@
                          the graph and plan of each compiled call
 ``TENSORCORE_CACHE_DIR`` where ``tc.compile`` keeps plans on disk (default ~/.cache/tensorcore);
                          read when a compiled callable is created
-Matmul precision ("highest" | "high") is a runtime setting, as in PyTorch.
-
-Unless the backend is "numpy", importing tensorcore also shortens the busy-wait of idle
-BLAS and OpenMP worker threads (``OPENBLAS_THREAD_TIMEOUT=4``, ``GOMP_SPINCOUNT=10000``)
-where the environment does not set them: on a few cores, threads spinning after a matrix
-product starve the parallel Numba kernel that runs next (an MLP train step on 2 cores ran
-4-5x slower).  The NumPy backend keeps the libraries' defaults: its element-wise work is
-single-threaded, so a spinning BLAS worker takes no core it needs, and the spin makes the
-next matrix product start sooner (MLP SGD step 1.20-1.33x torch instead of 1.37-1.49x).
-They are read when NumPy and the OpenMP runtime load, so import tensorcore before NumPy
-or torch for them to apply.
+Matmul precision ("highest" | "high") is a runtime setting, as in PyTorch, and so is the
+CPU thread count (``tc.set_num_threads``, owned by the Numba backend's
+``backends/numba/threads.py``, which also sizes the BLAS): thread pools are set up at run
+time, so they work whatever was imported first.
 """
 
 from __future__ import annotations
@@ -26,9 +19,6 @@ VALID_BACKENDS = ("numpy", "numba", "cupy")
 VALID_PRECISIONS = ("highest", "high")
 
 backend_name: str | None = os.environ.get("TENSORCORE_BACKEND") or None
-if backend_name != "numpy":
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 debug_level = int(os.environ.get("DEBUG", "0") or 0)
 matmul_precision = "highest"
 

@@ -11,8 +11,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import dtypes
+from . import dlpack, dtypes
 from .backends import backend_for
+from .devices import canonical, is_device
 
 _ARRAY_TYPES: tuple[type, ...] = (np.ndarray,)
 
@@ -74,7 +75,15 @@ class Tensor:
 
     @property
     def T(self) -> "Tensor":
+        """The axes reversed: the transpose of a matrix (PyTorch deprecates it for other ranks)."""
         return ops.permute(self, tuple(reversed(range(self.ndim))))
+
+    @property
+    def mT(self) -> "Tensor":
+        """The last two axes swapped: each matrix of a batch transposed (as torch's ``mT``)."""
+        if self.ndim < 2:
+            raise ValueError(f"mT: needs a tensor of at least 2 dims, got shape {self.shape}")
+        return ops.transpose(self, -2, -1)
 
     def __len__(self) -> int:
         if self.ndim == 0:
@@ -107,8 +116,10 @@ class Tensor:
     def detach(self) -> "Tensor":
         return Tensor._wrap(self.data, self.device)
 
-    def backward(self, gradient: Any = None) -> None:
-        autograd.backward(self, gradient)
+    def backward(self, gradient: Any = None, retain_graph: bool = False) -> None:
+        """Accumulate this tensor's gradient into the leaves' ``.grad``; the graph is
+        freed afterwards unless ``retain_graph`` keeps it for another backward."""
+        autograd.backward(self, gradient, retain_graph)
 
     def zero_grad(self) -> None:
         self.grad = None
@@ -145,16 +156,22 @@ class Tensor:
         return int(self.item())
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
-        return self.data.__dlpack__(stream=stream, **kwargs) if stream is not None else self.data.__dlpack__(**kwargs)
+        if stream is not None:  # NumPy accepts no stream argument at all
+            kwargs["stream"] = stream
+        if self.dtype == dtypes.bfloat16:  # NumPy cannot export it: the raw buffer with the bfloat16 type code
+            return dlpack.export_bfloat16(self.data, **kwargs)
+        return self.data.__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.data.__dlpack_device__()
 
     # ----- conversion ----------------------------------------------------------------
     def to(self, target: Any = None, dtype: Any = None) -> "Tensor":
-        """``to("cuda")``, ``to(tc.float16)`` or ``to("cpu", dtype=...)``; differentiable."""
-        if target is not None and not isinstance(target, str):
+        """``to("cuda")`` (or ``"cuda:0"``, ``tc.device(...)``), ``to(tc.float16)`` or
+        ``to("cpu", dtype=...)``; differentiable."""
+        if target is not None and not is_device(target):
             target, dtype = None, target
+        target = canonical(target) if target is not None else None  # checks it before any work
         out = self
         if dtype is not None and dtypes.as_dtype(dtype) != self.dtype:
             out = ops.astype(out, dtypes.as_dtype(dtype))
@@ -295,18 +312,48 @@ class Tensor:
     def matmul(self, o: Any) -> "Tensor": return ops.matmul(self, o)
 
     # ----- reductions ----------------------------------------------------------------
-    def sum(self, axis: Any = None, keepdims: bool = False) -> "Tensor": return ops.sum(self, axis, keepdims)
-    def mean(self, axis: Any = None, keepdims: bool = False) -> "Tensor": return ops.mean(self, axis, keepdims)
-    def var(self, axis: Any = None, keepdims: bool = False, correction: int = 1) -> "Tensor": return ops.var(self, axis, keepdims, correction)
-    def std(self, axis: Any = None, keepdims: bool = False, correction: int = 1) -> "Tensor": return ops.std(self, axis, keepdims, correction)
-    def max(self, axis: Any = None, keepdims: bool = False) -> "Tensor": return ops.max(self, axis, keepdims)
-    def min(self, axis: Any = None, keepdims: bool = False) -> "Tensor": return ops.min(self, axis, keepdims)
-    def prod(self, axis: Any = None, keepdims: bool = False) -> "Tensor": return ops.prod(self, axis, keepdims)
-    def logsumexp(self, axis: Any = None, keepdims: bool = False) -> "Tensor": return ops.logsumexp(self, axis, keepdims)
-    def argmax(self, axis: int | None = None, keepdims: bool = False) -> "Tensor": return ops.argmax(self, axis, keepdims)
-    def argmin(self, axis: int | None = None, keepdims: bool = False) -> "Tensor": return ops.argmin(self, axis, keepdims)
-    def softmax(self, axis: int = -1) -> "Tensor": return ops.softmax(self, axis)
-    def log_softmax(self, axis: int = -1) -> "Tensor": return ops.log_softmax(self, axis)
+    # NumPy's axis=/keepdims= or PyTorch's dim=/keepdim=; max and min given dim= return
+    # (values, indices) as in PyTorch
+    def sum(self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: bool | None = None) -> "Tensor":
+        return ops.sum(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def mean(self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: bool | None = None) -> "Tensor":
+        return ops.mean(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def var(self, axis: Any = None, keepdims: bool = False, correction: int = 1, *, dim: Any = None,
+            keepdim: bool | None = None) -> "Tensor":
+        return ops.var(self, axis, keepdims, correction, dim=dim, keepdim=keepdim)
+
+    def std(self, axis: Any = None, keepdims: bool = False, correction: int = 1, *, dim: Any = None,
+            keepdim: bool | None = None) -> "Tensor":
+        return ops.std(self, axis, keepdims, correction, dim=dim, keepdim=keepdim)
+
+    def max(self, axis: Any = None, keepdims: bool = False, *, dim: int | None = None, keepdim: bool | None = None) -> Any:
+        return ops.max(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def min(self, axis: Any = None, keepdims: bool = False, *, dim: int | None = None, keepdim: bool | None = None) -> Any:
+        return ops.min(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def prod(self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: bool | None = None) -> "Tensor":
+        return ops.prod(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def logsumexp(self, axis: Any = None, keepdims: bool = False, *, dim: Any = None,
+                  keepdim: bool | None = None) -> "Tensor":
+        return ops.logsumexp(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def argmax(self, axis: int | None = None, keepdims: bool = False, *, dim: int | None = None,
+               keepdim: bool | None = None) -> "Tensor":
+        return ops.argmax(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def argmin(self, axis: int | None = None, keepdims: bool = False, *, dim: int | None = None,
+               keepdim: bool | None = None) -> "Tensor":
+        return ops.argmin(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def softmax(self, axis: int | None = None, *, dim: int | None = None) -> "Tensor":
+        return ops.softmax(self, axis, dim=dim)
+
+    def log_softmax(self, axis: int | None = None, *, dim: int | None = None) -> "Tensor":
+        return ops.log_softmax(self, axis, dim=dim)
 
     # ----- shape ---------------------------------------------------------------------
     def reshape(self, *shape: Any) -> "Tensor": return ops.reshape(self, _shape_args(shape))
@@ -341,10 +388,8 @@ def as_tensor_like(value: Any, like: Any, op: str) -> Tensor:
         return value
     device = like.device if isinstance(like, Tensor) else backends.default_device
     backend = backend_for(device)
-    if isinstance(value, bool | int | float):
-        dtype = like.dtype if isinstance(like, Tensor) else np.result_type(value)
-        if isinstance(like, Tensor) and not dtypes.is_floating(like.dtype) and isinstance(value, float):
-            dtype = dtypes.default_float
+    if isinstance(value, bool | int | float):  # the dtype it would have as an operand of ``like``
+        dtype = dtypes.result_dtype(like, value) if isinstance(like, Tensor) else dtypes.scalar_dtype(value)
         return Tensor._wrap(backend.full((), value, dtype), device)
     try:
         array = backend.array(value)

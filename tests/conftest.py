@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -24,25 +23,8 @@ settings.register_profile("ci", max_examples=8, derandomize=True, print_blob=Tru
 settings.register_profile("dev", max_examples=25, **_SHARED)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
-_BACKENDS_DIR = Path(tc.__file__).parent / "backends"
-
-
-def _numba_available() -> bool:
-    if not (_BACKENDS_DIR / "numba_backend.py").exists():
-        return False
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _gpu_available() -> bool:
-    return (_BACKENDS_DIR / "cupy_backend.py").exists() and tc.cuda.is_available()
-
-
-GPU_AVAILABLE = _gpu_available()
-CPU_BACKENDS = ["numpy"] + (["numba"] if _numba_available() else [])
+GPU_AVAILABLE = tc.cuda.is_available()
+CPU_BACKENDS = ["numpy", "numba"]
 BACKENDS = [pytest.param(name) for name in CPU_BACKENDS] + [pytest.param("cupy", marks=pytest.mark.gpu)]
 
 

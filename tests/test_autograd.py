@@ -197,3 +197,68 @@ def test_custom_function(backend):
     y.sum().backward()
     np.testing.assert_array_equal(y.numpy(), [1.0, -8.0])
     np.testing.assert_array_equal(x.grad.numpy(), [3.0, 12.0])
+
+
+# ----- a graph is used once unless retain_graph=True (as PyTorch) -------------------------------
+def test_a_second_backward_through_a_freed_graph_raises_and_adds_nothing(backend):
+    w = tc.ones(3, requires_grad=True)
+    y = (w * w).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="retain_graph=True"):
+        y.backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0, 2.0, 2.0])
+
+
+def test_retain_graph_keeps_the_graph_for_another_backward(backend):
+    w = tc.ones(3, requires_grad=True)
+    y = (w * w).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [4.0, 4.0, 4.0])
+    with pytest.raises(RuntimeError, match="backward"):
+        y.backward()
+
+
+def test_a_graph_shared_with_a_used_one_raises_before_any_gradient_is_written(backend):
+    w = _leaf([1.0, 2.0])
+    h = w.exp()
+    (h * 2).sum().backward()
+    first = w.grad.numpy().copy()
+    with pytest.raises(RuntimeError, match="Unary"):
+        (h * 3).sum().backward()  # h's graph was freed by the first pass
+    np.testing.assert_array_equal(w.grad.numpy(), first)
+
+
+def test_backward_frees_what_forward_saved(backend):
+    import gc
+    import weakref
+
+    w = _leaf([1.0, 2.0, 3.0])
+    y = (w.exp() * w).sum()  # the product saves exp(w), which no name holds
+    product = y._ctx.inputs[0]._ctx
+    saved = weakref.ref(product.a.base if product.a.base is not None else product.a)
+    y.backward()
+    del product
+    gc.collect()
+    assert saved() is None
+    np.testing.assert_allclose(w.grad.numpy(), np.exp([1.0, 2.0, 3.0]) * (1 + np.array([1.0, 2.0, 3.0])))
+
+
+def test_layers_give_the_same_gradients_again_through_a_retained_graph(backend):
+    import layers
+
+    tc.manual_seed(0)
+    model = layers.Sequential(layers.Conv2d(2, 4, 3, padding=1), layers.GroupNorm(2, 4), layers.SiLU(),
+                              layers.Flatten(), layers.Linear(4 * 5 * 5, 6), layers.LayerNorm(6))
+    attention, lstm = layers.MultiHeadAttention(6, 2, batch_first=True), layers.LSTM(6, 3, batch_first=True)
+    h = model(tc.randn(3, 2, 5, 5)).reshape(1, 3, 6)
+    out, _ = lstm(attention(h, need_weights=False)[0])
+    loss = (out * out).mean() + out.log_softmax(-1).sum()
+    params = [p for m in (model, attention, lstm) for p in m.parameters()]
+    loss.backward(retain_graph=True)
+    first = [p.grad.numpy().copy() for p in params]
+    loss.backward()
+    for p, g in zip(params, first):
+        np.testing.assert_allclose(p.grad.numpy(), 2 * g, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        loss.backward()

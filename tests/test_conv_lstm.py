@@ -4,9 +4,9 @@ time step) against central differences, and a moving-dot sequence it learns to p
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import layers
+import optim
 import tensorcore as tc
 
 
@@ -86,7 +86,6 @@ def moving_dots(count: int, steps: int, size: int, rng: np.random.Generator) -> 
 def test_learns_to_predict_a_moving_dot() -> None:
     """Next-frame prediction: loss falls far below the all-background baseline (~0.08) and
     the brightest predicted pixel is the dot's next position in most frames."""
-    optim = pytest.importorskip("optim")
     tc.manual_seed(0)
     cell, head = layers.ConvLSTM2d(1, 8, kernel_size=3), layers.Conv2d(8, 1, 1)
     opt = optim.Adam(layers.ModuleList([cell, head]).parameters(), lr=0.1)

@@ -65,23 +65,26 @@ def test_torch_style_dtype_aliases():
         tc.float32, tc.float64, tc.float16, tc.int64, tc.int32, tc.bool_)
 
 
-# ----- dtypes and promotion ----------------------------------------------------------------
-@pytest.mark.parametrize("a, b", [
-    (tc.int32, tc.int64), (tc.int64, tc.float32), (tc.float16, tc.float32), (tc.float32, tc.float64),
-    (tc.bool_, tc.int32), (tc.bool_, tc.float16), (tc.int32, tc.float16),
+# ----- dtypes and promotion (the full table is in test_promotion.py) ------------------------
+@pytest.mark.parametrize("a, b, expected", [
+    (tc.int32, tc.int64, tc.int64), (tc.int64, tc.float32, tc.float32), (tc.float16, tc.float32, tc.float32),
+    (tc.float32, tc.float64, tc.float64), (tc.bool_, tc.int32, tc.int32), (tc.bool_, tc.float16, tc.float16),
+    (tc.int32, tc.float16, tc.float16),
 ])
-def test_tensor_tensor_promotion_follows_numpy(backend, a, b):
+def test_tensor_tensor_promotion(backend, a, b, expected):
+    """NumPy's where it agrees with PyTorch; a floating dtype wins over an integer one (PyTorch)."""
     x, y = tc.ones(2, dtype=a), tc.ones(2, dtype=b)
-    assert (x + y).dtype == np.result_type(a, b)
-    assert (y * x).dtype == np.result_type(a, b)
+    assert (x + y).dtype == expected
+    assert (y * x).dtype == expected
 
 
 @pytest.mark.parametrize("dtype, scalar, expected", [
     (tc.float16, 2.5, tc.float16), (tc.float32, 2, tc.float32), (tc.int32, 2, tc.int32),
-    (tc.int64, 2.5, tc.float64), (tc.int32, 0.5, tc.float64), (tc.bool_, 1, tc.int64),
+    (tc.int64, 2.5, tc.float32), (tc.int32, 0.5, tc.float32), (tc.bool_, 1, tc.int64),
 ])
 def test_python_scalars_are_weak(backend, dtype, scalar, expected):
-    """A Python scalar does not widen a tensor's dtype of its own kind (NumPy's NEP 50)."""
+    """A Python scalar does not widen a tensor's dtype of its own kind; a float meeting an
+    integer tensor is the default float dtype (PyTorch)."""
     out = tc.ones(2, dtype=dtype) * scalar
     assert out.dtype == expected
     np.testing.assert_array_equal(out.numpy(), np.ones(2) * scalar)
@@ -167,6 +170,55 @@ def test_dlpack_round_trip_with_torch(dtype):
     if dtype == "float32":  # both directions share memory
         source[0, 0] = 42.0
         assert x.tolist()[0][0] == 42.0 and back[0, 0].item() == 42.0
+
+
+@needs_torch
+def test_bfloat16_crosses_dlpack_both_ways_sharing_memory():
+    x = tc.tensor([1.5, -2.25, 3.0]).bfloat16()
+    theirs = torch.from_dlpack(x)
+    assert theirs.dtype == torch.bfloat16 and theirs.tolist() == [1.5, -2.25, 3.0]
+    theirs[0] = 7.0
+    assert x.float().tolist() == [7.0, -2.25, 3.0]
+    source = torch.tensor([[0.5, 1.0], [2.0, -4.0]], dtype=torch.bfloat16)
+    mine = tc.from_dlpack(source)
+    assert mine.dtype == tc.bfloat16 and mine.shape == (2, 2) and mine.float().tolist() == [[0.5, 1.0], [2.0, -4.0]]
+    source[1, 1] = 8.0
+    assert mine.float().tolist()[1][1] == 8.0
+    strided = tc.from_dlpack(torch.arange(12, dtype=torch.bfloat16).reshape(3, 4).T)
+    np.testing.assert_array_equal(strided.float().numpy(), np.arange(12.0).reshape(3, 4).T)
+
+
+def test_bfloat16_dlpack_round_trip_through_tensorcore():
+    x = tc.tensor([[1.0, 2.5], [-3.0, 0.125]]).bfloat16()
+    y = tc.from_dlpack(x)
+    assert y.dtype == tc.bfloat16 and y.numpy().tobytes() == x.numpy().tobytes()
+    with tc.no_grad():
+        y[0, 0] = 4.0
+    assert x.float().tolist()[0][0] == 4.0
+
+
+class _Producer:
+    """A CPU DLPack producer whose capsule carries a chosen type code (DLPack's float8 here)."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def __dlpack__(self, **kwargs):
+        from tensorcore.dlpack import _dtype_field
+
+        capsule = np.zeros(2, np.uint8).__dlpack__(**kwargs)
+        _dtype_field(capsule).code = self.code
+        return capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_dlpack_dtypes_tensorcore_lacks_raise_a_type_error():
+    with pytest.raises(TypeError, match="^from_dlpack: dtype int16 is not supported; convert"):
+        tc.from_dlpack(np.zeros(2, np.int16))
+    with pytest.raises(TypeError, match="^from_dlpack: cannot import a DLPack tensor of dtype 8-bit DLPack type code 10"):
+        tc.from_dlpack(_Producer(10))
 
 
 # ----- seeded randomness -----------------------------------------------------------------------

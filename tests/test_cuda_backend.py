@@ -7,17 +7,21 @@ a cuBLAS GEMM and a RawKernel captured in a CUDA graph and replayed.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from tensorcore.backends.cupy_backend import CupyBackend  # noqa: E402
-from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
-from gpu_check import ACTS, RNG, cancellation_atol, check, on_gpu, rand  # noqa: E402
+from tensorcore.backends.cupy import elementwise as ew, nn  # noqa: E402
+from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
+from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
+from gpu_check import ACTS, RNG, as_float32, check, on_gpu, rand  # noqa: E402
+from norm_bounds import layer_norm_atols  # noqa: E402
 
 GPU, REF = CupyBackend(), NumpyBackend()
+STORAGE_DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
 
 
 # ----- elementwise ------------------------------------------------------------------
@@ -48,6 +52,51 @@ def test_binary_broadcast(op, shapes):
     if op == "pow":
         a = np.abs(a) + 0.5
     check(GPU.binary(op, on_gpu(a), on_gpu(b)), REF.binary(op, a, b))
+
+
+def launched(monkeypatch, module) -> list[str]:
+    """The names of the kernels ``module`` launches from now on (to check which path ran)."""
+    names: list[str] = []
+    real = module.launch
+
+    def record(filename, name, *args, **kwargs):
+        names.append(name)
+        return real(filename, name, *args, **kwargs)
+
+    monkeypatch.setattr(module, "launch", record)
+    return names
+
+
+# A tensor with an operand holding one value per channel of [outer, C, inner]: packs when
+# inner is a whole number of packs ([N, C, H, W] + [N, C, 1, 1] or [1, C, 1, 1]), elements
+# otherwise (inner 9; [rows, D] + [D] has inner 1); either operand may be the tensor.
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "minimum", "pow"])
+@pytest.mark.parametrize("shapes", [((2, 5, 8, 8), (2, 5, 1, 1)), ((2, 5, 8, 8), (1, 5, 1, 1)),
+                                    ((5, 1, 1), (3, 5, 4, 4)), ((2, 5, 3, 3), (5, 1, 1)),
+                                    ((6, 12), (12,)), ((4,), (3, 4))])
+@pytest.mark.parametrize("dtype", STORAGE_DTYPES)
+def test_binary_per_channel(monkeypatch, op, shapes, dtype):
+    a, b = rand(*shapes[0]), rand(*shapes[1])
+    if op == "pow":
+        a = np.abs(a) + 0.5
+    as_stored = (lambda v: v.astype(dtype).astype(np.float64))
+    names = launched(monkeypatch, ew)
+    got = GPU.binary(op, on_gpu(a, dtype), on_gpu(b, dtype))
+    assert names == ["binary_channel_kernel"]
+    want = REF.binary(op, as_stored(a), as_stored(b))
+    check(got, want, dtype if dtype in (np.float32, np.float64) else np.float16)
+
+
+def test_binary_per_channel_odd_layouts(monkeypatch):
+    x, v = rand(2, 5, 8, 9), rand(2, 5, 1, 1)
+    names = launched(monkeypatch, ew)
+    strided = on_gpu(x)[:, :, :, 1:]  # not contiguous: the general broadcast kernel
+    check(GPU.binary("sub", strided, on_gpu(v)), x[:, :, :, 1:] - v)
+    assert names == ["binary_bcast_kernel"]
+    rows, r = x.reshape(-1)[1:713].reshape(89, 8), rand(89, 1)
+    shifted = on_gpu(x.reshape(-1))[1:713].reshape(89, 8)  # 4-byte offset: no packs
+    check(GPU.binary("mul", shifted, on_gpu(r)), rows * r)
+    assert names[-1] == "binary_channel_kernel"
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -138,9 +187,9 @@ def test_attention(causal, with_mask):
                                            ((1, 1), 1)])
 @pytest.mark.parametrize("affine", [True, False])
 def test_layer_norm(shape, n_norm, affine):
-    x, g = rand(*shape, scale=2.0) + 1.0, rand(*shape)
-    w = rand(*shape[-n_norm:]) if affine else None
-    b = rand(*shape[-n_norm:]) if affine else None
+    x, g = as_float32(rand(*shape, scale=2.0) + 1.0), as_float32(rand(*shape))
+    w = as_float32(rand(*shape[-n_norm:])) if affine else None
+    b = as_float32(rand(*shape[-n_norm:])) if affine else None
     opt = (lambda a: None if a is None else on_gpu(a))
     y, mean, rstd = GPU.layer_norm(on_gpu(x), opt(w), opt(b), n_norm, 1e-5)
     ry, rmean, rrstd = REF.layer_norm(x, w, b, n_norm, 1e-5)
@@ -149,8 +198,8 @@ def test_layer_norm(shape, n_norm, affine):
     check(rstd, rrstd)
     got = GPU.layer_norm_backward(on_gpu(g), on_gpu(x), opt(w), mean, rstd, n_norm)
     want = REF.layer_norm_backward(g, x, w, rmean, rrstd, n_norm)
-    atol = cancellation_atol(rrstd, g, w)
-    for a, b_ in zip(got, want):
+    atols = layer_norm_atols(x, g, w, rmean, rrstd, n_norm)  # float32 bounds, norm_bounds.py
+    for a, b_, atol in zip(got, want, atols):
         assert (a is None) == (b_ is None)
         if a is not None:
             check(a, b_, atol=atol)
@@ -214,6 +263,49 @@ def test_pooling(kernel, stride, padding):
           REF.avg_pool2d(x, kernel, stride, padding))
     check(GPU.avg_pool2d_backward(on_gpu(g), x.shape, kernel, stride, padding),
           REF.avg_pool2d_backward(g, x.shape, kernel, stride, padding))
+
+
+# 2x2 windows at stride 2 over widths of whole pairs of packs take the packed kernel (odd
+# heights drop the last row); ties and NaNs check which tap wins.
+@pytest.mark.parametrize("dtype", STORAGE_DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3, 9, 16), (1, 2, 4, 32)])
+def test_max_pool_2x2_packed(monkeypatch, dtype, shape):
+    x = RNG.integers(-3, 3, size=shape).astype(np.float64)  # few values: many ties
+    x.reshape(-1)[::7] = np.nan
+    x.reshape(-1)[::11] = -np.inf
+    names = launched(monkeypatch, nn)
+    y, arg = GPU.max_pool2d(on_gpu(x, dtype), (2, 2), (2, 2), (0, 0))
+    assert names == ["max_pool_2x2_kernel"]
+    ry, rarg = REF.max_pool2d(x, (2, 2), (2, 2), (0, 0))
+    np.testing.assert_array_equal(cp.asnumpy(y).astype(np.float64), ry)
+    np.testing.assert_array_equal(cp.asnumpy(arg), rarg)
+
+
+def test_max_pool_2x2_other_widths_take_the_general_kernel(monkeypatch):
+    x = rand(2, 3, 6, 12)  # 12 is not a whole number of pack pairs
+    names = launched(monkeypatch, nn)
+    y, arg = GPU.max_pool2d(on_gpu(x), (2, 2), (2, 2), (0, 0))
+    assert names == ["max_pool_fwd_kernel"]
+    ry, rarg = REF.max_pool2d(x, (2, 2), (2, 2), (0, 0))
+    check(y, ry)
+    np.testing.assert_array_equal(cp.asnumpy(arg), rarg)
+
+
+# Power-of-two row factors with column factors 1 or 2 over whole packs take the packed
+# kernel; other factors (3) and part packs the general one.
+@pytest.mark.parametrize("dtype", STORAGE_DTYPES)
+@pytest.mark.parametrize("in_hw, out_hw, packed", [((4, 16), (8, 32), True),
+                                                   ((5, 16), (20, 16), True),
+                                                   ((3, 16), (3, 32), True),
+                                                   ((3, 16), (9, 32), False),
+                                                   ((4, 5), (8, 10), False)])
+def test_upsample_nearest_packed(monkeypatch, dtype, in_hw, out_hw, packed):
+    x = rand(2, 3, *in_hw)
+    names = launched(monkeypatch, nn)
+    y = GPU.upsample_nearest2d(on_gpu(x, dtype), out_hw)
+    assert names == ["nearest_up_packs_kernel" if packed else "nearest_fwd_kernel"]
+    want = REF.upsample_nearest2d(x.astype(dtype).astype(np.float64), out_hw)
+    np.testing.assert_array_equal(cp.asnumpy(y).astype(np.float64), want)
 
 
 @pytest.mark.parametrize("in_hw, out_hw", [((4, 5), (8, 10)), ((21, 7), (133, 3)), ((1, 3), (4, 4))])
@@ -305,3 +397,17 @@ def test_memory_helpers():
     del x
     cuda.empty_cache()
     assert cuda.memory_allocated() == before
+
+
+def test_empty_cache_frees_the_buffers_the_backend_keeps():
+    from tensorcore import cuda
+    from tensorcore.backends import backend_for
+
+    gpu = backend_for("cuda")
+    x = on_gpu(rand(2, 8, 5, 3))  # odd planes: the two-pass kernels and their counters
+    before = gpu.group_norm(x, None, None, 4, 1e-5)[0]
+    assert gpu.buffers._buffers
+    cuda.empty_cache()
+    assert not gpu.buffers._buffers
+    np.testing.assert_array_equal(cp.asnumpy(gpu.group_norm(x, None, None, 4, 1e-5)[0]),
+                                  cp.asnumpy(before))  # made again on demand

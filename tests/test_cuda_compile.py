@@ -1,8 +1,9 @@
 """Every CUDA source compiles to PTX for sm_90 with every instantiation the loader uses.
 
 Runs without a GPU: only ``nvcc`` is needed.  A small wrapper per source takes the
-address of each kernel instantiation the loader asks NVRTC for, which forces nvcc to
-instantiate (and so type-check and compile) each of them.
+address of each kernel instantiation the loader asks NVRTC for (per storage type, and
+the explicit tile-shape instantiations), which forces nvcc to instantiate (and so
+type-check and compile) each of them.
 """
 
 import shutil
@@ -10,23 +11,29 @@ import subprocess
 
 import pytest
 
-from tensorcore.backends import cuda_loader
+from tensorcore.backends.cupy import loader
 
 NVCC = shutil.which("nvcc")
-SOURCES = sorted(p.name for p in cuda_loader.CUDA_DIR.glob("*.cu"))
+SOURCES = loader.sources()
+
+
+def instantiations(filename: str) -> list[str]:
+    return [name for ctype in [None, *loader.C_TYPES.values()]
+            for name in loader.name_expressions(filename, ctype)] + \
+        loader.explicit_instances(filename)
 
 
 def wrapper(filename: str) -> str:
-    names = [name for ctype in [None, *cuda_loader.C_TYPES.values()]
-             for name in cuda_loader.name_expressions(filename, ctype)]
+    """The source as NVRTC gets it (local headers pasted in), then the instantiations."""
+    names = instantiations(filename)
     takes = ",\n    ".join(f"(const void*)&{name}" for name in names)
-    return f'#include "{filename}"\nconst void* instantiated[] = {{\n    {takes}\n}};\n'
+    return f'{loader.source(filename)}\nconst void* instantiated[] = {{\n    {takes}\n}};\n'
 
 
 def test_every_source_has_kernels():
     assert SOURCES
     for filename in SOURCES:
-        assert cuda_loader.kernel_names(filename), filename
+        assert loader.kernel_names(filename), filename
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -35,11 +42,13 @@ def test_compiles_for_sm90(filename, tmp_path):
     wrapped = tmp_path / f"wrap_{filename}"
     wrapped.write_text(wrapper(filename))
     result = subprocess.run(
-        [NVCC, "-arch=sm_90", "-std=c++17", "--ptx", f"-I{cuda_loader.CUDA_DIR}",
-         str(wrapped), "-o", str(tmp_path / "out.ptx")],
+        [NVCC, "-arch=sm_90", "-std=c++17", "--ptx", str(wrapped), "-o", str(tmp_path / "out.ptx")],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     ptx = (tmp_path / "out.ptx").read_text()
-    for ctype in [None, *cuda_loader.C_TYPES.values()]:
-        for name in cuda_loader.name_expressions(filename, ctype):
-            assert name.split("<")[0] in ptx
+    entries = [line for line in ptx.splitlines() if ".entry" in line]
+    names = instantiations(filename)
+    for base in {name.split("<")[0] for name in names}:
+        wanted = sum(name.split("<")[0] == base for name in names)
+        found = sum(f"{len(base)}{base}" in entry for entry in entries)  # mangled: length + name
+        assert found >= wanted, (base, found, wanted)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import layers
+import optim
 import tensorcore as tc
 from layers import graph_spectrum
 
@@ -177,7 +178,6 @@ def test_bad_graphs_and_inputs_raise_clear_errors() -> None:
 
 
 def test_times_carry_the_lower_bound_that_optimizers_apply() -> None:
-    optim = pytest.importorskip("optim")
     m = layer("spectral", k=4)
     assert m.times.bounds == (1e-6, None)
     opt = optim.SGD(m.parameters(), lr=100.0)
@@ -190,7 +190,6 @@ def test_times_carry_the_lower_bound_that_optimizers_apply() -> None:
 
 def test_learns_a_known_diffusion_time_on_a_grid_heat_equation() -> None:
     """Targets are exp(-t* L) x on a 6x6 grid; the layer starts at t = 0.02 and must find t* = 0.4."""
-    optim = pytest.importorskip("optim")
     laplacian, true_time = grid_laplacian(6), 0.4
     values, vectors = np.linalg.eigh(laplacian)
     heat = vectors @ np.diag(np.exp(-true_time * values)) @ vectors.T

@@ -150,12 +150,35 @@ INDEX_CASES = {
     "negative out of range": (lambda: (t(3, 2),), lambda x: x[:, -3], IndexError, "getitem"),
     "too many indices": (lambda: (t(3),), lambda x: x[0, 0], IndexError, "getitem"),
     "embedding index": (lambda: (tc.tensor([0, 3]), t(3, 2)), F.embedding, IndexError, "embedding"),
+    "setitem out of range": (lambda: (t(3, 2),), lambda x: set_item(x, 5, 1.0), IndexError, "^setitem: index 5"),
+    "index list out of range": (lambda: (t(3, 2),), lambda x: x[[0, 7]], IndexError,
+                                r"^getitem: index 7 .* axis 0 of size 3.*\(3, 2\)"),
+    "setitem index list out of range": (lambda: (t(3, 2), t(2)), lambda x, v: set_item(x, (slice(None), [1, -3]), v),
+                                        IndexError, r"^setitem: index -3 .* axis 1 of size 2"),
+    "index tensor out of range": (lambda: (t(3), tc.tensor([1, 3])), lambda x, i: x[i], IndexError, "^getitem: index 3"),
+    "mask of the wrong length": (lambda: (t(3, 2), t(2) > 0), lambda x, m: x[m], IndexError,
+                                 r"^getitem: a boolean mask of shape \(2,\) .* size \(3,\) of axis 0 .*\(3, 2\)"),
+    "mask list of the wrong length": (lambda: (t(3, 2),), lambda x: set_item(x, [True, False], 0.0), IndexError,
+                                      r"^setitem: a boolean mask of shape \(2,\)"),
+    "mask of the wrong shape": (lambda: (t(3, 2), t(3, 3) > 0), lambda x, m: x[m], IndexError,
+                                r"^getitem: a boolean mask of shape \(3, 3\) .* axes 0..1"),
+    "ragged index list": (lambda: (t(3, 2),), lambda x: x[[[0, 1], [2]]], ValueError, r"^getitem: .*ragged.*\[1, 2\]"),
+    "float index list": (lambda: (t(3, 2),), lambda x: x[[0.5]], TypeError, "^getitem: index lists must hold ints"),
+}
+
+DATA_CASES = {
+    "a dict": (lambda: (), lambda: tc.tensor({"a": 1}), TypeError, "^tensor: expected a number, a nested list"),
+    "a string": (lambda: (), lambda: tc.tensor("abc"), TypeError, "^tensor: expected .* got str"),
+    "ragged lists": (lambda: (), lambda: tc.tensor([[1, 2], [3]]), ValueError, r"^tensor: .*ragged.*lengths \[1, 2\]"),
+    "lists mixed with numbers": (lambda: (), lambda: tc.tensor([1, [2]]), ValueError, "^tensor: .*ragged.*mixed"),
+    "objects": (lambda: (), lambda: tc.tensor([object()]), TypeError, "^tensor: expected numbers .* dtype object"),
 }
 
 
 ALL_CASES = {f"{kind}: {name}": case for kind, cases in [("shape", SHAPE_CASES), ("dtype", DTYPE_CASES),
                                                          ("device", DEVICE_CASES), ("axis", AXIS_CASES),
-                                                         ("conv", CONV_CASES), ("index", INDEX_CASES)]
+                                                         ("conv", CONV_CASES), ("index", INDEX_CASES),
+                                                         ("data", DATA_CASES)]
              for name, case in cases.items()}
 
 
@@ -166,7 +189,8 @@ def _snapshot(inputs):
 @pytest.mark.parametrize("name", list(ALL_CASES))
 def test_bad_input_raises_and_changes_nothing(backend, name):
     make, call, error, text = ALL_CASES[name]
-    if backend == "cupy" and name in ("index: embedding index", "shape: cross_entropy class range"):
+    if backend == "cupy" and name in ("index: embedding index", "shape: cross_entropy class range",
+                                      "index: index tensor out of range"):
         pytest.skip("on the GPU indices and classes are not range-checked: that would be a host round trip")
     inputs = make()
     before = _snapshot(inputs)
@@ -203,4 +227,6 @@ def test_unavailable_cupy_backend_names_the_install_extra():
         pytest.skip("CuPy and a GPU are available here")
     result = _import_with("cupy")
     assert result.returncode != 0
-    assert "tensorcore[cuda12]" in result.stderr and "tensorcore[cuda13]" in result.stderr
+    # commands that install this project: from a checkout, or by its distribution name
+    assert 'pip install -e ".[cuda12]"' in result.stderr and 'pip install "tensorcore-engine[cuda12]"' in result.stderr
+    assert "pip install tensorcore[" not in result.stderr

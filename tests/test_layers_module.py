@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+import safetensors.numpy as safetensors_numpy
 
 import layers
 import tensorcore as tc
@@ -220,7 +221,6 @@ def test_loading_another_models_file_names_the_keys(tmp_path) -> None:
 
 
 def test_safetensors_files_are_readable_by_the_reference_library(tmp_path) -> None:
-    safetensors_numpy = pytest.importorskip("safetensors.numpy")
     m = mlp()
     m.save(tmp_path / "m.safetensors")
     loaded = safetensors_numpy.load_file(str(tmp_path / "m.safetensors"))
@@ -349,3 +349,42 @@ def test_versions_stay_unique_across_threads() -> None:
     for t in threads:
         t.join()
     assert len(set(versions)) == len(versions)
+
+
+# ----- assigning Parameter.data ----------------------------------------------------------------
+def test_assigning_data_of_the_right_shape_replaces_the_values():
+    m = layers.Linear(4, 2)
+    m.weight.data = tc.ones(2, 4)
+    assert isinstance(m.weight, layers.Parameter) and m.weight.requires_grad
+    np.testing.assert_array_equal(m(tc.ones(3, 4)).numpy(), 4 + np.broadcast_to(m.bias.numpy(), (3, 2)))
+    m.bias.data = np.zeros(2, np.float32)  # a backend array of the same kind works too
+    np.testing.assert_array_equal(m(tc.ones(1, 4)).numpy(), [[4.0, 4.0]])
+
+
+@pytest.mark.parametrize("value, error, text", [
+    (lambda: tc.ones(4, 2), ValueError, r"shape \(2, 4\).*\(4, 2\)"),
+    (lambda: tc.ones(2, 4, dtype=tc.float64), TypeError, "float32.*float64"),
+    (lambda: tc.Tensor(tc.ones(2, 4).data, device="cuda"), ValueError, "'cpu'.*'cuda'"),
+    (lambda: [[1.0] * 4] * 2, TypeError, r"Tensor of shape \(2, 4\)"),
+])
+def test_assigning_data_of_another_shape_dtype_or_device_raises_and_changes_nothing(value, error, text):
+    m = layers.Linear(4, 2)
+    before = m.weight.numpy().copy()
+    with pytest.raises(error, match=text):
+        m.weight.data = value()
+    np.testing.assert_array_equal(m.weight.numpy(), before)
+    assert m(tc.ones(1, 4)).shape == (1, 2)
+
+
+@pytest.mark.parametrize("state, error, text", [
+    ([1, 2, 3], TypeError, "expected a mapping of names to tensors .* got list"),
+    ({0: np.zeros((4, 3))}, TypeError, "keys must be .* names .* got 0 of type int"),
+    (lambda m: {**m.state_dict(), "0.bias": None}, TypeError, r"'0.bias' is None; expected .* shape \(8,\)"),
+])
+def test_load_state_dict_says_what_it_expected(state, error, text):
+    model = mlp()
+    before = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    with pytest.raises(error, match=text):
+        model.load_state_dict(state(model) if callable(state) else state)
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), before[key])

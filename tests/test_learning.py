@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import layers
+import optim
 import tensorcore as tc
 import tensorcore.functional as F
 
@@ -23,7 +23,6 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_mlp_classifies_digits() -> None:
-    optim = pytest.importorskip("optim")
     x, y = load_digits()
     order = np.random.default_rng(0).permutation(len(x))
     train, test = order[:1437], order[1437:]

@@ -13,11 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-pytest.importorskip("numba")
-
-from tensorcore.backends import numba_spatial  # noqa: E402
-from tensorcore.backends.numba_backend import NumbaBackend  # noqa: E402
-from tensorcore.backends.numpy_backend import NumpyBackend  # noqa: E402
+from tensorcore.backends.numba import spatial
+from tensorcore.backends.numba.backend import NumbaBackend
+from tensorcore.backends.numpy.backend import NumpyBackend
 
 NB, NP = NumbaBackend(), NumpyBackend()
 DTYPES = [np.float32, np.float64]
@@ -240,9 +238,9 @@ def test_winograd_matches_direct_convolution(xs, cout, padding, dtype):
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     geo = ((1, 1), padding, (1, 1), 1)
     ref = NP.conv2d(x64, w64, *geo)
-    assert_winograd_close(numba_spatial._winograd_conv(x, w, padding, ref.shape[2:]), ref, dtype)
+    assert_winograd_close(spatial._winograd_conv(NB.scratch, x, w, padding, ref.shape[2:]), ref, dtype)
     g = rand(ref.shape, dtype, 3)
-    assert_winograd_close(numba_spatial._winograd_weight_grad(g, x, padding),
+    assert_winograd_close(spatial._winograd_weight_grad(NB.scratch, g, x, padding),
                           NP.conv2d_grad_weight(g.astype(np.float64), x64, w.shape, *geo), dtype)
 
 
@@ -254,7 +252,12 @@ def test_conv2d_takes_winograd_for_large_3x3(padding, dtype):
     xs, ws = (16, 64, 29, 31), (64, 64, 3, 3)
     geo = ((1, 1), padding, (1, 1), 1)
     out_hw = (xs[2] + 2 * padding[0] - 2, xs[3] + 2 * padding[1] - 2)
-    assert numba_spatial._winograd_fits(ws, (1, 1), (1, 1), 1, xs[0], out_hw)
+    for pass_name in ("forward", "grad_weight"):
+        assert spatial.conv_algorithm(pass_name, ws, (1, 1), padding, (1, 1), 1, xs[0],
+                                      out_hw) == spatial.WINOGRAD
+    expected = spatial.WINOGRAD if max(padding) <= 2 else spatial.IM2COL
+    assert spatial.conv_algorithm("grad_input", ws, (1, 1), padding, (1, 1), 1, xs[0],
+                                  xs[2:]) == expected
     x, w = rand(xs, dtype, 1), rand(ws, dtype, 2, 0.1)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     assert_winograd_close(NB.conv2d(x, w, *geo), NP.conv2d(x64, w64, *geo), dtype)
@@ -423,3 +426,14 @@ def test_optimizer_updates_match_torch(name, dtype):
         param.grad = torch.tensor(g)
         opt.step()
     np.testing.assert_allclose(p_fast, param.detach().numpy(), **tol(dtype))
+
+
+def test_empty_cache_frees_the_convolution_scratch():
+    nb = NumbaBackend()
+    x, w = rand((2, 3, 6, 6), np.float32, 1), rand((4, 3, 3, 3), np.float32, 2)
+    geo = ((1, 1), (1, 1), (1, 1), 1)
+    first = nb.conv2d(x, w, *geo).copy()
+    assert nb.scratch._buffers
+    nb.empty_cache()
+    assert not nb.scratch._buffers
+    np.testing.assert_array_equal(nb.conv2d(x, w, *geo), first)

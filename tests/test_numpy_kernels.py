@@ -11,8 +11,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tensorcore.backends.numpy_nn import NumpyNNKernels
-from tensorcore.backends.special import erf
+from tensorcore.backends.numpy.nn import NumpyNNKernels
+from tensorcore.backends.numpy.special import erf
 
 try:
     import torch

@@ -11,6 +11,7 @@ import pytest
 
 import optim
 import tensorcore as tc
+from layers.module import Module
 from layers.parameter import Parameter
 from optim.flat import ALIGN_BYTES, address
 
@@ -236,6 +237,14 @@ def test_a_parameter_twice_or_a_non_leaf_raises() -> None:
         optim.Adam([tc.tensor([1, 2])])
 
 
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LAMB", "LARS", "Lion"])
+def test_one_parameter_instead_of_an_iterable_says_so(name: str) -> None:
+    with pytest.raises(TypeError, match=f"^{name}: params must be an iterable of Parameters or dicts, got a Parameter"):
+        getattr(optim, name)(_p(), lr=0.1)
+    with pytest.raises(TypeError, match="got a dict"):
+        getattr(optim, name)({"params": [_p()]}, lr=0.1)
+
+
 def _stepped_adam() -> tuple[optim.Adam, list[Parameter], dict]:
     params = _params(_initial())
     opt = optim.Adam(params, lr=1e-2)
@@ -263,8 +272,10 @@ def test_a_bad_step_raises_before_updating_anything(corrupt: str) -> None:
         opt.param_groups[0]["lr"] = float("nan")
     elif corrupt == "negative-beta":
         opt.param_groups[0]["betas"] = (0.9, -0.5)
-    elif corrupt == "dtype":
-        params[-1].data = params[-1].data.astype(np.float32)
+    elif corrupt == "dtype":  # a module cast after the optimizer was made
+        holder = Module()
+        holder.p = params[-1]
+        holder.to(dtype=tc.float32)
         values[-1] = params[-1].numpy().copy()
     else:
         params[-1].grad = tc.zeros(3, dtype=tc.float64)

@@ -52,7 +52,7 @@ def _run(cls: type, options: dict, device: str, dtype: Any, steps: int = 20) -> 
 
 def test_the_cupy_backend_has_fused_optimizer_kernels() -> None:
     from tensorcore.backends import backend_for
-    from tensorcore.backends.cupy_optim import CupyOptimKernels
+    from tensorcore.backends.cupy.optim import CupyOptimKernels
 
     assert isinstance(backend_for("cuda"), CupyOptimKernels)
 

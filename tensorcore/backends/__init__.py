@@ -16,13 +16,14 @@ from .. import settings
 from .base import Backend
 
 _MODULES = {
-    "numpy": ("tensorcore.backends.numpy_backend", "NumpyBackend"),
-    "numba": ("tensorcore.backends.numba_backend", "NumbaBackend"),
-    "cupy": ("tensorcore.backends.cupy_backend", "CupyBackend"),
+    "numpy": ("tensorcore.backends.numpy.backend", "NumpyBackend"),
+    "numba": ("tensorcore.backends.numba.backend", "NumbaBackend"),
+    "cupy": ("tensorcore.backends.cupy.backend", "CupyBackend"),
 }
 _INSTALL_HINT = {
     "numba": "pip install numba",
-    "cupy": "pip install tensorcore[cuda12] or tensorcore[cuda13] (CuPy needs a working NVIDIA GPU)",
+    "cupy": ('pip install -e ".[cuda12]" (or ".[cuda13]") in a checkout, or pip install "tensorcore-engine[cuda12]" '
+             '(or "[cuda13]"); CuPy needs a working NVIDIA GPU'),
 }
 _instances: dict[str, Backend] = {}
 
@@ -37,7 +38,7 @@ def load(name: str) -> Backend:
             module = importlib.import_module(module_name)
             backend = getattr(module, class_name)()
         except ImportError as exc:
-            raise RuntimeError(f"backend {name!r} is unavailable ({exc}); install it with: {_INSTALL_HINT.get(name, 'pip install tensorcore')}") from exc
+            raise RuntimeError(f"backend {name!r} is unavailable ({exc}); install it with: {_INSTALL_HINT.get(name, 'pip install tensorcore-engine')}") from exc
         _instances[name] = backend
     return _instances[name]
 
@@ -55,6 +56,11 @@ _cpu_name = _initial_cpu_backend()
 default_device = "cuda" if settings.backend_name == "cupy" else "cpu"
 if settings.backend_name is not None:
     load(settings.backend_name)  # an explicitly requested backend must work at import
+
+
+def created(name: str) -> Backend | None:
+    """The backend named ``name`` if it has been created, else None (creates nothing)."""
+    return _instances.get(name)
 
 
 def backend_for(device: str) -> Backend:

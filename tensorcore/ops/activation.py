@@ -6,7 +6,7 @@ from ..autograd import Function
 from ..backends.base import ACTIVATIONS
 from ..tensor import Tensor
 from .movement import transpose
-from .shape_utils import normalize_axis
+from .shape_utils import normalize_axis, torch_spelling
 
 
 class Softmax(Function):
@@ -27,22 +27,25 @@ class LogSoftmax(Function):
         return (self.backend.log_softmax_backward(g, self.y),)
 
 
-def _last_axis(fn: type[Function], x: Tensor, axis: int, op: str) -> Tensor:
-    """Run a last-axis kernel over any axis by swapping that axis to the end."""
+def _last_axis(fn: type[Function], x: Tensor, axis: int | None, dim: int | None, op: str) -> Tensor:
+    """Run a last-axis kernel over any axis (default the last) by swapping that axis to the end."""
+    axis, _ = torch_spelling(op, axis, False, dim, None)
     if x.ndim == 0:
         raise ValueError(f"{op}: needs at least one dimension")
-    axis = normalize_axis(axis, x.ndim, op)
+    axis = normalize_axis(-1 if axis is None else axis, x.ndim, op)
     if axis == x.ndim - 1:
         return fn.apply(x)
     return transpose(fn.apply(transpose(x, axis, -1)), axis, -1)
 
 
-def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    return _last_axis(Softmax, x, axis, "softmax")
+def softmax(x: Tensor, axis: int | None = None, *, dim: int | None = None) -> Tensor:
+    """Softmax over ``axis`` (PyTorch's ``dim``), the last axis by default."""
+    return _last_axis(Softmax, x, axis, dim, "softmax")
 
 
-def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    return _last_axis(LogSoftmax, x, axis, "log_softmax")
+def log_softmax(x: Tensor, axis: int | None = None, *, dim: int | None = None) -> Tensor:
+    """Log-softmax over ``axis`` (PyTorch's ``dim``), the last axis by default."""
+    return _last_axis(LogSoftmax, x, axis, dim, "log_softmax")
 
 
 class BiasAct(Function):

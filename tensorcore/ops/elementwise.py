@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .. import dtypes
 from ..autograd import Function
 from ..tensor import Tensor, as_tensor_like
+from .movement import astype
 from .shape_utils import broadcast_shapes, unbroadcast
 
 Scalar = int | float | bool
@@ -152,10 +154,17 @@ _UNARY_GRADS = {
 }
 
 
+# ops whose result is floating whatever the input: integer and bool inputs compute in
+# the default float dtype (as PyTorch), not NumPy's float64
+_FLOAT_VALUED = frozenset(_UNARY_GRADS) - {"abs", "neg", "relu"}
+
+
 class Unary(Function):
     """y = op(x) for the math functions and activations in ``_UNARY_GRADS``."""
 
     def forward(self, x, op):
+        if op in _FLOAT_VALUED and not dtypes.is_floating(x.dtype):
+            x = self.backend.astype(x, dtypes.default_float)
         self.x, self.op = x, op
         self.y = self.backend.unary(op, x)
         return self.y
@@ -176,13 +185,24 @@ class LeakyRelu(Function):
 
 # ----- public functions ----------------------------------------------------------------
 def _binary(fn: type[Function], a: Any, b: Any) -> Tensor:
-    if type(a) is not Tensor or type(b) is not Tensor:  # two plain tensors need no conversion
-        a, b = _operands(a, b, fn.__name__.lower())
+    if (type(a) is not Tensor or type(b) is not Tensor or a.dtype != b.dtype
+            or (fn is Div and not dtypes.is_floating(a.dtype))):  # else nothing to convert
+        a, b = _promoted(*_operands(a, b, fn.__name__.lower()), true_division=fn is Div)
     try:
         return fn.apply(a, b)
     except ValueError:
         broadcast_shapes(fn.__name__.lower(), _shape(a), _shape(b))  # names the op when the shapes are the cause
         raise
+
+
+def _promoted(*operands: Any, true_division: bool = False) -> list[Any]:
+    """Tensor operands cast to the result dtype (``dtypes.result_dtype``, PyTorch's rules);
+    Python scalars stay as they are, which NumPy treats as taking the tensor's dtype.
+    True division of integers gives the default float dtype."""
+    dtype = dtypes.result_dtype(*operands)
+    if true_division and not dtypes.is_floating(dtype):
+        dtype = dtypes.default_float
+    return [astype(x, dtype) if isinstance(x, Tensor) and x.dtype != dtype else x for x in operands]
 
 
 def _operands(a: Any, b: Any, op: str) -> tuple[Any, Any]:
@@ -245,6 +265,7 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
     if not isinstance(b, Tensor):
         b = as_tensor_like(b, a, "where")
     cond = as_tensor_like(cond, a, "where")
+    a, b = _promoted(a, b)
     try:
         return Where.apply(cond.detach(), a, b)
     except ValueError:
@@ -255,6 +276,7 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
 def clip(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
     if min is None and max is None:
         raise ValueError("clip: at least one of min and max must be given")
+    x = _promoted(x, *(bound for bound in (min, max) if bound is not None))[0]  # int tensor, float bound: float
     return Clip.apply(x, min, max)
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
-
 from .. import dtypes
 from ..autograd import Function
 from ..tensor import Tensor
@@ -253,13 +251,15 @@ def astype(x: Tensor, dtype: Any) -> Tensor:
     return out
 
 
-def to_device(x: Tensor, device: str) -> Tensor:
-    backend_for(device)  # raises for an unknown or unavailable device
+def to_device(x: Tensor, device: Any) -> Tensor:
+    device = canonical(device)
+    backend_for(device)  # raises for an unavailable device
     return ToDevice.apply(x, device)
 
 
 def _common_dtype(tensors: Sequence[Tensor]) -> Any:
-    return np.result_type(*[t.dtype for t in tensors])
+    return dtypes.result_dtype(*tensors)
 
 
 from ..backends import backend_for  # noqa: E402
+from ..devices import canonical  # noqa: E402

@@ -11,9 +11,9 @@ import cupy as cp
 import numpy as np
 
 from tensorcore import settings
-from tensorcore.backends.cuda_loader import launch
-from tensorcore.backends.cupy_backend import CupyBackend
-from tensorcore.backends.cupy_linalg import CONV, _gemm
+from tensorcore.backends.cupy.loader import launch
+from tensorcore.backends.cupy.backend import CupyBackend
+from tensorcore.backends.cupy.linalg import CONV, _gemm
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()

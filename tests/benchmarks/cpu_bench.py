@@ -4,29 +4,25 @@
 
 Every case runs on all three in one process, each timed as the best of ``--repeat``
 runs (the least disturbed by other work on the machine), after one warm-up call that
-also compiles the Numba kernels.  torch and Numba both use ``--threads`` threads;
-NumPy's BLAS uses what ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` allow.
+also compiles the Numba kernels.  torch and tensorcore both use ``--threads`` threads
+(``torch.set_num_threads``, ``tc.set_num_threads``, which also sizes NumPy's BLAS).
 A start-up line reports ``import tensorcore`` and the first MLP train step in a fresh
 process, which loads the kernels from Numba's disk cache (run the script twice to see
 the warm-cache figure).  No timing is asserted.
-
-tensorcore is imported first so its settings shorten the BLAS/OpenMP thread
-busy-wait before NumPy loads OpenBLAS (``OPENBLAS_THREAD_TIMEOUT=28`` in the
-environment measures OpenBLAS's default).  torch uses its own BLAS.
 """
 
 from __future__ import annotations
 
-import tensorcore  # noqa: F401  (first: see above)
+import argparse
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
 
-import argparse  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from typing import Callable  # noqa: E402
+import numpy as np
 
-import numpy as np  # noqa: E402
+import tensorcore as tc
 
 Case = dict[str, Callable[[], object]]
 
@@ -204,16 +200,17 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     import numba
-
-    from tensorcore.backends import load
-
-    backends = load("numba"), load("numpy")  # sets the OpenMP spin count before torch loads OpenMP
     import torch
 
+    from tensorcore.backends import load
+    from tensorcore.backends.numba.threads import thread_info
+
+    backends = load("numba"), load("numpy")
     torch.set_num_threads(args.threads)
-    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    print(f"threads: torch {torch.get_num_threads()}, numba {numba.get_num_threads()}; "
-          f"OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']}; "
+    tc.set_num_threads(args.threads)
+    info = thread_info()
+    print(f"threads: torch {torch.get_num_threads()}, tensorcore {tc.get_num_threads()} "
+          f"(Numba layer {info['numba_layer']}, BLAS jobs on Numba's pool: {info['blas_on_numba_pool']}); "
           f"numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}, "
           f"{os.cpu_count()} cores")
     print(startup_line())

@@ -47,7 +47,7 @@ def passes(nb, torch, x: np.ndarray, w: np.ndarray, g: np.ndarray) -> Parts:
 
 def winograd_parts(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> Parts:
     """The Winograd kernels and batched products of the three passes."""
-    from tensorcore.backends.numba_kernels import winograd as K
+    from tensorcore.backends.numba.kernels import winograd as K
 
     n, c, h, wd = x.shape
     th, tw = -(-h // K.TILE), -(-wd // K.TILE)
@@ -66,7 +66,7 @@ def winograd_parts(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> Parts:
 def im2col_parts(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> Parts:
     """The im2col / col2im kernels, layout swaps and GEMMs of the three passes
     (same-size small planes: the channel-major kernels)."""
-    from tensorcore.backends.numba_kernels import conv as K
+    from tensorcore.backends.numba.kernels import conv as K
 
     n, c, h, wd = x.shape
     cout = w.shape[0]

@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Callable
 
-import tensorcore as tc  # first: its settings tune BLAS thread waits before NumPy loads
+import tensorcore as tc
 import tensorcore.functional as F
 
 import numpy as np  # noqa: E402

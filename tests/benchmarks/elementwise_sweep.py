@@ -13,7 +13,7 @@ from __future__ import annotations
 import cupy as cp
 from gpu_ops import median_ms  # this folder is on sys.path when run as a script
 
-from tensorcore.backends import cuda_loader
+from tensorcore.backends.cupy import loader
 
 ACT_SILU, ACT_NONE = 4, 0
 
@@ -38,16 +38,16 @@ def main() -> None:
     except ImportError:
         pass
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    source = cuda_loader.source("elementwise.cu")
+    source = loader.source("elementwise.cu")
     print(f"{'packs':>5s} {'blocks/SM':>9s} {'act':>5s} {'ms':>8s} {'% memcpy':>9s}")
     for packs in (1, 2, 4, 8):
         code = source.replace("#define UNROLL 1", f"#define UNROLL {packs}")
-        module = cp.RawModule(code=code, options=cuda_loader.OPTIONS, name_expressions=["affine_act_kernel<float>"])
+        module = cp.RawModule(code=code, options=loader.OPTIONS, name_expressions=["affine_act_kernel<float>"])
         kernel = module.get_function("affine_act_kernel<float>")
         for blocks in (4, 8, 16):
             for act in (ACT_SILU, ACT_NONE):
                 args = (x, scale, bias, y, n, 128, 256 * 256, act, 1)
-                ms = median_ms(lambda: kernel((sms * blocks,), (cuda_loader.THREADS,), args), iters=60)
+                ms = median_ms(lambda: kernel((sms * blocks,), (loader.THREADS,), args), iters=60)
                 print(f"{packs:5d} {blocks:9d} {'silu' if act else 'none':>5s} {ms:8.4f} {copy / ms * 100:8.1f}%")
 
 

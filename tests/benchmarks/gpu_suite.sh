@@ -12,9 +12,11 @@ timeout "${TEST_SECONDS:-300}" python3 -m pytest -m gpu tests -q -n "${WORKERS:-
 echo "tests exit code $?" >> "$logs/tests.log"
 timeout "${BENCH_SECONDS:-150}" python3 tests/benchmarks/gpu_ops.py > "$logs/gpu_ops.log" 2>&1
 timeout "${BENCH_SECONDS:-150}" python3 tests/benchmarks/optim_bench.py --device cuda > "$logs/optim.log" 2>&1
+timeout "${BENCH_SECONDS:-150}" python3 tests/benchmarks/unet_bench.py --device cuda > "$logs/unet.log" 2>&1
 echo "== failures"; grep -E "^(FAILED|ERROR)" "$logs/tests.log" | head -40
 echo "== tests"; tail -2 "$logs/tests.log"
 echo "== gpu_ops"; tail -28 "$logs/gpu_ops.log"
 echo "== optim"; tail -8 "$logs/optim.log"
+echo "== unet"; tail -4 "$logs/unet.log"
 timeout 120 python3 tests/benchmarks/host_profile.py > "$logs/host_profile.log" 2>&1
 echo "== host profile"; cat "$logs/host_profile.log"

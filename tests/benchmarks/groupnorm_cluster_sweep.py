@@ -15,7 +15,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from tensorcore.backends import cuda_loader
+from tensorcore.backends.cupy import loader
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 N, C, H, W, GROUPS = 8, 256, 64, 64, 32
@@ -29,7 +29,7 @@ STREAMING_STORE = ("out[i] = o;", "__stcs(reinterpret_cast<float4*>(out + i), "
 
 def variant(cluster: int, packs: int, exchange: bool = True, clustered: bool = True,
             min_blocks: int = 0, hints: tuple = ()):
-    text = cuda_loader.source("groupnorm_cluster.cu")
+    text = loader.source("groupnorm_cluster.cu")
     for old, new in hints:  # cache-streaming loads / stores instead of the default policy
         assert old in text
         text = text.replace(old, new)
@@ -51,7 +51,7 @@ def variant(cluster: int, packs: int, exchange: bool = True, clustered: bool = T
                             "remote = (unsigned int)local;")
         text = text.replace("ld.shared::cluster.f32", "ld.shared.f32")
         text = text.replace("ld.shared::cluster.f64", "ld.shared.f64")
-    mod = cp.RawModule(code=text, options=cuda_loader.OPTIONS,
+    mod = cp.RawModule(code=text, options=loader.OPTIONS,
                        name_expressions=["group_norm_cluster_kernel<float>"])
     return mod.get_function("group_norm_cluster_kernel<float>")
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tensorcore.backends import cupy_groupnorm as gn
-from tensorcore.backends.cupy_backend import CupyBackend
+from tensorcore.backends.cupy import groupnorm as gn
+from tensorcore.backends.cupy.backend import CupyBackend
 from gpu_timing import graph_ms, queued_ms  # tests/benchmarks/gpu_timing.py
 
 SHAPES = [((8, 256, 64, 64), 32, "float32"), ((8, 256, 64, 64), 32, "float16"),
@@ -74,8 +74,8 @@ def main() -> None:
         tx, tw, tb = (torch.from_dlpack(a) for a in (x, w, b))
         t = queued_ms(lambda: F.group_norm(tx, groups, tw, tb, 1e-5)) * 1e3
         best = min(float(v) for v in (resident, cluster, two_pass) if v != "-")
-        picked = ("cluster" if gn._cluster_suits(n * groups, stat_len // (16 // x.itemsize))
-                  else "resident")
+        first = gn.forward_kernels(n * groups, stat_len // (16 // x.itemsize))[0]
+        picked = "cluster" if first is gn._clustered else "resident"
         print(f"{str(list(shape)):>20s} {dtype:>7s} {x.nbytes / 2**20:5.0f} {copy:6.1f} "
               f"{resident:>8s} {cluster:>7s} {two_pass:>8s} {t:6.1f} {t / best:6.2f}x  {picked}")
 

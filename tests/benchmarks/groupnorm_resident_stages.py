@@ -13,8 +13,8 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from tensorcore.backends import cuda_loader
-from tensorcore.backends.cupy_groupnorm import RES_REG_PACKS, RES_SHARED_PACKS, RES_THREADS
+from tensorcore.backends.cupy import loader
+from tensorcore.backends.cupy.groupnorm import RES_REG_PACKS, RES_SHARED_PACKS, RES_THREADS
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 # stage code (passed as `act`) -> (text of the kernel, the same with an exit after it)
@@ -37,11 +37,11 @@ NAMES = {100: "launch", 101: "loads + sums", 102: "+ block sums", 103: "+ barrie
 
 
 def staged_kernel():
-    text = cuda_loader.source("groupnorm_resident.cu")
+    text = loader.source("groupnorm_resident.cu")
     for anchor, replacement in STAGES.values():
         assert text.count(anchor) == 1, anchor
         text = text.replace(anchor, replacement)
-    mod = cp.RawModule(code=text, options=cuda_loader.OPTIONS, enable_cooperative_groups=True,
+    mod = cp.RawModule(code=text, options=loader.OPTIONS, enable_cooperative_groups=True,
                        name_expressions=["group_norm_resident_kernel<float>"])
     kernel = mod.get_function("group_norm_resident_kernel<float>")
     kernel.max_dynamic_shared_size_bytes = RES_SHARED_PACKS * RES_THREADS * 16
@@ -68,7 +68,7 @@ def main() -> None:
         stat_len = c // groups * s
         packs, stat_packs = x.size // 4, stat_len // 4
         grid = min(max(-(-packs // (RES_THREADS * RES_REG_PACKS)), -(-packs // (3 * stat_packs))),
-                   cuda_loader.sm_count())
+                   loader.sm_count())
         chunk = -(-packs // grid)
         grid = -(-packs // chunk)
         shared = max(0, -(-chunk // RES_THREADS) - RES_REG_PACKS) * RES_THREADS * 16

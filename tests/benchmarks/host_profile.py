@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 import tensorcore as tc
-from tensorcore.backends import cuda_loader
-from tensorcore.backends.cupy_backend import CupyBackend
-from tensorcore.backends.cupy_util import has_kernels
+from tensorcore.backends.cupy import loader
+from tensorcore.backends.cupy.backend import CupyBackend
+from tensorcore.backends.cupy.util import has_kernels
 
 GPU = CupyBackend()
 
@@ -58,11 +58,11 @@ def driver_launcher(function, values: int):
 def main() -> None:
     x = cp.random.standard_normal(1, dtype=np.float32)
     tx = torch.from_dlpack(x.copy())
-    add = cuda_loader.raw_kernel("elementwise.cu", "binary_vec_kernel", x.dtype)
+    add = loader.raw_kernel("elementwise.cu", "binary_vec_kernel", x.dtype)
     out = cp.empty_like(x)
     n = np.int64(1)
     t = tc.tensor(np.ones(1, dtype=np.float32), device="cuda")
-    function = cuda_loader.kernel("elementwise.cu", "binary_vec_kernel", x.dtype)
+    function = loader.kernel("elementwise.cu", "binary_vec_kernel", x.dtype)
     raw = driver_launcher(function, 5)
     raw(1, 256, (x.data.ptr, x.data.ptr, out.data.ptr, 1, 0))
     raw_ok = bool(cp.allclose(out, 2 * x))
@@ -82,7 +82,7 @@ def main() -> None:
         ("x.data.ptr", lambda: x.data.ptr),
         ("x.flags.c_contiguous", lambda: x.flags.c_contiguous),
         ("x._c_contiguous", lambda: x._c_contiguous),
-        ("cuda_loader.kernel lookup", lambda: cuda_loader.kernel("elementwise.cu",
+        ("loader.kernel lookup", lambda: loader.kernel("elementwise.cu",
                                                                   "binary_vec_kernel", x.dtype)),
         ("has_kernels(a, b)", lambda: has_kernels(x, x)),
         ("get_current_stream()", cp.cuda.get_current_stream),

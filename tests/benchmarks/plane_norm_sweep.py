@@ -14,18 +14,19 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from tensorcore.backends import cuda_loader
-from tensorcore.backends.cupy_util import NULL, zeroed_counters
+from tensorcore.backends.cupy import loader
+from tensorcore.backends.cupy.util import NULL, DeviceBuffers, zeroed_counters
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 N, C, H, W, GROUPS = 8, 256, 64, 64, 32
+BUFFERS = DeviceBuffers()
 
 
 def module(batch: int):
-    text = cuda_loader.source("planenorm.cu")
+    text = loader.source("planenorm.cu")
     text = text.replace("#define PLANE_BATCH 4", f"#define PLANE_BATCH {batch}")
     text = text.replace("__launch_bounds__(256, 6) ", "")
-    return cp.RawModule(code=text, options=cuda_loader.OPTIONS,
+    return cp.RawModule(code=text, options=loader.OPTIONS,
                         name_expressions=["plane_stats_kernel<float>", "plane_apply_kernel<float>"])
 
 
@@ -52,8 +53,8 @@ def main() -> None:
 
             def stats_pass(threads=threads, chunks=chunks, part=part, grid=grid, st=st):
                 st(grid, (threads,), (x, part, mean, rstd, NULL, NULL,
-                                      zeroed_counters(stats), s, chunks, C, cpg, 0, N, 1e-5,
-                                      0.0, 1))
+                                      zeroed_counters(BUFFERS, stats), s, chunks, C, cpg, 0, N,
+                                      1e-5, 0.0, 1))
 
             def apply_pass(threads=threads, chunks=chunks, grid=grid, ap=ap):
                 ap(grid, (threads,), (x, w, w, mean, rstd, y, NULL,

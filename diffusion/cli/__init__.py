@@ -1,0 +1,117 @@
+"""``python -m diffusion train | sample | train-vae | sample-latent``: diffusion on the bundled digits.
+
+Every option has a default (``--help`` on each command lists them); a bad value stops
+the command with a one-line message and exit status 2, before any work starts.  The
+backend is chosen by ``TENSORCORE_BACKEND`` (numpy, numba or cupy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .args import (OneLineParser, digit_labels, int_list, non_negative_float, non_negative_int, positive_float,
+                   positive_int, probability)
+
+IMAGE_SIZES = (8, 16, 32)
+
+
+def _add_sampling(parser: argparse.ArgumentParser, guidance: float) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--sample-steps", type=positive_int, default=50, help="denoising steps (default: %(default)s)")
+    group.add_argument("--sampler", choices=("ddim", "ddpm", "dpm", "euler"), default="ddim",
+                       help="scheduler used to sample (default: %(default)s)")
+    group.add_argument("--guidance-scale", type=non_negative_float, default=guidance,
+                       help="classifier-free guidance scale; 1 turns guidance off (default: %(default)s)")
+    group.add_argument("--eta", type=non_negative_float, default=0.0,
+                       help="DDIM noise level, 0 = deterministic (default: %(default)s)")
+    group.add_argument("--per-class", type=positive_int, default=10,
+                       help="images per digit, one grid row per digit (default: %(default)s)")
+    group.add_argument("--digits", type=digit_labels, default=tuple(range(10)),
+                       help="digits to sample, e.g. 0,3,7 or 0-9 (default: 0-9)")
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help="output folder (default: runs/<command>-<timestamp>)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _add_training(parser: argparse.ArgumentParser, steps: int, batch_size: int, lr: float, channels: str) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--steps", type=positive_int, default=steps, help="optimizer steps (default: %(default)s)")
+    group.add_argument("--batch-size", type=positive_int, default=batch_size, help="(default: %(default)s)")
+    group.add_argument("--lr", type=positive_float, default=lr, help="peak AdamW learning rate (default: %(default)s)")
+    group.add_argument("--warmup-steps", type=non_negative_int, default=100,
+                       help="linear warmup, then cosine decay (default: %(default)s)")
+    group.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="(default: %(default)s)")
+    group.add_argument("--grad-clip", type=non_negative_float, default=1.0,
+                       help="max gradient norm, 0 = no clipping (default: %(default)s)")
+    group.add_argument("--ema-decay", type=probability, default=0.999,
+                       help="decay of the weights' moving average used to sample (default: %(default)s)")
+    group.add_argument("--checkpoint-every", type=positive_int, default=500, help="(default: %(default)s)")
+    group.add_argument("--log-every", type=positive_int, default=10,
+                       help="steps per row of metrics.csv (default: %(default)s)")
+    group.add_argument("--resume", default=None,
+                       help="continue from a checkpoint file or a run folder (default: start afresh)")
+    group.add_argument("--image-size", type=int, choices=IMAGE_SIZES, default=16,
+                       help="digits resized to this side (default: %(default)s)")
+    group.add_argument("--channels", type=int_list, default=channels,
+                       help="channels per level, comma-separated (default: %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m diffusion", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+    train = commands.add_parser("train", help="train a class-conditional diffusion model on the digits and "
+                                              "write a grid of samples")
+    _add_common(train)
+    _add_training(train, steps=1500, batch_size=64, lr=2e-3, channels="32,64")
+    model = train.add_argument_group("model")
+    model.add_argument("--layers-per-block", type=positive_int, default=1, help="(default: %(default)s)")
+    model.add_argument("--prediction-type", choices=("epsilon", "v_prediction", "sample"), default="epsilon",
+                       help="(default: %(default)s)")
+    model.add_argument("--beta-schedule", choices=("linear", "scaled_linear", "squaredcos_cap_v2"),
+                       default="squaredcos_cap_v2", help="(default: %(default)s)")
+    model.add_argument("--label-dropout", type=probability, default=0.1,
+                       help="share of labels replaced by the null label, for guidance (default: %(default)s)")
+    model.add_argument("--vae", default=None,
+                       help="train in the latent space of this VAE folder (from train-vae; default: pixels)")
+    _add_sampling(train, guidance=2.0)
+
+    vae = commands.add_parser("train-vae", help="train an AutoencoderKL on the digits (for train --vae)")
+    _add_common(vae)
+    _add_training(vae, steps=1000, batch_size=64, lr=1e-3, channels="32,64")
+    vae.add_argument("--latent-channels", type=positive_int, default=4, help="(default: %(default)s)")
+    vae.add_argument("--kl-weight", type=non_negative_float, default=1e-3,
+                     help="weight of the KL term per pixel (default: %(default)s)")
+
+    for name, what in (("sample", "a pixel-space"), ("sample-latent", "a latent")):
+        sampler = commands.add_parser(name, help=f"write a grid of samples from {what} model trained by train")
+        _add_common(sampler)
+        sampler.add_argument("--checkpoint", default=None,
+                             help="a run folder, its pipeline/ folder or a checkpoint file "
+                                  "(default: the newest runs/train-* folder)")
+        _add_sampling(sampler, guidance=2.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; errors are one line on stderr (status 2 for arguments, 1 otherwise)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from . import commands
+
+    run = {"train": commands.train, "train-vae": commands.train_vae_command,
+           "sample": commands.sample, "sample-latent": lambda a: commands.sample(a, latent=True)}[args.command]
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError, FloatingPointError) as exc:
+        print(f"python -m diffusion {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"python -m diffusion {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0

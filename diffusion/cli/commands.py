@@ -1,0 +1,262 @@
+"""What each command does, given its parsed arguments.
+
+A ``train`` run folder holds ``checkpoints/`` (the latest two, for ``--resume``),
+``metrics.csv``, ``loss.png``, ``pipeline/`` (the EMA weights as a diffusers-style
+pipeline folder) and ``samples.png`` (one row per digit).  ``train-vae`` writes
+``vae/`` and ``reconstructions.png`` instead; ``sample`` and ``sample-latent`` write
+``samples.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+import tensorcore as tc
+
+from ..datasets import NUM_DIGIT_CLASSES, digit_images
+from ..images import labelled_rows, save_image_grid, save_png
+from ..models import AutoencoderKL, UNet2D
+from ..pipelines import DiffusionPipeline, LatentDiffusionPipeline
+from ..pipelines.pretrained import INDEX_NAME, SCHEDULERS, read_index
+from ..schedulers import DDIMScheduler, DDPMScheduler
+from ..training import latent_scaling_factor, latest_checkpoint, load_checkpoint, train_ddpm, train_vae
+from .digits import NULL_CLASS_LABEL, unet_config, vae_config
+
+RUNS = "runs"
+SAMPLERS = {"ddim": "DDIMScheduler", "ddpm": "DDPMScheduler", "dpm": "DPMSolverMultistepScheduler",
+            "euler": "EulerDiscreteScheduler"}
+
+
+# ----- folders ----------------------------------------------------------------------------
+def out_dir(requested: str | None, command: str) -> str:
+    """``requested``, or a fresh ``runs/<command>-<timestamp>`` folder."""
+    if requested is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        requested = base = os.path.join(RUNS, f"{command}-{stamp}")
+        suffix = 2
+        while os.path.exists(requested):
+            requested, suffix = f"{base}-{suffix}", suffix + 1
+    os.makedirs(requested, exist_ok=True)
+    return requested
+
+
+def newest_run() -> str:
+    """The most recent ``runs/train-*`` folder (the default ``--checkpoint``)."""
+    runs = [p for p in glob.glob(os.path.join(RUNS, "train-*")) if os.path.isdir(p) and "train-vae" not in p]
+    if not runs:
+        raise FileNotFoundError(f"no --checkpoint given and no {RUNS}/train-* run found; "
+                                f"run `python -m diffusion train` first")
+    return max(runs, key=os.path.getmtime)
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, seconds = divmod(seconds, 60)
+    return f"{int(minutes)} min {seconds:.0f} s" if minutes else f"{seconds:.1f} s"
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not args.no_progress
+
+
+# ----- sampling ---------------------------------------------------------------------------
+def sample_grid(pipeline: DiffusionPipeline, args: argparse.Namespace, path: str) -> str:
+    """Sample ``args.per_class`` images of each digit in ``args.digits`` (rows) into a PNG."""
+    digits = list(args.digits)
+    conditional = unwrapped_config(pipeline.unet).get("num_class_embeds") is not None
+    labels = np.repeat(digits, args.per_class) if conditional else None
+    batch = len(digits) * args.per_class
+    result = pipeline.generate(batch_size=batch, num_inference_steps=args.sample_steps, seed=args.seed,
+                               eta=args.eta, guidance_scale=args.guidance_scale if conditional else 1.0,
+                               class_labels=labels, progress=_progress(args))
+    size = result.images.shape[-1]
+    scale = max(1, round(48 / size))
+    if conditional:
+        return save_png(labelled_rows(result.images, [str(d) for d in digits], scale), path)
+    return save_image_grid(result.images, path, rows=len(digits), scale=scale)
+
+
+def unwrapped_config(unet: Any) -> dict[str, Any]:
+    return dict(getattr(unet, "__wrapped__", unet).config)
+
+
+def with_sampler(pipeline: DiffusionPipeline, name: str) -> DiffusionPipeline:
+    """``pipeline`` with its scheduler replaced by the sampler ``name`` (same noise schedule)."""
+    pipeline.scheduler = SCHEDULERS[SAMPLERS[name]].from_config(pipeline.scheduler.config)
+    return pipeline
+
+
+def load_pipeline(source: str, latent: bool) -> DiffusionPipeline:
+    """A pipeline from a run folder, a pipeline folder or a training checkpoint file."""
+    cls = LatentDiffusionPipeline if latent else DiffusionPipeline
+    if os.path.isdir(source):
+        for folder in (source, os.path.join(source, "pipeline")):
+            if os.path.exists(os.path.join(folder, INDEX_NAME)):
+                _check_kind(folder, "vae" in read_index(folder), latent)
+                return cls.from_pretrained(folder)
+        found = latest_checkpoint(os.path.join(source, "checkpoints"))
+        if found is None:
+            raise FileNotFoundError(f"--checkpoint {source!r} holds no pipeline/ and no checkpoints/")
+        source = found
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"--checkpoint {source!r} does not exist")
+    return _pipeline_from_checkpoint(source, cls)
+
+
+def _pipeline_from_checkpoint(path: str, cls: type[DiffusionPipeline]) -> DiffusionPipeline:
+    checkpoint = load_checkpoint(path)
+    config = checkpoint.config
+    if config.get("kind") != "ddpm":
+        raise ValueError(f"--checkpoint {path!r} is a {config.get('kind')!r} checkpoint, not a diffusion model's")
+    unet = UNet2D.from_config(config["unet"])
+    with tc.no_grad():
+        for parameter, average in zip(unet.parameters(), checkpoint.ema):
+            parameter.copy_(tc.tensor(average, device=parameter.device))
+    unet.eval()
+    scheduler = DDIMScheduler.from_config(config["scheduler"])
+    vae_path = config.get("vae")
+    _check_kind(path, vae_path is not None, cls is LatentDiffusionPipeline)
+    if vae_path is not None:
+        return cls(AutoencoderKL.from_pretrained(vae_path), unet, scheduler, config.get("null_class_label"))
+    return cls(unet, scheduler, config.get("null_class_label"))
+
+
+def _check_kind(source: str, has_vae: bool, latent: bool) -> None:
+    if has_vae and not latent:
+        raise ValueError(f"--checkpoint {source!r} is a latent diffusion model: use `python -m diffusion sample-latent`")
+    if latent and not has_vae:
+        raise ValueError(f"--checkpoint {source!r} is a pixel-space model: use `python -m diffusion sample`")
+
+
+def sample(args: argparse.Namespace, latent: bool = False) -> None:
+    """``sample`` / ``sample-latent``: a grid from a trained model."""
+    source = args.checkpoint or newest_run()
+    pipeline = with_sampler(load_pipeline(source, latent), args.sampler)
+    out = out_dir(args.out, "sample-latent" if latent else "sample")
+    start = time.perf_counter()
+    grid = sample_grid(pipeline, args, os.path.join(out, "samples.png"))
+    print(f"sampled {len(args.digits) * args.per_class} images from {source} in "
+          f"{_elapsed(time.perf_counter() - start)}; grid: {grid}")
+
+
+# ----- training ---------------------------------------------------------------------------
+def _training_options(args: argparse.Namespace, out: str) -> dict[str, Any]:
+    return {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
+            "grad_clip": args.grad_clip or None, "ema_decay": args.ema_decay, "weight_decay": args.weight_decay,
+            "checkpoint_every": args.checkpoint_every, "out_dir": out, "resume": args.resume, "seed": args.seed,
+            "log_every": args.log_every, "progress": _progress(args)}
+
+
+def _resumed_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The run description stored in the checkpoint ``--resume`` points at (None without)."""
+    if args.resume is None:
+        return None
+    path = args.resume
+    if os.path.isdir(path):
+        path = latest_checkpoint(path) or latest_checkpoint(os.path.join(path, "checkpoints"))
+        if path is None:
+            raise FileNotFoundError(f"--resume {args.resume!r} holds no checkpoint")
+    return load_checkpoint(path).config
+
+
+def _resume_out(args: argparse.Namespace) -> str | None:
+    """Without ``--out``, a resumed run continues in the run folder it resumes."""
+    if args.out is not None or args.resume is None:
+        return args.out
+    folder = args.resume if os.path.isdir(args.resume) else os.path.dirname(os.path.abspath(args.resume))
+    return os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else folder
+
+
+def train(args: argparse.Namespace) -> None:
+    """``train``: a class-conditional diffusion model on the digits (in a VAE's latent space with --vae)."""
+    resumed = _resumed_config(args)
+    vae_path = resumed.get("vae") if resumed else (os.path.abspath(args.vae) if args.vae else None)
+    vae = AutoencoderKL.from_pretrained(vae_path) if vae_path else None
+    image_size = resumed.get("image_size", args.image_size) if resumed else args.image_size
+    images, labels = digit_images(image_size)
+    if vae is not None:
+        images = encode_latents(vae, images)
+    if resumed:
+        unet = UNet2D.from_config(resumed["unet"])
+        scheduler = DDPMScheduler.from_config(resumed["scheduler"])
+    else:
+        check_levels(images.shape[-1], args.channels, "the digits" if vae is None else "the VAE's latents")
+        unet = UNet2D(**unet_config(images.shape[-1], args.channels, args.layers_per_block, images.shape[1]))
+        scheduler = DDPMScheduler(beta_schedule=args.beta_schedule, prediction_type=args.prediction_type,
+                                  clip_sample=vae is None)
+    out = out_dir(_resume_out(args), "train")
+    kind = "latent diffusion" if vae is not None else "diffusion"
+    print(f"training a class-conditional {kind} UNet ({sum(p.numel() for p in unet.parameters()):,} parameters) "
+          f"on {len(images)} digits at {image_size}x{image_size}, backend {tc.get_backend().name}; output in {out}")
+    start = time.perf_counter()
+    result = train_ddpm(unet, scheduler, (images, labels), label_dropout=args.label_dropout,
+                        null_class_label=NULL_CLASS_LABEL, run_info={"vae": vae_path, "image_size": image_size},
+                        **_training_options(args, out))
+    result.ema.copy_to(unet.parameters())
+    unet.eval()
+    sampler = DDIMScheduler.from_config(scheduler.config)
+    pipeline = (LatentDiffusionPipeline(vae, unet, sampler, NULL_CLASS_LABEL) if vae is not None
+                else DiffusionPipeline(unet, sampler, NULL_CLASS_LABEL))
+    pipeline.save_pretrained(os.path.join(out, "pipeline"))
+    grid = sample_grid(with_sampler(pipeline, args.sampler), args, os.path.join(out, "samples.png"))
+    print(f"trained {result.step} steps (final loss {result.losses[-1]:.4f}) and sampled in "
+          f"{_elapsed(time.perf_counter() - start)}")
+    print(f"samples: {grid}\nloss curve: {result.loss_curve}\nmodel: {os.path.join(out, 'pipeline')}")
+
+
+def check_levels(size: int, channels: tuple[int, ...], what: str) -> None:
+    """Each level halves the side: ``size`` must divide by 2^(levels - 1)."""
+    factor = 2 ** (len(channels) - 1)
+    if size % factor:
+        raise ValueError(f"--channels {','.join(map(str, channels))} has {len(channels)} levels, which need a "
+                         f"side divisible by {factor}; {what} are {size}x{size}")
+
+
+def encode_latents(vae: AutoencoderKL, images: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    """The posterior means of ``images``, scaled by the VAE's scaling_factor (the UNet's data)."""
+    scale, shift = vae.config["scaling_factor"], vae.config.get("shift_factor") or 0.0
+    parts = []
+    with tc.no_grad():
+        for start in range(0, len(images), batch_size):
+            mean = vae.encode(tc.tensor(images[start:start + batch_size])).mean
+            parts.append(((mean - shift) * scale).numpy())
+    return np.concatenate(parts).astype(np.float32)
+
+
+def train_vae_command(args: argparse.Namespace) -> None:
+    """``train-vae``: an AutoencoderKL on the digits, for ``train --vae``."""
+    resumed = _resumed_config(args)
+    image_size = resumed.get("image_size", args.image_size) if resumed else args.image_size
+    images, labels = digit_images(image_size)
+    if not resumed:
+        check_levels(image_size, args.channels, "the digits")
+    config = resumed["vae"] if resumed else vae_config(image_size, args.channels, args.latent_channels)
+    vae = AutoencoderKL.from_config(config)
+    out = out_dir(_resume_out(args), "train-vae")
+    print(f"training an AutoencoderKL ({sum(p.numel() for p in vae.parameters()):,} parameters) on "
+          f"{len(images)} digits at {image_size}x{image_size}, backend {tc.get_backend().name}; output in {out}")
+    start = time.perf_counter()
+    result = train_vae(vae, images, kl_weight=args.kl_weight, run_info={"image_size": image_size},
+                       **_training_options(args, out))
+    result.ema.copy_to(vae.parameters())
+    vae.eval()
+    scaled = AutoencoderKL.from_config(dict(vae.config), scaling_factor=latent_scaling_factor(vae, images))
+    scaled.load_state_dict(vae.state_dict())
+    scaled.save_pretrained(os.path.join(out, "vae"))
+    first = [int(np.flatnonzero(labels == d)[0]) for d in range(NUM_DIGIT_CLASSES)]
+    with tc.no_grad():
+        originals = tc.tensor(images[first])
+        reconstructed = scaled(originals)
+    pair = tc.cat([originals, reconstructed]) * 0.5 + 0.5
+    grid = save_png(labelled_rows(pair.clip(0.0, 1.0), ["in", "out"], max(1, round(48 / image_size))),
+                    os.path.join(out, "reconstructions.png"))
+    print(f"trained {result.step} steps (final loss {result.losses[-1]:.4f}) in "
+          f"{_elapsed(time.perf_counter() - start)}, latent scaling_factor {scaled.config['scaling_factor']:.4f}")
+    print(f"reconstructions: {grid}\nvae: {os.path.join(out, 'vae')}\n"
+          f"next: python -m diffusion train --vae {os.path.join(out, 'vae')}")

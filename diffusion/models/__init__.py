@@ -1,0 +1,21 @@
+"""Diffusion models configured and named as diffusers', so its checkpoints load as they are.
+
+    from diffusion import UNet2D, AutoencoderKL
+    unet = UNet2D.from_pretrained("path/to/unet")      # a diffusers UNet2DModel folder
+    vae = AutoencoderKL.from_pretrained("path/to/vae")
+"""
+
+from .attention import Attention
+from .autoencoder_kl import AutoencoderKL
+from .config import FrozenConfig
+from .distributions import DiagonalGaussianDistribution
+from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps
+from .resnet import ResnetBlock2D
+from .sampling import Downsample2D, Upsample2D
+from .unet_2d import UNet2D
+from .vae import Decoder, Encoder
+
+__all__ = [
+    "UNet2D", "AutoencoderKL", "DiagonalGaussianDistribution", "FrozenConfig", "Attention", "ResnetBlock2D",
+    "Downsample2D", "Upsample2D", "Timesteps", "TimestepEmbedding", "GaussianFourierProjection", "Encoder", "Decoder",
+]

@@ -1,0 +1,179 @@
+"""The UNet's and the VAE's down, mid and up blocks, named as diffusers names their parts.
+
+A block is a stack of ResnetBlock2Ds (``resnets.i``), optionally each followed by an
+Attention (``attentions.i``) and, for context conditioning, a cross-attention
+(``cross_attentions.i``), then an optional resampler (``downsamplers.0`` /
+``upsamplers.0``).  One class per role covers diffusers' variants: ``DownBlock2D``,
+``AttnDownBlock2D``, ``DownEncoderBlock2D`` and ``AttnDownEncoderBlock2D`` differ only
+in whether there is attention and a timestep embedding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import tensorcore as tc
+from layers import Module, ModuleList
+from tensorcore import Tensor
+
+from .attention import Attention
+from .resnet import ResnetBlock2D
+from .sampling import Downsample2D, Upsample2D
+
+# block type -> whether it has attention
+DOWN_BLOCK_TYPES = {"DownBlock2D": False, "AttnDownBlock2D": True}
+UP_BLOCK_TYPES = {"UpBlock2D": False, "AttnUpBlock2D": True}
+ENCODER_BLOCK_TYPES = {"DownEncoderBlock2D": False, "AttnDownEncoderBlock2D": True}
+DECODER_BLOCK_TYPES = {"UpDecoderBlock2D": False, "AttnUpDecoderBlock2D": True}
+RESAMPLE_TYPES = ("conv", "resnet")
+
+
+@dataclass(frozen=True)
+class ResnetSpec:
+    """What every ResnetBlock2D of a model shares."""
+
+    temb_channels: int | None
+    groups: int
+    eps: float
+    act_fn: str = "silu"
+    time_embedding_norm: str = "default"
+    dropout: float = 0.0
+    output_scale_factor: float = 1.0
+
+    def build(self, in_channels: int, out_channels: int, up: bool = False, down: bool = False) -> ResnetBlock2D:
+        return ResnetBlock2D(in_channels, out_channels, self.temb_channels, self.groups, eps=self.eps, act_fn=self.act_fn,
+                             time_embedding_norm=self.time_embedding_norm, dropout=self.dropout,
+                             output_scale_factor=self.output_scale_factor, up=up, down=down)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How a block's attention layers are made: ``head_dim`` channels per head (None: one head)."""
+
+    head_dim: int | None
+    groups: int | None
+    eps: float
+    cross_attention_dim: int | None = None
+    rescale_output_factor: float = 1.0
+
+    def _heads(self, channels: int) -> tuple[int, int]:
+        head_dim = self.head_dim or channels
+        if channels % head_dim:
+            raise ValueError(f"attention_head_dim={head_dim} must divide the {channels} channels of an attention block")
+        return channels // head_dim, head_dim
+
+    def build(self, channels: int) -> Attention:
+        heads, head_dim = self._heads(channels)
+        return Attention(channels, heads, head_dim, self.groups, self.eps, rescale_output_factor=self.rescale_output_factor)
+
+    def build_cross(self, channels: int) -> Attention:
+        heads, head_dim = self._heads(channels)
+        return Attention(channels, heads, head_dim, self.groups, self.eps, cross_attention_dim=self.cross_attention_dim)
+
+
+class _AttentionStack(Module):
+    """Resnets each followed by attention (and cross-attention) when the block has them."""
+
+    def _build_attention(self, attention: AttentionSpec | None, channels: int, count: int) -> None:
+        self.attentions = None if attention is None else ModuleList([attention.build(channels) for _ in range(count)])
+        cross = attention is not None and attention.cross_attention_dim is not None
+        self.cross_attentions = ModuleList([attention.build_cross(channels) for _ in range(count)]) if cross else None
+
+    def _attend(self, i: int, h: Tensor, context: Tensor | None) -> Tensor:
+        if self.attentions is not None:
+            h = self.attentions[i](h)
+        if self.cross_attentions is not None:
+            h = self.cross_attentions[i](h, context)
+        return h
+
+
+class DownBlock2D(_AttentionStack):
+    """``num_layers`` resnets (+ attention) at one resolution, then an optional downsampler.
+
+    ``forward`` returns the block's output and the states the up path takes as skips
+    (each layer's output, then the downsampled one).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, num_layers: int, resnet: ResnetSpec,
+                 attention: AttentionSpec | None = None, add_downsample: bool = True,
+                 downsample_type: str = "conv", downsample_padding: int = 1) -> None:
+        super().__init__()
+        self.resnets = ModuleList([resnet.build(in_channels if i == 0 else out_channels, out_channels)
+                                   for i in range(num_layers)])
+        self._build_attention(attention, out_channels, num_layers)
+        self.downsample_type = downsample_type if add_downsample else None
+        if not add_downsample:
+            self.downsamplers = None
+        elif downsample_type == "conv":
+            self.downsamplers = ModuleList([Downsample2D(out_channels, padding=downsample_padding)])
+        else:
+            self.downsamplers = ModuleList([resnet.build(out_channels, out_channels, down=True)])
+
+    def forward(self, h: Tensor, temb: Tensor | None = None, context: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
+        states = []
+        for i, resnet in enumerate(self.resnets):
+            h = self._attend(i, resnet(h, temb), context)
+            states.append(h)
+        if self.downsamplers is not None:
+            sampler = self.downsamplers[0]
+            h = sampler(h, temb) if self.downsample_type == "resnet" else sampler(h)
+            states.append(h)
+        return h, states
+
+
+class UpBlock2D(_AttentionStack):
+    """``len(in_channels)`` resnets (+ attention), then an optional upsampler.
+
+    ``in_channels[i]`` is resnet i's input width.  In a UNet each resnet first
+    concatenates the next skip state (popped from the end) to its input; the VAE
+    decoder's blocks take no skips.
+    """
+
+    def __init__(self, in_channels: Sequence[int], out_channels: int, resnet: ResnetSpec,
+                 attention: AttentionSpec | None = None, add_upsample: bool = True, upsample_type: str = "conv") -> None:
+        super().__init__()
+        self.resnets = ModuleList([resnet.build(c, out_channels) for c in in_channels])
+        self._build_attention(attention, out_channels, len(in_channels))
+        self.upsample_type = upsample_type if add_upsample else None
+        if not add_upsample:
+            self.upsamplers = None
+        elif upsample_type == "conv":
+            self.upsamplers = ModuleList([Upsample2D(out_channels)])
+        else:
+            self.upsamplers = ModuleList([resnet.build(out_channels, out_channels, up=True)])
+
+    def forward(self, h: Tensor, skips: list[Tensor] | None = None, temb: Tensor | None = None,
+                context: Tensor | None = None) -> Tensor:
+        for i, resnet in enumerate(self.resnets):
+            if skips is not None:
+                h = tc.cat([h, skips.pop()], axis=1)
+            h = self._attend(i, resnet(h, temb), context)
+        if self.upsamplers is not None:
+            sampler = self.upsamplers[0]
+            h = sampler(h, temb) if self.upsample_type == "resnet" else sampler(h)
+        return h
+
+
+class UNetMidBlock2D(_AttentionStack):
+    """resnet, then ``num_layers`` x (attention, resnet), all at the lowest resolution."""
+
+    def __init__(self, channels: int, resnet: ResnetSpec, attention: AttentionSpec | None, num_layers: int = 1) -> None:
+        super().__init__()
+        self.resnets = ModuleList([resnet.build(channels, channels) for _ in range(num_layers + 1)])
+        self._build_attention(attention, channels, num_layers)
+
+    def forward(self, h: Tensor, temb: Tensor | None = None, context: Tensor | None = None) -> Tensor:
+        h = self.resnets[0](h, temb)
+        for i in range(len(self.resnets) - 1):
+            h = self.resnets[i + 1](self._attend(i, h, context), temb)
+        return h
+
+
+def check_block_types(owner: str, key: str, types: Sequence[str], known: dict[str, bool]) -> list[bool]:
+    """Whether each named block has attention; unknown names raise ValueError listing the known ones."""
+    unknown = [t for t in types if t not in known]
+    if unknown:
+        raise ValueError(f"{owner}: {key} {unknown} not supported; choose from {list(known)}")
+    return [known[t] for t in types]
+

@@ -1,0 +1,117 @@
+"""One ``generate`` call: its own scheduler run, sample and non-finite guard.
+
+Nothing here writes to the pipeline, its models or its scheduler (the scheduler's
+per-generation state lives in the run), so any number of generations can be in
+flight on one pipeline.  ``prepare``, ``step`` and ``finish`` do device work only;
+``collect`` is the single host read at the end.  The sync and async drivers call the
+same methods in the same order, so their results are bit-identical.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+import tensorcore as tc
+from tensorcore import Tensor
+
+from ..images import to_pil
+from .guard import NonFiniteGuard
+from .inputs import Request
+from .output import ImagePipelineOutput
+
+if TYPE_CHECKING:
+    from .pipeline import DiffusionPipeline
+
+
+class Generation:
+    """The state of one generation on ``pipeline``, checked by ``request``."""
+
+    def __init__(self, pipeline: DiffusionPipeline, request: Request) -> None:
+        self.pipeline, self.request = pipeline, request
+        self.device = pipeline.device
+        self.run = pipeline.scheduler.start(request.num_inference_steps, device=self.device)
+        self.guard = NonFiniteGuard()
+        self.sample: Tensor | None = None
+        self.steps_run = 0
+        self.labels, self.context = self._conditioning()
+
+    @property
+    def num_steps(self) -> int:
+        return self.request.num_inference_steps
+
+    def _conditioning(self) -> tuple[Tensor | None, Tensor | None]:
+        """The UNet's class labels and context: [uncond, cond] stacked when guiding."""
+        r = self.request
+        labels, context = r.class_labels, r.context
+        if not r.guided:
+            return labels, context
+        if labels is not None:
+            null = tc.full((r.batch_size,), self.pipeline.null_class_label, dtype=tc.int64, device=self.device)
+            labels = tc.cat([null, labels])
+        if context is not None:
+            negative = r.negative_context if r.negative_context is not None else tc.zeros_like(context)
+            context = tc.cat([negative, context])
+        return labels, context
+
+    def prepare(self) -> None:
+        """The starting sample: the given latents or noise from the generator, times the
+        scheduler's initial sigma."""
+        r = self.request
+        with tc.no_grad():
+            if r.latents is not None:
+                x = r.latents
+            else:
+                shape = (r.batch_size,) + self.pipeline.latent_shape()
+                x = tc.randn(*shape, dtype=self.pipeline.dtype, device=r.generator.device,
+                             generator=r.generator).to(self.device)
+            sigma = self.run.init_noise_sigma
+            self.sample = x * sigma if sigma != 1.0 else x
+
+    def step(self, index: int) -> None:
+        """Denoising step ``index``: one UNet call (batched [uncond, cond] when guiding),
+        the guidance combine, the scheduler step and the non-finite guard."""
+        r, x = self.request, self.sample
+        t = self.run.timesteps[index]
+        with tc.no_grad():
+            model_input = tc.cat([x, x]) if r.guided else x
+            model_input = self.run.scale_model_input(model_input, t)
+            prediction = self.pipeline.unet(model_input, t, class_labels=self.labels, context=self.context)
+            if r.guided:
+                uncond, cond = prediction.chunk(2)
+                prediction = uncond + (cond - uncond) * r.guidance_scale
+            x = self.run.step(prediction, t, x, **r.step_kwargs).prev_sample
+            self.sample = self.guard(x)
+        self.steps_run = index + 1
+
+    def timestep(self, index: int) -> int | float:
+        """The host value of step ``index``'s timestep (for callbacks)."""
+        return self.run.timestep_at(index)
+
+    def keep_going(self, index: int) -> bool:
+        """Call the callback after step ``index``; False when it asks to stop."""
+        callback = self.request.callback
+        return callback is None or callback(index, self.timestep(index), self.sample) is not False
+
+    def finish(self) -> Tensor:
+        """The images in [0, 1] on the device (decoded for latent pipelines), guarded."""
+        with tc.no_grad():
+            images = self.guard(self.pipeline.decode(self.sample))
+            return (images * 0.5 + 0.5).clip(0.0, 1.0)
+
+    def collect(self, images: Tensor) -> ImagePipelineOutput:
+        """Read the non-finite count (one warning when it is not zero) and convert the images."""
+        count = self.guard.count()
+        if count:
+            warnings.warn(f"{self.pipeline.name}: the generation produced {count} non-finite values "
+                          f"(NaN set to 0, ±Inf to the largest finite value); they were replaced and "
+                          f"counted in result.nonfinite_count", RuntimeWarning, stacklevel=4)
+        output = self.request.output
+        if output == "numpy":
+            images = images.numpy().astype(np.float32).transpose(0, 2, 3, 1)
+        elif output == "pil":
+            images = to_pil(images)
+        return ImagePipelineOutput(images=images, nonfinite_count=count, steps_run=self.steps_run)
+

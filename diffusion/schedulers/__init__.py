@@ -1,0 +1,22 @@
+"""Noise schedulers with diffusers' names, config keys and numbers.
+
+    from diffusion import DDIMScheduler
+    scheduler = DDIMScheduler(beta_schedule="scaled_linear", steps_offset=1)
+    run = scheduler.start(50)                  # one generation's timesteps and state
+    for t in run.timesteps:
+        x = run.step(model(x, t), t, x).prev_sample
+
+``scheduler.set_timesteps(n)`` + ``scheduler.step(...)`` work as in diffusers (one default run).
+"""
+
+from .base import SchedulerBase
+from .config import Config
+from .ddim import DDIMScheduler
+from .ddpm import DDPMScheduler
+from .dpm_solver import DPMSolverMultistepScheduler
+from .euler import EulerDiscreteScheduler
+from .output import SchedulerOutput
+from .run import SchedulerRun
+
+__all__ = ["Config", "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerDiscreteScheduler",
+           "SchedulerBase", "SchedulerOutput", "SchedulerRun"]

@@ -1,0 +1,139 @@
+"""One generation's pass over a schedule: its timesteps, where it is, its solver history."""
+
+from __future__ import annotations
+
+import numbers
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import tensorcore as tc
+
+from .tables import DeviceTables
+
+if TYPE_CHECKING:
+    from .base import SchedulerBase
+    from .output import SchedulerOutput
+
+
+class SchedulerRun:
+    """The per-generation state of sampling with a scheduler (``scheduler.start(n)``).
+
+    A run owns its timesteps (on the host, and as ``timesteps`` on the requested
+    device), its σ tables where the scheduler has them, its position and any solver
+    history.  The scheduler holds only config and tables, so any number of runs can
+    step at once on one scheduler object.  Steps are taken by position: step k uses
+    the k-th timestep of the run (after ``set_begin_index``), never a search of the
+    timestep list.  One run serves one generation; it is not meant to be shared
+    between threads.
+    """
+
+    def __init__(self, scheduler: SchedulerBase, timesteps: np.ndarray, device: str,
+                 tables: dict[str, np.ndarray] | None = None) -> None:
+        self.scheduler = scheduler
+        self.schedule = timesteps
+        self.timesteps = tc.tensor(timesteps, device=device)
+        self.num_inference_steps = len(timesteps)
+        self.tables = DeviceTables(tables or {})
+        self.begin_index: int | None = None
+        self.position = 0
+        self.steps_taken = 0
+        self.history: list[tc.Tensor] = []
+        self.input_scaled = False
+
+    def __len__(self) -> int:
+        return self.num_inference_steps
+
+    def __repr__(self) -> str:
+        return (f"SchedulerRun({type(self.scheduler).__name__}, step {self.position} of "
+                f"{self.num_inference_steps}, timesteps={self.schedule.tolist()})")
+
+    @property
+    def step_index(self) -> int:
+        """The position of the next step in ``timesteps``."""
+        return self.position
+
+    @property
+    def finished(self) -> bool:
+        return self.position >= self.num_inference_steps
+
+    @property
+    def init_noise_sigma(self) -> float:
+        """The standard deviation of the starting noise for this run."""
+        return self.scheduler._init_noise_sigma(self)
+
+    @property
+    def sigmas(self) -> tc.Tensor:
+        """This run's σ schedule (one more entry than timesteps; schedulers that use σ)."""
+        if "sigmas" not in self.tables.host:
+            raise AttributeError(f"{type(self.scheduler).__name__} runs have no sigmas")
+        return tc.tensor(self.tables.host["sigmas"])
+
+    def set_begin_index(self, begin_index: int = 0) -> None:
+        """Start at ``timesteps[begin_index]`` (image-to-image starts part-way down the schedule)."""
+        if self.steps_taken:
+            raise ValueError(f"set_begin_index: the run has already taken {self.steps_taken} steps")
+        if not isinstance(begin_index, numbers.Integral) or not 0 <= begin_index < self.num_inference_steps:
+            raise ValueError(f"set_begin_index: begin_index must be an int in [0, {self.num_inference_steps}), "
+                             f"got {begin_index!r}")
+        self.begin_index = self.position = int(begin_index)
+
+    def step(self, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor, *args: Any,
+             **kwargs: Any) -> SchedulerOutput | tuple:
+        """One step from ``timestep`` to the next; the scheduler's ``step`` arguments."""
+        return self.scheduler._step(self, model_output, timestep, sample, *args, **kwargs)
+
+    def scale_model_input(self, sample: tc.Tensor, timestep: Any = None) -> tc.Tensor:
+        """The model input for the current step (scaled where the scheduler needs it)."""
+        return self.scheduler._scale_model_input(self, sample, timestep)
+
+    def add_noise(self, original_samples: tc.Tensor, noise: tc.Tensor) -> tc.Tensor:
+        """``original_samples`` noised to the level of the run's current step (image-to-image)."""
+        return self.scheduler._add_noise_at(self, original_samples, noise)
+
+    def timestep_at(self, position: int) -> int | float:
+        """The host value of the run's timestep at ``position``."""
+        return self.schedule[position].item()
+
+    def _position(self, timestep: Any, op: str = "step") -> int:
+        """The current position, after checking a step is left and ``timestep`` is its timestep.
+
+        ``timestep`` is compared when it can be read without a device round trip (a
+        number or a CPU tensor); a device tensor (or None) is taken to be the current one.
+        """
+        if self.finished:
+            raise ValueError(f"{op}: the run has finished its {self.num_inference_steps} steps; "
+                             f"start a new run (scheduler.start or set_timesteps)")
+        value = None if timestep is None else host_value(timestep, op)
+        expected = self.schedule[self.position]
+        if value is None:
+            return self.position
+        # float schedules (Euler) compare in their float32; integer ones exactly
+        same = expected.dtype.type(value) == expected if expected.dtype.kind == "f" else value == expected
+        if not same:
+            raise ValueError(f"{op}: timestep {value} is not the run's timestep {expected.item()} at step "
+                             f"{self.position}; steps follow the run's timesteps in order "
+                             f"(set_begin_index to start part-way)")
+        return self.position
+
+    def _advance(self, history: list[tc.Tensor] | None = None) -> None:
+        """Move on one step, keeping ``history`` (the solver's recent outputs) if given."""
+        if history is not None:
+            self.history = history
+        self.position += 1
+        self.steps_taken += 1
+
+
+def host_value(timestep: Any, op: str) -> int | float | None:
+    """A timestep's value if it is on the host (a number, array or CPU tensor), else None."""
+    if isinstance(timestep, tc.Tensor):
+        if timestep.numel() != 1:
+            raise ValueError(f"{op}: timestep must have one element, got shape {timestep.shape}")
+        return timestep.item() if timestep.device == "cpu" else None
+    if isinstance(timestep, np.ndarray | np.generic):
+        if timestep.size != 1:
+            raise ValueError(f"{op}: timestep must have one element, got shape {timestep.shape}")
+        return timestep.item()
+    if isinstance(timestep, numbers.Real) and not isinstance(timestep, bool):
+        return timestep
+    raise TypeError(f"{op}: timestep must be a number or a one-element tensor, got {type(timestep).__name__}")

@@ -1,0 +1,41 @@
+"""The CuPy backend: every op on the GPU.
+
+Primitives and the reference fused ops are inherited from the NumPy backend with
+``xp = cupy``; the hot kernels are overridden by the mixins below with hand-written
+RawKernels (``cuda/*.cu``) and a capture-safe cuBLAS GEMM.  The kernels are
+instantiated for bfloat16; calls they hand on to the reference compute bfloat16 in
+float32 there (``dtypes.ComputesBfloat16InFloat32``).  No method synchronizes with the
+host: results stay on the device until the caller asks.
+"""
+
+from __future__ import annotations
+
+import cupy
+
+from .elementwise import CupyElementwiseKernels
+from .linalg import CupyLinalgKernels
+from .nn import CupyNNKernels
+from .optim import CupyOptimKernels
+from .random import CupyRandomKernels
+from .util import DeviceBuffers
+from ..numpy.backend import NumpyBackend
+
+
+class CupyBackend(CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
+                  CupyRandomKernels, CupyOptimKernels, NumpyBackend):
+    """CuPy arrays on the current CUDA device."""
+
+    name = "cupy"
+    device = "cuda"
+    xp = cupy
+
+    def __init__(self) -> None:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise ImportError("CuPy found no CUDA device")
+        self.buffers = DeviceBuffers()
+
+    def empty_cache(self) -> None:
+        self.buffers.clear()
+
+    def to_numpy(self, a):
+        return cupy.asnumpy(a)

@@ -1,0 +1,311 @@
+"""Implicit-GEMM convolution on the tensor cores (cuda/conv_igemm.cu): the host side.
+
+Each pass is one GEMM whose im2col operand is gathered tile by tile into shared
+memory, never written to device memory:
+
+    forward       out [pixels x Cout] = im2col(x) [pixels x (R, S, C)] . w [(R, S, C) x Cout]
+    input grad    dx  [pixels x C]    = the same kernel over grad, w transposed; a stride
+                                        becomes sh x sw output phases, each with the taps
+                                        that reach it (a transposed convolution)
+    weight grad   dw  [Cout x (R, S, C)] = grad [Cout x pixels] . im2col(x) [pixels x (R, S, C)]
+
+Operands are first packed channels-last by one transpose kernel (NHWC, channels padded
+with zeros to a 16-byte multiple, rounded to TF32 when the matmul precision is "high"),
+so every global-to-shared copy is a 16-byte ``cp.async``; any input strides are read
+as they are.  Outputs are written NCHW straight from the accumulators, with bias,
+activation, residual add and scale fused in.  Problems whose output tiles would not
+fill the GPU split K into float32 partials, summed (and finished by the epilogue) in a
+reduce kernel.  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
+small * big), accurate to float32.
+
+Scratch memory (packed operands, partials) comes from one buffer per (device, stream)
+that only grows, so the kernels allocate nothing and can be captured in a CUDA graph
+once a call of the same size has run.  Calls the kernels do not cover return None and
+are counted (``tc.cuda.conv_stats()``); the caller runs the im2col + GEMM path.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import cupy
+import numpy
+
+from ... import settings
+from . import loader
+from .elementwise import ACT_CODES
+from .util import NULL, contiguous
+from . import conv_plan
+from .conv_plan import FPROP, PREC_16, PREC_3XTF32, PREC_TF32, SOURCE, WGRAD, Plan
+
+_CTYPES = {"float32": "float", "float16": "half_t", "bfloat16": "bf16_t"}
+_INT32 = 2**31 - 1
+_GRID_Z = 65535
+_ALIGN = 256  # bytes between scratch arrays
+
+Pair = tuple[int, int]
+
+
+# ----- coverage and bookkeeping ------------------------------------------------------------
+def _reason(arrays: tuple, groups: int, extents: tuple[int, ...]) -> str | None:
+    """Why the kernels do not cover a call, or None: CuPy arrays of one float32 / float16
+    / bfloat16 dtype, groups 1, sm_80 or newer, every packed operand and GEMM extent in
+    ``extents`` below 2**31."""
+    dtype = arrays[0].dtype
+    for a in arrays:
+        if type(a) is not cupy.ndarray:
+            return "not CuPy arrays"
+        if a.dtype != dtype:
+            return "mixed dtypes"
+        if a.size == 0:
+            return "empty tensor"
+    if dtype.name not in _CTYPES:
+        return f"dtype {dtype.name}"
+    if groups != 1:
+        return "groups > 1"
+    if loader.compute_capability() < 80:
+        return "compute capability below 8.0"
+    if max(extents) > _INT32:
+        return "too large for 32-bit tile indices"
+    return None
+
+
+def _covered(op: str, reason: str | None) -> bool:
+    if reason is None:
+        conv_plan.record("implicit_gemm", op)
+        return True
+    conv_plan.record("fallback", f"{op}: {reason}")
+    if settings.debug_level:
+        print(f"[tensorcore] conv2d {op}: im2col + GEMM fallback ({reason})")
+    return False
+
+
+def _precision(dtype: Any) -> int:
+    if dtype.itemsize == 2:
+        return PREC_16
+    return PREC_TF32 if settings.get_matmul_precision() == "high" else PREC_3XTF32
+
+
+def _padded(channels: int, itemsize: int) -> int:
+    """Channels rounded up to a 16-byte multiple."""
+    vec = 16 // itemsize
+    return -(-channels // vec) * vec
+
+
+# ----- scratch memory ----------------------------------------------------------------------
+_scratch: dict[tuple[int, int], list[Any]] = {}
+_scratch_lock = threading.Lock()
+
+
+def _scratch_arrays(*layout: tuple[tuple[int, ...], Any]) -> list[Any]:
+    """Arrays of the given (shape, dtype) carved from this stream's scratch buffer.
+    A buffer that is outgrown is kept alive: a captured graph may still use it."""
+    sizes = [-(-math.prod(shape) * numpy.dtype(dtype).itemsize // _ALIGN) * _ALIGN
+             for shape, dtype in layout]
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
+    held = _scratch.get(key)
+    if held is None or held[-1].nbytes < sum(sizes):
+        with _scratch_lock:
+            held = _scratch.setdefault(key, [])
+            grown = max(sum(sizes), 2 * held[-1].nbytes if held else 0, 1 << 20)
+            held.append(cupy.empty(grown, dtype=numpy.uint8))
+    buffer, arrays, offset = held[-1], [], 0
+    for (shape, dtype), size in zip(layout, sizes):
+        arrays.append(cupy.ndarray(shape, dtype, memptr=buffer.data + offset))
+        offset += size
+    return arrays
+
+
+# ----- kernels ------------------------------------------------------------------------------
+def _strides(a: Any) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+@dataclass(frozen=True)
+class _Pack:
+    """dst [images][height][width][Cp] = src[image, channel, h, w] read through element
+    ``strides`` (image, channel, h, w); channels from ``channels`` to Cp = dst.shape[-1]
+    are zero."""
+
+    src: Any
+    dst: Any
+    channels: int
+    height: int
+    width: int
+    strides: tuple[int, int, int, int]
+
+    def args(self) -> tuple:
+        return (self.src, self.dst, self.channels, self.height, self.width, self.dst.shape[-1],
+                math.prod(self.dst.shape[:-1]), *self.strides)
+
+    def blocks(self) -> int:
+        """32-row x 32-channel tiles of dst."""
+        return -(-math.prod(self.dst.shape[:-1]) // 32) * -(-self.dst.shape[-1] // 32)
+
+
+def _pack(first: _Pack, second: _Pack | None, round_tf32: bool) -> None:
+    """One launch packing one or two tensors."""
+    rest = second.args() if second else (first.src, first.dst, 0, 1, 1, 1, 0, 0, 0, 0, 0)
+    blocks = first.blocks() + (second.blocks() if second else 0)
+    loader.kernel(SOURCE, "conv_pack_kernel", first.src.dtype)(
+        (blocks,), (32, 8), (*first.args(), *rest, int(round_tf32)))
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm_kernel(expression: str, smem: int, device: int) -> Any:
+    """One GEMM kernel instantiation, allowed its dynamic shared memory."""
+    raw = loader.raw_instance(SOURCE, expression)
+    raw.max_dynamic_shared_size_bytes = smem
+    return raw.kernel
+
+
+def _launch(kernel: str, plan: Plan, dtype: Any, prec: int, grid: tuple, args: tuple) -> None:
+    tile = plan.tile
+    smem = tile.smem_bytes(kernel, dtype.itemsize)
+    expression = tile.expression(kernel, _CTYPES[dtype.name], prec)
+    _gemm_kernel(expression, smem, cupy.cuda.runtime.getDevice())(
+        grid, (tile.threads,), args, shared_mem=smem)
+
+
+def _reduce(part: Any, out: Any, splits: int, plane: int, nout: int, bias: Any = None,
+            residual: Any = None, act: str = "none", scale: float = 1.0) -> None:
+    """out = epilogue(sum of the splits' float32 partials)."""
+    loader.launch(SOURCE, "conv_splitk_reduce_kernel", out.dtype, out.size,
+                       (part, out, NULL if bias is None else bias,
+                        NULL if residual is None else residual, out.size, splits, plane, nout,
+                        ACT_CODES[act], float(scale)))
+
+
+def _int32(*values: int) -> tuple:
+    return tuple(numpy.int32(v) for v in values)
+
+
+def _partials(plan: Plan, out_size: int) -> tuple[tuple[int, int], Any]:
+    """The (shape, dtype) of the split-K partials (empty without a split)."""
+    return (plan.splits if plan.splits > 1 else 0, out_size), numpy.float32
+
+
+def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kernel_hw: Pair,
+           step: Pair, base: Pair, tap_delta: Pair, phases: Pair, tap_step: Pair,
+           bias: Any, act_name: str, residual: Any, scale: float) -> None:
+    """out (NCHW) from packed act [N][IH][IW][Cp] and packed weights [Nout][R][S][Cp];
+    per axis, phase p's output u reads input u * step + (base + p + tap * tap_delta) /
+    phases for the taps where that division is exact (tap_step apart)."""
+    n, ih, iw, cp = act.shape
+    nout, oh, ow = out.shape[1:]
+    tile, splits = plan.tile, plan.splits
+    rows = n * -(-oh // phases[0]) * -(-ow // phases[1])  # phase (0, 0) is the largest
+    grid = (-(-rows // tile.bm), -(-nout // tile.bn), phases[0] * phases[1] * splits)
+    if splits > 1:  # the GEMM writes partials, the reduce kernel the epilogue
+        epilogue = (part, NULL, NULL, 0, 1.0)
+    else:
+        epilogue = (NULL, NULL if bias is None else bias, NULL if residual is None else residual,
+                    ACT_CODES[act_name], scale)
+    _launch(FPROP, plan, out.dtype, prec, grid,
+            (act, wpk, out, *epilogue[:3],
+             *_int32(n, ih, iw, cp, nout, oh, ow, *kernel_hw, *step, *base, *tap_delta,
+                     *phases, *tap_step, splits, epilogue[3]), numpy.float32(epilogue[4])))
+    if splits > 1:
+        _reduce(part, out, splits, oh * ow, nout, bias, residual, act_name, scale)
+
+
+# ----- the three passes -------------------------------------------------------------------
+def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation: Pair,
+            groups: int, bias: Any = None, act: str = "none", residual: Any = None,
+            residual_scale: float = 1.0) -> Any | None:
+    """(act(conv2d(x, w) + bias) + residual) * residual_scale, or None when the kernels
+    do not cover the call.  bias / residual (when given) have x's dtype; residual has the
+    output's shape."""
+    n, c, h, wd = x.shape
+    cout, r, s = w.shape[0], w.shape[2], w.shape[3]
+    (ho, wo), itemsize = out_hw, x.dtype.itemsize
+    cp = _padded(c, itemsize)
+    epilogue = tuple(a for a in (bias, residual) if a is not None)
+    reason = _reason((x, w, *epilogue), groups, (n * h * wd * cp, cout * r * s * cp, n * ho * wo))
+    if not _covered("forward", reason):
+        return None
+    prec = _precision(x.dtype)
+    rounded = prec == PREC_TF32
+    plan = conv_plan.choose(FPROP, prec, itemsize, n * ho * wo, cout, r * s * cp, 1,
+                            n * cout * ho * wo, loader.sm_count())
+    reuse_w = (r == s == 1 and cp == c and not rounded and w.flags.c_contiguous
+               and w.data.ptr % 16 == 0)
+    out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
+    xh, wp, part = _scratch_arrays(((n, h, wd, cp), x.dtype),
+                                   ((0,) if reuse_w else (cout, r, s, cp), x.dtype),
+                                   _partials(plan, out.size))
+    packed_w = None if reuse_w else _Pack(w, wp, c, r, s, _strides(w))
+    _pack(_Pack(x, xh, c, h, wd, _strides(x)), packed_w, rounded)
+    if reuse_w:  # a 1x1 weight [Cout, C] is already the packed layout
+        wp = w
+    bias = None if bias is None else contiguous(bias)  # the kernels index both densely
+    residual = None if residual is None else contiguous(residual)
+    _fprop(xh, wp, out, part, plan, prec, (r, s), stride, (-padding[0], -padding[1]), dilation,
+           (1, 1), (1, 1), bias, act, residual, residual_scale)
+    return out
+
+
+def input_grad(grad: Any, w: Any, x_shape: tuple, stride: Pair, padding: Pair,
+               dilation: Pair, groups: int) -> Any | None:
+    """d conv2d / d x (also conv_transpose2d's forward), or None when not covered."""
+    n, cout, ho, wo = grad.shape
+    c, h, wd = x_shape[1:]
+    r, s = w.shape[2], w.shape[3]
+    itemsize = grad.dtype.itemsize
+    cop = _padded(cout, itemsize)
+    reason = _reason((grad, w), groups, (n * ho * wo * cop, c * r * s * cop, n * h * wd))
+    if reason is None and stride[0] * stride[1] * conv_plan.MAX_SPLITS > _GRID_Z:
+        reason = "stride phases beyond the grid"
+    if not _covered("input_grad", reason):
+        return None
+    prec = _precision(grad.dtype)
+    rounded = prec == PREC_TF32
+    tap_step = tuple(st // math.gcd(st, d) for st, d in zip(stride, dilation))
+    taps = math.ceil(r / tap_step[0]) * math.ceil(s / tap_step[1])
+    phases = stride[0] * stride[1]
+    plan = conv_plan.choose(FPROP, prec, itemsize, n * -(-h // stride[0]) * -(-wd // stride[1]),
+                            c, taps * cop, phases, n * c * h * wd, loader.sm_count())
+    dx = cupy.empty(tuple(x_shape), dtype=grad.dtype)
+    gh, wt, part = _scratch_arrays(((n, ho, wo, cop), grad.dtype), ((c, r, s, cop), grad.dtype),
+                                   _partials(plan, dx.size))
+    ws = _strides(w)  # wt[c][r][s][j] = w[j, c, r, s]
+    _pack(_Pack(grad, gh, cout, ho, wo, _strides(grad)),
+          _Pack(w, wt, cout, r, s, (ws[1], ws[0], ws[2], ws[3])), rounded)
+    _fprop(gh, wt, dx, part, plan, prec, (r, s), (1, 1), padding, (-dilation[0], -dilation[1]),
+           stride, tap_step, None, "none", None, 1.0)
+    return dx
+
+
+def weight_grad(grad: Any, x: Any, w_shape: tuple, stride: Pair, padding: Pair,
+                dilation: Pair, groups: int) -> Any | None:
+    """d conv2d / d w, or None when not covered."""
+    n, cout, ho, wo = grad.shape
+    c, h, wd = x.shape[1:]
+    r, s = w_shape[2], w_shape[3]
+    itemsize = x.dtype.itemsize
+    cp, cop = _padded(c, itemsize), _padded(cout, itemsize)
+    reason = _reason((grad, x), groups, (n * ho * wo * cop, n * h * wd * cp, r * s * cp))
+    if not _covered("weight_grad", reason):
+        return None
+    prec = _precision(x.dtype)
+    rounded = prec == PREC_TF32
+    dw = cupy.empty(tuple(w_shape), dtype=x.dtype)
+    plan = conv_plan.choose(WGRAD, prec, itemsize, cout, r * s * cp, n * ho * wo, 1, dw.size,
+                            loader.sm_count())
+    tile, splits = plan.tile, plan.splits
+    gh, xh, part = _scratch_arrays(((n, ho, wo, cop), x.dtype), ((n, h, wd, cp), x.dtype),
+                                   _partials(plan, dw.size))
+    _pack(_Pack(grad, gh, cout, ho, wo, _strides(grad)), _Pack(x, xh, c, h, wd, _strides(x)),
+          rounded)
+    grid = (-(-cout // tile.bm), -(-(r * s * cp) // tile.bn), splits)
+    _launch(WGRAD, plan, x.dtype, prec, grid,
+            (gh, xh, dw, part if splits > 1 else NULL,
+             *_int32(n, ho, wo, h, wd, cout, cop, c, cp, r, s, *stride, *padding, *dilation,
+                     splits)))
+    if splits > 1:
+        _reduce(part, dw, splits, 1, 1)
+    return dw

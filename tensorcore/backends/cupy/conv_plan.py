@@ -1,0 +1,181 @@
+"""What the implicit-GEMM convolution runs: tile shapes, their kernel instantiations,
+the choice of tile and K split per problem, and counters of which path each call took.
+
+Pure Python (no CuPy), so the CPU CI can list every instantiation and compile it, and
+``tc.cuda.conv_stats()`` works anywhere.
+
+The choice is a small cost model rather than a lookup table: for every tile of the
+dtype and every K split it estimates (waves of blocks over the GPU) x (time of one
+wave at the tile's relative efficiency) plus, for a split, the float32 partials written
+and summed again, and keeps the cheapest.  Large-channel, large-image convolutions take
+the 128 x 128 tile unsplit; batch-1 deep layers (few output tiles, long K) split K.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator
+
+SOURCE = "conv_igemm.cu"
+FPROP, WGRAD = "conv_fprop_kernel", "conv_wgrad_kernel"
+
+# precisions: the kernels' PREC template argument
+PREC_16, PREC_TF32, PREC_3XTF32 = 0, 1, 2
+# (C storage type, precision) pairs the kernels are instantiated for
+VARIANTS = (("float", PREC_TF32), ("float", PREC_3XTF32), ("half_t", PREC_16),
+            ("bf16_t", PREC_16))
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A block tile BM x BN x BK (elements), WM x WN warps, STAGES copies in flight,
+    registers capped for ``min_blocks`` blocks per SM (its launch bounds: chosen from
+    ptxas' report so that no tile spills).  ``efficiency`` is its throughput relative
+    to the best tile, for the cost model."""
+
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    min_blocks: int
+    efficiency: float
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    def smem_bytes(self, kernel: str, itemsize: int) -> int:
+        """Dynamic shared memory of one block: STAGES A and B tiles, rows padded."""
+        if kernel == FPROP:  # [rows][BK + 16 bytes]
+            return self.stages * (self.bm + self.bn) * (self.bk + 16 // itemsize) * itemsize
+        return self.stages * self.bk * (self.bm + self.bn + 16) * itemsize  # [BK][rows + 8]
+
+    def blocks_per_sm(self, kernel: str, itemsize: int, smem_per_sm: int = 228 * 1024) -> int:
+        """Resident blocks per SM, by shared memory (1 KiB reserved per block) and
+        registers."""
+        by_smem = smem_per_sm // (self.smem_bytes(kernel, itemsize) + 1024)
+        return max(1, min(by_smem, self.min_blocks))
+
+    def expression(self, kernel: str, ctype: str, prec: int) -> str:
+        return (f"{kernel}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.bk}, {self.warps_m}, "
+                f"{self.warps_n}, {self.stages}, {self.min_blocks}>")
+
+
+# forward / input gradient: rows are output pixels, columns output channels.  64 x 64
+# warp tiles where registers allow (the fewest shared-memory bytes per mma).
+_FPROP_TILES = {
+    PREC_TF32: (Tile(128, 128, 32, 2, 2, 3, 2, 1.0), Tile(256, 128, 32, 4, 2, 3, 1, 1.0),
+                Tile(64, 64, 32, 2, 2, 4, 3, 0.6), Tile(128, 32, 32, 4, 1, 4, 2, 0.5)),
+    # 3xTF32 holds both TF32 parts of every fragment: 64 x 32 warp tiles
+    PREC_3XTF32: (Tile(128, 128, 32, 2, 4, 3, 1, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.7),
+                  Tile(128, 32, 32, 4, 1, 4, 2, 0.6)),
+    PREC_16: (Tile(128, 128, 64, 2, 2, 3, 2, 1.0), Tile(256, 128, 64, 4, 2, 3, 1, 1.0),
+              Tile(64, 64, 64, 2, 2, 4, 3, 0.6), Tile(128, 32, 64, 4, 1, 4, 2, 0.5)),
+}
+# weight gradient: rows are output channels, columns (tap, input channel), K the pixels
+_WGRAD_TILES = {
+    PREC_TF32: (Tile(128, 128, 32, 2, 4, 3, 2, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.6)),
+    PREC_3XTF32: (Tile(128, 128, 32, 2, 4, 3, 1, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.6)),
+    PREC_16: (Tile(128, 128, 32, 2, 4, 3, 2, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.6)),
+}
+
+
+def tiles(kernel: str, prec: int) -> tuple[Tile, ...]:
+    return (_FPROP_TILES if kernel == FPROP else _WGRAD_TILES)[prec]
+
+
+def instances() -> list[str]:
+    """Every kernel instantiation the host code may launch."""
+    return [tile.expression(kernel, ctype, prec) for ctype, prec in VARIANTS
+            for kernel in (FPROP, WGRAD) for tile in tiles(kernel, prec)]
+
+
+# ----- the cost model -------------------------------------------------------------------
+# sustained mma.sync rates of the whole GPU (FLOP/s) and copy bandwidth (B/s): only their
+# ratios matter, they weigh tensor-core time against the split-K partials' traffic
+_RATE = {PREC_16: 600e12, PREC_TF32: 300e12, PREC_3XTF32: 100e12}
+_BANDWIDTH = 3.0e12
+_LAUNCH_S = 3e-6  # the reduce kernel's launch and tail
+MAX_SPLITS = 128
+_MIN_K_TILES_PER_SPLIT = 4
+_WORKSPACE_LIMIT = 64 * 2**20  # bytes of float32 partials a split may use
+
+
+@dataclass(frozen=True)
+class Plan:
+    tile: Tile
+    splits: int
+
+
+_forced: dict[str, Plan] = {}
+last: dict[str, Plan] = {}  # the plan of the latest call per kernel (benchmarks print it)
+
+
+@contextlib.contextmanager
+def forced(kernel: str, plan: Plan) -> Iterator[None]:
+    """Run ``kernel`` (FPROP or WGRAD) with ``plan`` inside the block, whatever the cost
+    model says (benchmarks compare tiles with it)."""
+    _forced[kernel] = plan
+    try:
+        yield
+    finally:
+        del _forced[kernel]
+
+
+def choose(kernel: str, prec: int, itemsize: int, m: int, n: int, k: int, phases: int,
+           out_elems: int, sms: int) -> Plan:
+    """The tile and K split for a GEMM of m x n outputs (per phase) over k, repeated
+    over ``phases`` (the strided input gradient's output phases)."""
+    plan = _forced.get(kernel) or _cheapest(kernel, prec, itemsize, m, n, k, phases, out_elems,
+                                            sms)
+    last[kernel] = plan
+    return plan
+
+
+@functools.lru_cache(maxsize=4096)
+def _cheapest(kernel: str, prec: int, itemsize: int, m: int, n: int, k: int, phases: int,
+              out_elems: int, sms: int) -> Plan:
+    best, best_time = None, math.inf
+    for tile in tiles(kernel, prec):
+        k_tiles = max(1, math.ceil(k / tile.bk))
+        blocks = math.ceil(m / tile.bm) * math.ceil(n / tile.bn) * phases
+        slots = sms * tile.blocks_per_sm(kernel, itemsize)
+        sm_rate = _RATE[prec] / sms * tile.efficiency
+        for splits in range(1, MAX_SPLITS + 1):
+            if splits > 1 and (k_tiles < _MIN_K_TILES_PER_SPLIT * splits
+                               or 4 * out_elems * splits > _WORKSPACE_LIMIT):
+                break
+            # a block's K tiles plus about two more for its pipeline fill and epilogue
+            per_block = 2.0 * tile.bm * tile.bn * tile.bk * (math.ceil(k_tiles / splits) + 2)
+            waves = math.ceil(blocks * splits / slots)
+            time = waves * per_block * (slots / sms) / sm_rate
+            if splits > 1:
+                time += (4.0 * out_elems * (splits + 1)) / _BANDWIDTH + _LAUNCH_S
+            if time < best_time:
+                best, best_time = Plan(tile, splits), time
+    return best
+
+
+# ----- counters ---------------------------------------------------------------------------
+_counts: dict[str, Counter] = {"implicit_gemm": Counter(), "fallback": Counter()}
+
+
+def record(path: str, what: str) -> None:
+    """Count one call: ``path`` "implicit_gemm" with the op, or "fallback" with
+    "op: reason"."""
+    _counts[path][what] += 1
+
+
+def stats() -> dict[str, dict[str, int]]:
+    return {path: dict(counter) for path, counter in _counts.items()}
+
+
+def reset_stats() -> None:
+    for counter in _counts.values():
+        counter.clear()

@@ -1,0 +1,446 @@
+// Implicit-GEMM convolution on the tensor cores: forward, input gradient and weight
+// gradient of an NCHW convolution as GEMMs whose im2col operand is gathered, tile by
+// tile, into shared memory (never written to device memory).
+//
+// Operands are first packed channels-last by conv_pack_kernel (NHWC, channels padded
+// with zeros to Cp, a multiple of 16 bytes, and rounded to TF32 for PREC_TF32), so each
+// shared-memory tile row is filled by 16-byte cp.async copies, zero-filled outside the
+// image.  STAGES tiles are in flight; one barrier per K tile.
+//
+//   conv_pack_kernel            dst[n][h][w][c] = src[n, c, h, w] (any strides), c < Cp,
+//                               for two tensors in one launch (an activation and a weight):
+//                               the rows q = (n, h, w) of dst in tiles of 32 rows x 32
+//                               channels transposed through shared memory (tiles span
+//                               images, so 3 x 3 weight planes keep every thread busy).
+//                               1-D grid of both packs' tiles, block (32, 8).  Memory bound.
+//   conv_fprop_kernel           out[n, j, y, x] = sum over taps (r, s) and channels c of
+//                               act[n][iy][ix][c] * w[j][r][s][c].  GEMM rows are output
+//                               pixels (BM per block), columns output channels (BN), K
+//                               runs over (tap, channel).  The forward uses
+//                               iy = y * stride - pad + r * dilation; the input gradient
+//                               runs the same kernel on the packed output gradient with
+//                               the weight transposed: the output pixels are split into
+//                               sh x sw phases (y = py + sh * u) and a phase only sees the
+//                               taps with (py + pad - r * dilation) divisible by sh, for
+//                               which iy = u + (py + pad - r * dilation) / sh.  Generic
+//                               form per axis: iy = u * step + (nb + phase + r * nd) / div.
+//                               Grid (M tiles, N tiles, phases * splits), WM x WN warps,
+//                               each a (BM/WM) x (BN/WN) tile of 16 x 8 mma tiles;
+//                               registers capped for MINB blocks per SM.
+//   conv_wgrad_kernel           dw[j][c][r][s] = sum over pixels of grad[n][p][q][j] *
+//                               x[n][p*sh - ph + r*dh][q*sw - pw + s*dw][c].  GEMM rows are
+//                               output channels, columns (tap, channel), K the N*P*Q
+//                               pixels; both tiles are stored K-major ([k][row], ldmatrix
+//                               .trans or scalar TF32 fragment loads).  Grid (M tiles,
+//                               N tiles, splits).
+//   conv_splitk_reduce_kernel   out[i] = epilogue(sum over splits of part[s][i]): split-K
+//                               partials in float32, 1-D grid-stride.  Memory bound.
+//
+// With splits > 1 the GEMM kernels write float32 partials at the output's own index
+// (part[split * total + idx]), every split writing its whole tile, zeros included.
+// Bound: tensor-core throughput (the GEMM kernels) when the tiles fill the GPU.
+// Indices: the host keeps packed operands and GEMM extents below 2^31 elements; output
+// indices are 64-bit.
+#include "common.cuh"
+#include "conv_igemm.cuh"
+
+// One 32-row x 32-channel tile of a pack: rows q = (n, h, w) of dst [rows][Cp] from
+// src[n, c, h, w] read through element strides (sn, sc, sh, sw).
+template <typename T>
+__device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restrict__ dst,
+                                          long long C, long long H, long long W, long long Cp,
+                                          long long rows, long long sn, long long sc,
+                                          long long sh, long long sw, bool round_tf32, int q0,
+                                          int c0, T (&tile)[32][33]) {
+    const int hw = (int)(H * W);
+    const T zero = store_as<T>((acc_t<T>)0);
+    {  // read: this thread's row q = (n, p), channels c0 + threadIdx.y + 8j
+        const int q = q0 + threadIdx.x, n = q / hw, p = q - n * hw;
+        // a plane with sh == W * sw needs no (h, w) split of p
+        const long long at = n * sn + (sh == W * sw ? p * sw : (p / (int)W) * sh + (p % (int)W) * sw);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = c0 + threadIdx.y + 8 * j;
+            tile[threadIdx.y + 8 * j][threadIdx.x] = c < C && q < rows ? src[at + c * sc] : zero;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // write: row q0 + threadIdx.y + 8j, channel c0 + threadIdx.x
+        const long long q = q0 + threadIdx.y + 8 * j;
+        const int c = c0 + threadIdx.x;
+        if (q < rows && c < Cp)
+            dst[q * Cp + c] = tf32_if(tile[threadIdx.x][threadIdx.y + 8 * j], round_tf32);
+    }
+}
+
+// Two packs in one launch (the second may be empty: rows1 = 0): blocks [0, blocks0) tile
+// the first, the rest the second.
+template <typename T>
+__global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst0, long long C0,
+                                 long long H0, long long W0, long long Cp0, long long rows0,
+                                 long long sn0, long long sc0, long long sh0, long long sw0,
+                                 const T* __restrict__ src1, T* __restrict__ dst1, long long C1,
+                                 long long H1, long long W1, long long Cp1, long long rows1,
+                                 long long sn1, long long sc1, long long sh1, long long sw1,
+                                 long long round_tf32) {
+    __shared__ T tile[32][33];
+    const int row_tiles0 = (int)((rows0 + 31) / 32), blocks0 = row_tiles0 * (int)((Cp0 + 31) / 32);
+    int b = blockIdx.x;
+    if (b < blocks0) {
+        pack_tile(src0, dst0, C0, H0, W0, Cp0, rows0, sn0, sc0, sh0, sw0, round_tf32 != 0,
+                  32 * (b % row_tiles0), 32 * (b / row_tiles0), tile);
+    } else {
+        b -= blocks0;
+        const int row_tiles1 = (int)((rows1 + 31) / 32);
+        pack_tile(src1, dst1, C1, H1, W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32 != 0,
+                  32 * (b % row_tiles1), 32 * (b / row_tiles1), tile);
+    }
+}
+
+template <typename T>
+__global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __restrict__ out,
+                                          const T* __restrict__ bias,
+                                          const T* __restrict__ residual, long long total,
+                                          long long splits, long long plane, long long nout,
+                                          long long act, double scale) {
+    typedef acc_t<T> A;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        A v = (A)0;
+        for (long long s = 0; s < splits; ++s) v += (A)part[s * total + i];
+        out[i] = conv_epilogue<T>(v, bias, residual, i, (i / plane) % nout, (int)act, (A)scale);
+    }
+}
+
+// The taps of one kernel axis a phase uses: tap(j) = first + j * step for j < count, read
+// at input offset (base + tap * nd) / div (exact) from u * (the pixel step).  The offsets
+// form a progression too: offset(j) = at0 + j * (step * nd / div).
+struct TapAxis {
+    int first, count, step, at0, at_step;
+
+    __device__ __forceinline__ TapAxis(int taps, int nb, int nd, int div, int phase, int step_)
+        : first(-1), count(0), step(step_), at0(0), at_step(step_ * nd / div) {
+        const int base = nb + phase;
+        for (int r = 0; r < taps && r < div; ++r)
+            if ((base + r * nd) % div == 0) {
+                first = r;
+                break;
+            }
+        if (first >= 0) {
+            count = (taps - 1 - first) / step_ + 1;
+            at0 = (base + first * nd) / div;
+        }
+    }
+    __device__ __forceinline__ int tap(int j) const { return first + j * step; }
+    __device__ __forceinline__ int offset(int j) const { return at0 + j * at_step; }
+};
+
+template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
+__global__ void __launch_bounds__(WM * WN * 32, MINB)
+conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __restrict__ out,
+                  float* __restrict__ part, const T* __restrict__ bias,
+                  const T* __restrict__ residual, int Nimg, int IH, int IW, int Cp, int Nout,
+                  int OH, int OW, int R, int S, int step_h, int step_w, int nb_h, int nb_w,
+                  int nd_h, int nd_w, int div_h, int div_w, int rstep, int sstep, int splits,
+                  int act_code, float scale) {
+    constexpr int THREADS = WM * WN * 32;
+    constexpr int VEC = 16 / (int)sizeof(T);   // elements per 16-byte chunk
+    constexpr int KMMA = 2 * VEC;              // K of one mma
+    constexpr int CPR = BK / VEC;              // chunks per tile row
+    constexpr int LDK = BK + VEC;              // row stride: +16 bytes, no ldmatrix conflicts
+    constexpr int RPP = THREADS / CPR;         // tile rows one pass of the block copies
+    constexpr int A_IT = BM / RPP, B_IT = BN / RPP;
+    constexpr int WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
+    constexpr int STAGE = (BM + BN) * LDK;
+    static_assert(THREADS % CPR == 0 && BM % RPP == 0 && BN % RPP == 0, "copy layout");
+    static_assert(WTM % 16 == 0 && WTN % 16 == 0 && BK % KMMA == 0, "warp tile");
+
+    extern __shared__ uint4 smem_words[];  // 16-byte aligned
+    T* smem = reinterpret_cast<T*>(smem_words);
+
+    const int split = blockIdx.z % splits, phase = blockIdx.z / splits;
+    const int py = phase / div_w, px = phase - py * div_w;
+    const int U = (OH - py + div_h - 1) / div_h, V = (OW - px + div_w - 1) / div_w;
+    if (U <= 0 || V <= 0) return;
+    const int UV = U * V, Mp = Nimg * UV;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    if (m0 >= Mp) return;
+
+    const TapAxis th(R, nb_h, nd_h, div_h, py, rstep), tw(S, nb_w, nd_w, div_w, px, sstep);
+    const int ktiles = (th.count * tw.count * Cp + BK - 1) / BK;
+    const int kper = (ktiles + splits - 1) / splits;
+    const int kt0 = imin(ktiles, split * kper);
+    const int nk = imin(ktiles, kt0 + kper) - kt0;
+
+    const int tid = threadIdx.x, col = tid % CPR, row0 = tid / CPR;
+    // the output pixels this thread copies: the input pixel of tap offset (0, 0)
+    int a_pix[A_IT], a_y[A_IT], a_x[A_IT];
+#pragma unroll
+    for (int i = 0; i < A_IT; ++i) {
+        const int m = m0 + row0 + i * RPP;
+        a_y[i] = -(1 << 30);  // outside every image: the copy is zero-filled
+        a_x[i] = 0;
+        a_pix[i] = 0;
+        if (m < Mp) {
+            const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
+            a_y[i] = u * step_h;
+            a_x[i] = v * step_w;
+            a_pix[i] = (n * IH + a_y[i]) * IW + a_x[i];
+        }
+    }
+    // this thread's K position (its chunk column): channel kc of slot (kjr, kjs)
+    int kc = 0, kjr = 0, kjs = 0;
+    if (nk > 0) {
+        const int k = kt0 * BK + col * VEC, slot = k / Cp;
+        kc = k - slot * Cp;
+        kjr = slot / tw.count;
+        kjs = slot - kjr * tw.count;
+    }
+
+    auto load_tile = [&](int stage) {
+        T* sA = smem + stage * STAGE;
+        T* sB = sA + BM * LDK;
+        const bool kvalid = kjr < th.count;
+        int dy = 0, dx = 0, tap = 0;
+        if (kvalid) {
+            dy = th.offset(kjr);
+            dx = tw.offset(kjs);
+            tap = th.tap(kjr) * S + tw.tap(kjs);
+        }
+#pragma unroll
+        for (int i = 0; i < A_IT; ++i) {
+            const int iy = a_y[i] + dy, ix = a_x[i] + dx;
+            const bool p = kvalid && (unsigned)iy < (unsigned)IH && (unsigned)ix < (unsigned)IW;
+            const T* src = p ? act + ((long long)(a_pix[i] + dy * IW + dx) * Cp + kc) : act;
+            cp_async16(smem_addr(sA + (row0 + i * RPP) * LDK + col * VEC), src, p);
+        }
+#pragma unroll
+        for (int i = 0; i < B_IT; ++i) {
+            const int j = n0 + row0 + i * RPP;
+            const bool p = kvalid && j < Nout;
+            const T* src = p ? wpk + ((long long)(j * R * S + tap) * Cp + kc) : wpk;
+            cp_async16(smem_addr(sB + (row0 + i * RPP) * LDK + col * VEC), src, p);
+        }
+        kc += BK;  // the next K tile
+        while (kc >= Cp) {
+            kc -= Cp;
+            if (++kjs == tw.count) {
+                kjs = 0;
+                ++kjr;
+            }
+        }
+    };
+
+    const int lane = tid & 31, warp = tid >> 5, wm = warp % WM, wn = warp / WM;
+    float acc[MT][NT][4];
+    zero(acc);
+
+    auto compute = [&](int stage) {
+        const T* sA = smem + stage * STAGE + wm * WTM * LDK;
+        const T* sB = smem + stage * STAGE + BM * LDK + wn * WTN * LDK;
+#pragma unroll
+        for (int ks = 0; ks < BK; ks += KMMA) {
+            unsigned a[MT][4], b[NT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+                ldsm_x4(a[i], smem_addr(sA + (i * 16 + (lane & 15)) * LDK + ks + (lane >> 4) * VEC));
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                unsigned r[4];
+                ldsm_x4(r, smem_addr(sB + (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDK + ks +
+                                     ((lane >> 3) & 1) * VEC));
+                b[j][0] = r[0];
+                b[j][1] = r[1];
+                b[j + 1][0] = r[2];
+                b[j + 1][1] = r[3];
+            }
+            mma_slice<T, PREC, MT, NT>(acc, a, b);
+        }
+    };
+
+    multistage<STAGES>(nk, load_tile, compute);
+
+    const int g = lane >> 2, t4 = lane & 3;
+    const long long plane = (long long)OH * OW;
+    const long long total = (long long)Nimg * Nout * plane;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = m0 + wm * WTM + i * 16 + g + h * 8;
+            if (m >= Mp) continue;
+            const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
+            const long long row = (long long)n * Nout * plane + (long long)(py + u * div_h) * OW +
+                                  (px + v * div_w);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int ch = n0 + wn * WTN + j * 8 + 2 * t4 + e;
+                    if (ch >= Nout) continue;
+                    const long long idx = row + (long long)ch * plane;
+                    const float val = acc[i][j][2 * h + e];
+                    if (splits > 1)
+                        part[split * total + idx] = val;
+                    else
+                        out[idx] = conv_epilogue<T>(val, bias, residual, idx, ch, act_code, scale);
+                }
+        }
+}
+
+template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
+__global__ void __launch_bounds__(WM * WN * 32, MINB)
+conv_wgrad_kernel(const T* __restrict__ gh, const T* __restrict__ xh, T* __restrict__ dw,
+                  float* __restrict__ part, int Nimg, int P, int Q, int IH, int IW, int Co,
+                  int Cop, int C, int Cp, int R, int S, int sh, int sw, int ph, int pw, int dh,
+                  int dwl, int splits) {
+    constexpr int THREADS = WM * WN * 32;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    constexpr int KMMA = 2 * VEC;
+    constexpr int LDA = BM + 8, LDB = BN + 8;  // [k][row] tiles; +8 elements: no conflicts
+    constexpr int A_CPR = BM / VEC, B_CPR = BN / VEC;
+    constexpr int A_RPP = THREADS / A_CPR, B_RPP = THREADS / B_CPR;
+    constexpr int A_IT = BK / A_RPP, B_IT = BK / B_RPP;
+    constexpr int WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
+    constexpr int STAGE = BK * (LDA + LDB);
+    static_assert(THREADS % A_CPR == 0 && THREADS % B_CPR == 0, "copy layout");
+    static_assert(BK % A_RPP == 0 && BK % B_RPP == 0, "copy layout");
+    static_assert(WTM % 16 == 0 && WTN % 16 == 0 && BK % KMMA == 0, "warp tile");
+
+    extern __shared__ uint4 smem_words[];  // 16-byte aligned
+    T* smem = reinterpret_cast<T*>(smem_words);
+
+    const int split = blockIdx.z;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int PQ = P * Q, Kpix = Nimg * PQ, Ncols = R * S * Cp;
+    const int ktiles = (Kpix + BK - 1) / BK;
+    const int kper = (ktiles + splits - 1) / splits;
+    const int kt0 = imin(ktiles, split * kper);
+    const int nk = imin(ktiles, kt0 + kper) - kt0;
+
+    const int tid = threadIdx.x;
+    // A: chunk a_col of output channels at pixels k
+    const int a_col = tid % A_CPR, a_row0 = tid / A_CPR, a_co = m0 + a_col * VEC;
+    const bool a_ok = a_co < Cop;
+    int a_k = kt0 * BK + a_row0;
+    // B: chunk b_col of (tap, channel) columns, fixed for the whole K loop
+    const int b_col = tid % B_CPR, b_row0 = tid / B_CPR, nn = n0 + b_col * VEC;
+    const bool b_ok = nn < Ncols;
+    const int tap = nn / Cp, bc = nn - tap * Cp, tr = tap / S, ts = tap - tr * S;
+    const int offy = tr * dh - ph, offx = ts * dwl - pw;
+    int b_n[B_IT], b_p[B_IT], b_q[B_IT];  // pixel (n, p, q) of each row this thread copies
+#pragma unroll
+    for (int i = 0; i < B_IT; ++i) {
+        const int k = kt0 * BK + b_row0 + i * B_RPP;
+        b_n[i] = k / PQ;
+        const int rem = k - b_n[i] * PQ;
+        b_p[i] = rem / Q;
+        b_q[i] = rem - b_p[i] * Q;
+    }
+
+    auto load_tile = [&](int stage) {
+        T* sA = smem + stage * STAGE;
+        T* sB = sA + BK * LDA;
+#pragma unroll
+        for (int i = 0; i < A_IT; ++i) {
+            const int k = a_k + i * A_RPP;
+            const bool p = a_ok && k < Kpix;
+            const T* src = p ? gh + ((long long)k * Cop + a_co) : gh;
+            cp_async16(smem_addr(sA + (a_row0 + i * A_RPP) * LDA + a_col * VEC), src, p);
+        }
+        a_k += BK;
+#pragma unroll
+        for (int i = 0; i < B_IT; ++i) {
+            const int iy = b_p[i] * sh + offy, ix = b_q[i] * sw + offx;
+            const bool p = b_ok && b_n[i] < Nimg && (unsigned)iy < (unsigned)IH &&
+                           (unsigned)ix < (unsigned)IW;
+            const T* src = p ? xh + ((long long)((b_n[i] * IH + iy) * IW + ix) * Cp + bc) : xh;
+            cp_async16(smem_addr(sB + (b_row0 + i * B_RPP) * LDB + b_col * VEC), src, p);
+            b_q[i] += BK;  // the same row of the next K tile
+            if (b_q[i] >= Q) {
+                const int carry = b_q[i] / Q;
+                b_q[i] -= carry * Q;
+                b_p[i] += carry;
+                if (b_p[i] >= P) {
+                    const int carry_p = b_p[i] / P;
+                    b_p[i] -= carry_p * P;
+                    b_n[i] += carry_p;
+                }
+            }
+        }
+    };
+
+    const int lane = tid & 31, warp = tid >> 5, wm = warp % WM, wn = warp / WM;
+    const int g = lane >> 2, t4 = lane & 3;
+    float acc[MT][NT][4];
+    zero(acc);
+
+    auto compute = [&](int stage) {
+        const T* sA = smem + stage * STAGE + wm * WTM;
+        const T* sB = smem + stage * STAGE + BK * LDA + wn * WTN;
+#pragma unroll
+        for (int ks = 0; ks < BK; ks += KMMA) {
+            unsigned a[MT][4], b[NT][2];
+            if constexpr (PREC == PREC_16) {
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+                    ldsm_x4_t(a[i], smem_addr(sA + (ks + (lane & 7) + ((lane >> 4) << 3)) * LDA +
+                                              i * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+                for (int j = 0; j < NT; j += 2) {
+                    unsigned r[4];
+                    ldsm_x4_t(r, smem_addr(sB + (ks + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDB +
+                                           j * 8 + (lane >> 4) * 8));
+                    b[j][0] = r[0];
+                    b[j][1] = r[1];
+                    b[j + 1][0] = r[2];
+                    b[j + 1][1] = r[3];
+                }
+            } else {  // 32-bit words: scalar loads, conflict-free as LDA, LDB = 8 mod 32
+                const unsigned* wa = reinterpret_cast<const unsigned*>(sA);
+                const unsigned* wb = reinterpret_cast<const unsigned*>(sB);
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    const int c = i * 16 + g;
+                    a[i][0] = wa[(ks + t4) * LDA + c];
+                    a[i][1] = wa[(ks + t4) * LDA + c + 8];
+                    a[i][2] = wa[(ks + t4 + 4) * LDA + c];
+                    a[i][3] = wa[(ks + t4 + 4) * LDA + c + 8];
+                }
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    b[j][0] = wb[(ks + t4) * LDB + j * 8 + g];
+                    b[j][1] = wb[(ks + t4 + 4) * LDB + j * 8 + g];
+                }
+            }
+            mma_slice<T, PREC, MT, NT>(acc, a, b);
+        }
+    };
+
+    multistage<STAGES>(nk, load_tile, compute);
+
+    const int RS = R * S;
+    const long long total = (long long)Co * C * RS;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = n0 + wn * WTN + j * 8 + 2 * t4 + e;
+            const int ctap = col / Cp, c = col - ctap * Cp;
+            if (col >= Ncols || c >= C) continue;
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int co = m0 + wm * WTM + i * 16 + g + h * 8;
+                    if (co >= Co) continue;
+                    const long long idx = ((long long)co * C + c) * RS + ctap;
+                    const float val = acc[i][j][2 * h + e];
+                    if (splits > 1)
+                        part[split * total + idx] = val;
+                    else
+                        dw[idx] = store_as<T>(val);
+                }
+        }
+}

@@ -1,0 +1,168 @@
+// Tensor-core building blocks of the implicit-GEMM convolution (conv_igemm.cu):
+// asynchronous global -> shared copies, ldmatrix fragment loads, mma.sync for each
+// precision, the K slice of a warp tile, and the epilogue shared by the direct and the
+// split-K stores.
+//
+// Precisions (template argument PREC of the kernels):
+//   PREC_16     half_t / bf16_t operands, mma m16n8k16, float accumulators
+//   PREC_TF32   float operands already rounded to TF32 by the pack kernel, mma m16n8k8
+//   PREC_3XTF32 float operands split in registers into big + small TF32 parts and
+//               multiplied as big*big + big*small + small*big (float32 accuracy)
+#pragma once
+#include "common.cuh"
+
+#define PREC_16 0
+#define PREC_TF32 1
+#define PREC_3XTF32 2
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+// The 32-bit shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, bypassing L1; zero-filled (nothing read) when !pred.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+
+// Four 8x8 matrices of 16-bit pairs (or of 32-bit words: 8 rows x 4 floats); lanes
+// 8q..8q+7 give the row addresses of matrix q.  _t transposes each matrix.
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ unsigned tf32_bits(float f) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
+    return r;
+}
+
+// Round to TF32 where asked (the pack kernels), identity for the other types.
+template <typename T> __device__ __forceinline__ T tf32_if(T v, bool) { return v; }
+template <> __device__ __forceinline__ float tf32_if<float>(float v, bool round) {
+    return round ? __uint_as_float(tf32_bits(v)) : v;
+}
+
+// d += a * b for one 16x8 output tile; A is 16 x k, B is k x 8 (k = 8 for float, 16 else).
+template <typename T> struct Mma;
+template <> struct Mma<float> {
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
+                                               const unsigned (&b)[2]) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<bf16_t> {
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
+                                               const unsigned (&b)[2]) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<half_t> {
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
+                                               const unsigned (&b)[2]) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+// Split float bits into TF32 big and small parts: x ~= big + small to ~2^-22.
+template <int N> __device__ __forceinline__ void tf32_split(const unsigned (&x)[N],
+                                                             unsigned (&big)[N],
+                                                             unsigned (&small)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const float f = __uint_as_float(x[i]);
+        big[i] = tf32_bits(f);
+        small[i] = tf32_bits(f - __uint_as_float(big[i]));
+    }
+}
+
+// One K slice of a warp tile: acc[MT][NT] += a[MT] * b[NT].
+template <typename T, int PREC, int MT, int NT>
+__device__ __forceinline__ void mma_slice(float (&acc)[MT][NT][4], const unsigned (&a)[MT][4],
+                                          const unsigned (&b)[NT][2]) {
+    if constexpr (PREC == PREC_3XTF32) {
+        unsigned ab[MT][4], as[MT][4], bb[NT][2], bs[NT][2];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) tf32_split(a[i], ab[i], as[i]);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) tf32_split(b[j], bb[j], bs[j]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                Mma<T>::run(acc[i][j], as[i], bb[j]);  // small terms first
+                Mma<T>::run(acc[i][j], ab[i], bs[j]);
+                Mma<T>::run(acc[i][j], ab[i], bb[j]);
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
+    }
+}
+
+template <int MT, int NT> __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+}
+
+// The multistage main loop over nk K tiles: STAGES - 1 tile copies in flight while one
+// stage is multiplied, one barrier per tile.  load(stage) issues the cp.async copies of
+// the next tile into a stage; compute(stage) multiplies one.  A stage is refilled only
+// after every warp has passed the barrier that follows its last use.
+template <int STAGES, typename Load, typename Compute>
+__device__ __forceinline__ void multistage(int nk, Load& load, Compute& compute) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nk) load(s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+        cp_async_wait<STAGES - 2>();  // tile kt has landed (this thread's copies)
+        __syncthreads();              // ... everyone's, and stage kt - 1 is free
+        const int next = kt + STAGES - 1;
+        if (next < nk) load(next % STAGES);
+        cp_async_commit();
+        compute(kt % STAGES);
+    }
+    cp_async_wait<0>();
+}
+
+// act(v + bias[j]) (+ residual[idx]) times scale, rounded to T: the fused epilogue.
+template <typename T>
+__device__ __forceinline__ T conv_epilogue(acc_t<T> v, const T* __restrict__ bias,
+                                           const T* __restrict__ residual, long long idx,
+                                           long long j, int act, acc_t<T> scale) {
+    if (bias) v += load_acc(bias[j]);
+    v = act_fwd(act, v);
+    if (residual) v += load_acc(residual[idx]);
+    return store_as<T>(v * scale);
+}

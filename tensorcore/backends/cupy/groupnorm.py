@@ -1,0 +1,145 @@
+"""One-pass GroupNorm forward on Hopper: x is read once and y written once.
+
+Two kernels:
+
+* ``cuda/groupnorm_cluster.cu``: a cluster of blocks per statistic, each holding a
+  slice in registers, for groups of up to 64 Ki elements (float32);
+* ``cuda/groupnorm_resident.cu``: one block per SM holds its range of the whole tensor
+  in registers and shared memory, one grid barrier separates the reads of the tensor
+  from the writes, for any group size as long as the tensor fits on chip (~38 MB of
+  float32 on an H100/H200).
+
+``forward_kernels`` (below) is the choice between them; ``one_pass_group_norm``
+returns None before Hopper, for unaligned data and for planes that are not whole packs,
+and the caller then takes the two-pass path (cuda/planenorm.cu).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import cupy
+import numpy
+
+from . import loader
+from .loader import kernel
+from .elementwise import ACT_CODES
+from .util import acc_dtype, aligned, contiguous, empty_as, pack_width, ptr
+
+GN_CLUSTER, GN_RESIDENT = "groupnorm_cluster.cu", "groupnorm_resident.cu"
+# blocks per statistic, packs per thread, and threads resident per SM under the kernel's
+# register cap, __launch_bounds__(512, 3) (groupnorm_cluster.cu)
+CLUSTER, GN_PACKS, CLUSTER_THREADS_PER_SM = 8, 4, 1536
+# threads per block, packs per thread in registers and (at most) in shared memory,
+# statistics one block may touch, and a bound on the static shared memory of every
+# instantiation (groupnorm_resident.cu)
+RES_THREADS, RES_REG_PACKS, RES_SHARED_PACKS, RES_STATS = 1024, 4, 13, 4
+RES_STATIC_SHARED = 4096
+PACK_BYTES = 16
+
+
+# ----- which one-pass kernel --------------------------------------------------------------
+def forward_kernels(stats: int, stat_packs: int) -> tuple[Callable, ...]:
+    """The one-pass kernels to try, in order, for ``stats`` statistics of ``stat_packs``
+    packs each (each kernel returns None where it does not apply): the cluster kernel
+    first when its blocks are at least three quarters full or all of them fit on the GPU
+    at once; otherwise it would run waves of partly idle load-reduce-store blocks, and the
+    resident kernel, whose single wave streams the whole tensor, goes first
+    (tests/benchmarks/groupnorm_onepass.py compares them)."""
+    share = -(-stat_packs // CLUSTER)
+    threads = _cluster_threads(share)
+    if threads is not None:
+        full = 4 * share >= 3 * threads * GN_PACKS
+        one_wave = stats * CLUSTER <= loader.sm_count() * (CLUSTER_THREADS_PER_SM // threads)
+        if full or one_wave:
+            return _clustered, _resident
+    return _resident, _clustered
+
+
+def _cluster_threads(share: int) -> int | None:
+    """Threads per cluster block holding ``share`` packs, None when none can."""
+    return next((t for t in (256, 512) if share <= t * GN_PACKS), None)
+
+
+def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str):
+    """(y, mean, rstd) of GroupNorm in one read of x, or None where no one-pass kernel
+    applies.  x, weight and bias are checked by the caller."""
+    if loader.compute_capability() < 90:
+        return None
+    x = contiguous(x)
+    weight = None if weight is None else contiguous(weight)
+    bias = None if bias is None else contiguous(bias)
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    pack = pack_width(x.dtype)
+    if s % pack or not aligned(x):
+        return None
+    stat_len = c // groups * s
+    args = (x, weight, bias, (n, groups), stat_len, s, eps, act)
+    for run in forward_kernels(n * groups, stat_len // pack):
+        out = run(*args)
+        if out is not None:
+            return out
+    return None
+
+
+def _outputs(x, stats: tuple[int, int]):
+    y = empty_as(x)
+    mean, rstd = cupy.empty((2, *stats), dtype=acc_dtype(x.dtype))
+    return y, mean, rstd
+
+
+def _resident(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
+    """groupnorm_resident.cu: the whole tensor on chip, or None when it does not fit
+    (then it has far fewer than 2**31 elements: the kernel's indices are 32-bit)."""
+    packs = x.size // pack_width(x.dtype)
+    stat_packs = stat_len // pack_width(x.dtype)
+    per_block = RES_THREADS * (RES_REG_PACKS + _resident_shared_packs())
+    sms = loader.sm_count()
+    # enough blocks for the packs (registers first) and for at most RES_STATS
+    # statistics per block, no more than one per SM
+    grid = max(-(-packs // (RES_THREADS * RES_REG_PACKS)),
+               -(-packs // ((RES_STATS - 1) * stat_packs)))
+    grid = min(grid, sms)
+    chunk = -(-packs // grid)
+    if chunk > per_block or chunk > (RES_STATS - 1) * stat_packs:
+        return None
+    grid = -(-packs // chunk)
+    smem_packs = max(0, -(-chunk // RES_THREADS) - RES_REG_PACKS)
+    y, mean, rstd = _outputs(x, stats)
+    partials = cupy.empty(grid * RES_STATS * 2, dtype=mean.dtype)
+    _resident_kernel(x.dtype, cupy.cuda.runtime.getDevice())(
+        (grid,), (RES_THREADS,),
+        (x, ptr(weight), ptr(bias), y, mean, rstd, partials,
+         *map(numpy.int32, (packs, chunk, stat_len, s, x.shape[1])), float(eps),
+         numpy.int32(ACT_CODES[act])),
+        shared_mem=smem_packs * RES_THREADS * PACK_BYTES, enable_cooperative_groups=True)
+    return y, mean, rstd
+
+
+def _resident_shared_packs() -> int:
+    """Packs per thread the resident kernel can keep in dynamic shared memory."""
+    fits = (loader.shared_memory_optin() - RES_STATIC_SHARED) // (RES_THREADS * PACK_BYTES)
+    return min(RES_SHARED_PACKS, fits)
+
+
+@functools.lru_cache(maxsize=None)
+def _resident_kernel(dtype: Any, device: int) -> Any:
+    """The resident kernel for ``dtype``, allowed all the shared memory it may use."""
+    raw = loader.raw_kernel(GN_RESIDENT, "group_norm_resident_kernel", dtype)
+    raw.max_dynamic_shared_size_bytes = (_resident_shared_packs() * RES_THREADS * PACK_BYTES)
+    return raw.kernel
+
+
+def _clustered(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
+    """groupnorm_cluster.cu, or None for groups too large for a cluster's registers."""
+    threads = _cluster_threads(-(-(stat_len // pack_width(x.dtype)) // CLUSTER))
+    if threads is None:
+        return None
+    y, mean, rstd = _outputs(x, stats)
+    kernel(GN_CLUSTER, "group_norm_cluster_kernel", x.dtype)(
+        (stats[0] * stats[1] * CLUSTER,), (threads,),
+        (x, ptr(weight), ptr(bias), y, mean, rstd, stat_len, s, x.shape[1], float(eps),
+         ACT_CODES[act]))
+    return y, mean, rstd

@@ -1,0 +1,248 @@
+"""CuPy overrides for GEMM-based ops: matmul, conv2d (+ both gradients) as implicit
+GEMM on the tensor cores (``cupy/conv_igemm.py``) with im2col + GEMM as the fallback,
+and attention as GEMM + fused masked softmax + GEMM.
+
+Every GEMM goes through ``cublas.gemm`` (our own cuBLAS handle), so all of these can
+be captured in a CUDA graph.  TF32 is used for float32 when the matmul precision
+setting is "high"; 16-bit inputs accumulate in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cupy
+import numpy
+
+from . import cublas
+from . import conv_igemm
+from .loader import kernel, launch
+from .util import INT32_LIMIT, contiguous, empty_as, has_kernels, ptr, row_launch
+
+CONV = "im2col.cu"
+SOFTMAX = "softmax.cu"
+
+
+def allow_tf32() -> bool:
+    """Whether float32 GEMMs may use TF32 (matmul precision "high")."""
+    from ... import settings
+
+    return getattr(settings, "get_matmul_precision", lambda: "highest")() == "high"
+
+
+def _operand(x) -> tuple[Any, bool, int]:
+    """(array, stored transposed?, leading dimension) for the last two axes of x."""
+    rows, cols = x.shape[-2:]
+    if x.flags.c_contiguous:
+        return x, False, max(1, cols)
+    if x.swapaxes(-1, -2).flags.c_contiguous:
+        return x, True, max(1, rows)
+    return contiguous(x), False, max(1, cols)
+
+
+def bmm(a, b, out, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
+        beta: float = 0.0) -> None:
+    """out[i] = alpha * op(a[i]) @ op(b[i]) + beta * out[i] for contiguous 3-D a, b,
+    out (a batch of 1 broadcasts); op transposes a stored matrix when asked."""
+    m, n = out.shape[-2:]
+    k = a.shape[-2] if trans_a else a.shape[-1]
+    batch = out.shape[0]
+    cublas.gemm(trans_a, trans_b, m, n, k,
+                a.data.ptr, max(1, a.shape[-1]), 0 if a.shape[0] == 1 else a[0].size,
+                b.data.ptr, max(1, b.shape[-1]), 0 if b.shape[0] == 1 else b[0].size,
+                out.data.ptr, max(1, n), m * n, batch, out.dtype, alpha, beta, allow_tf32())
+
+
+class CupyLinalgKernels:
+    """matmul, conv2d and its gradients, attention."""
+
+    xp: Any
+
+    # ----- matmul ------------------------------------------------------------------
+    def matmul(self, a, b):
+        if (not has_kernels(a, b) or not cublas.supports(a.dtype) or a.ndim == 0 or b.ndim == 0
+                or a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]):
+            return super().matmul(a, b)
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        batch = numpy.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        (m, k), n = a2.shape[-2:], b2.shape[-1]
+        nb = math.prod(batch)
+        out = cupy.empty(batch + (m, n), dtype=a.dtype)
+        if out.size == 0 or k == 0:
+            return super().matmul(a, b)
+        ops = []
+        for x in (a2, b2):
+            if x.shape[:-2] != batch and math.prod(x.shape[:-2]) != 1:
+                x = contiguous(cupy.broadcast_to(x, batch + x.shape[-2:]))
+            x, trans, ld = _operand(x)
+            stride = 0 if math.prod(x.shape[:-2]) == 1 else x.shape[-2] * x.shape[-1]
+            ops.append((x, trans, ld, stride))
+        (xa, ta, lda, sa), (xb, tb, ldb, sb) = ops
+        cublas.gemm(ta, tb, m, n, k, xa.data.ptr, lda, sa, xb.data.ptr, ldb, sb,
+                    out.data.ptr, n, m * n, nb, a.dtype, allow_tf32=allow_tf32())
+        if a.ndim == 1:
+            out = out[..., 0, :]
+        if b.ndim == 1:
+            out = out[..., 0]
+        return out
+
+    # ----- convolution -------------------------------------------------------------
+    def _conv_ok(self, x_shape, w_shape, *arrays) -> bool:
+        """Kernels and cuBLAS cover the dtype, and the im2col / col2im thread counts
+        (N * C * max(H*W, Ho*Wo), bounded by the padded image) fit 32-bit indices."""
+        n, c, h, w = (tuple(x_shape) + (1, 1, 1, 1))[:4]
+        kh, kw = (tuple(w_shape) + (1, 1, 1, 1))[2:4]
+        padded = n * c * (h + 2 * kh) * (w + 2 * kw)
+        return (has_kernels(*arrays) and cublas.supports(arrays[0].dtype)
+                and padded <= INT32_LIMIT)
+
+    @staticmethod
+    def _is_pointwise(w_shape, stride, padding, dilation) -> bool:
+        return tuple(w_shape[2:]) == (1, 1) and tuple(stride) == (1, 1) and \
+            tuple(padding) == (0, 0) and tuple(dilation) == (1, 1)
+
+    def _im2col_gpu(self, x, w_shape, out_hw, stride, padding, dilation):
+        """col [N, Cin*kh*kw, Ho*Wo] of contiguous x (x itself for a 1x1 conv)."""
+        n, c, h, w = x.shape
+        kh, kw = w_shape[2:]
+        if self._is_pointwise(w_shape, stride, padding, dilation):
+            return x.reshape(n, c, h * w)
+        ho, wo = out_hw
+        col = cupy.empty((n, c * kh * kw, ho * wo), dtype=x.dtype)
+        launch(CONV, "im2col_kernel", x.dtype, n * c * ho * wo,
+               (x, col, n, c, h, w, kh, kw, *stride, *padding, *dilation, ho, wo))
+        return col
+
+    def conv2d(self, x, w, stride, padding, dilation, groups, bias=None, act="none",
+               residual=None, residual_scale=1.0):
+        ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
+        self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
+        # the kernel fuses a bias and residual of x's own dtype; others are added after
+        fused = all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype)
+                    for a in (bias, residual))
+        kernel_epilogue = (bias, act, residual, residual_scale) if fused else ()
+        y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups,
+                               *kernel_epilogue)
+        if y is None:
+            y = self._conv2d_gemm(x, w, (ho, wo), stride, padding, dilation, groups)
+        elif fused:
+            return y
+        return self._conv_epilogue(y, bias, act, residual, residual_scale)
+
+    def _conv2d_gemm(self, x, w, out_hw, stride, padding, dilation, groups):
+        """conv2d as im2col + cuBLAS GEMM (or the xp reference where cuBLAS can't)."""
+        if not self._conv_ok(x.shape, w.shape, x, w):
+            return super().conv2d(x, w, stride, padding, dilation, groups)
+        ho, wo = out_hw
+        x, w = contiguous(x), contiguous(w)
+        n, cout = x.shape[0], w.shape[0]
+        col = self._im2col_gpu(x, w.shape, (ho, wo), stride, padding, dilation)
+        out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
+        big_k, ohw = col.shape[1:]
+        kg, cog = big_k // groups, cout // groups
+        for g in range(groups):  # out_g[i] = w_g @ col_g[i]
+            _gemm(False, False, cog, ohw, kg, (w, g * cog * kg, kg, 0),
+                  (col, g * kg * ohw, ohw, big_k * ohw), (out, g * cog * ohw, ohw, cout * ohw), n)
+        return out
+
+    def conv2d_grad_input(self, grad, w, x_shape, stride, padding, dilation, groups):
+        ho, wo = self._conv_grad_geometry("conv2d_grad_input", grad, x_shape, w.shape, stride,
+                                          padding, dilation, groups)
+        dx = conv_igemm.input_grad(grad, w, x_shape, stride, padding, dilation, groups)
+        if dx is not None:
+            return dx
+        if not self._conv_ok(x_shape, w.shape, grad, w):
+            return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
+        n, c, h, wd = x_shape
+        cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        grad, w = contiguous(grad), contiguous(w)
+        pointwise = self._is_pointwise(w.shape, stride, padding, dilation)
+        dx = cupy.empty(tuple(x_shape), dtype=grad.dtype)
+        big_k, ohw = c * kh * kw, ho * wo
+        col = dx.reshape(n, c, h * wd) if pointwise else cupy.empty((n, big_k, ohw), grad.dtype)
+        kg, cog = big_k // groups, cout // groups
+        for g in range(groups):  # col_g[i] = w_gᵀ @ grad_g[i]
+            _gemm(True, False, kg, ohw, cog, (w, g * cog * kg, kg, 0),
+                  (grad, g * cog * ohw, ohw, cout * ohw), (col, g * kg * ohw, ohw, big_k * ohw), n)
+        if not pointwise:
+            launch(CONV, "col2im_kernel", dx.dtype, dx.size,
+                   (col, dx, n, c, h, wd, kh, kw, *stride, *padding, *dilation, ho, wo))
+        return dx
+
+    def conv2d_grad_weight(self, grad, x, w_shape, stride, padding, dilation, groups):
+        ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
+                                          padding, dilation, groups)
+        dw = conv_igemm.weight_grad(grad, x, w_shape, stride, padding, dilation, groups)
+        if dw is not None:
+            return dw
+        if not self._conv_ok(x.shape, w_shape, grad, x):
+            return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
+        n, cout = x.shape[0], w_shape[0]
+        grad, x = contiguous(grad), contiguous(x)
+        col = self._im2col_gpu(x, w_shape, (ho, wo), stride, padding, dilation)
+        big_k, ohw = col.shape[1:]
+        kg, cog = big_k // groups, cout // groups
+        per_image = cupy.empty((n, cout, kg), dtype=x.dtype)
+        for g in range(groups):  # dw_g[i] = grad_g[i] @ col_g[i]ᵀ
+            _gemm(False, True, cog, kg, ohw, (grad, g * cog * ohw, ohw, cout * ohw),
+                  (col, g * kg * ohw, ohw, big_k * ohw), (per_image, g * cog * kg, kg, cout * kg), n)
+        dw = per_image[0] if n == 1 else self.reduce("sum", per_image, (0,), False)
+        return dw.reshape(tuple(w_shape))
+
+    # ----- attention ---------------------------------------------------------------
+    def attention(self, q, k, v, mask, causal, scale):
+        fits = (q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+                and q.shape[3] == k.shape[3] and k.shape[2] == v.shape[2])
+        if not (fits and has_kernels(q, k, v) and cublas.supports(q.dtype)):
+            return super().attention(q, k, v, mask, causal, scale)
+        b, h, lq, d = q.shape
+        lk, dv = k.shape[2], v.shape[3]
+        q3, k3, v3 = (contiguous(t).reshape(b * h, t.shape[2], t.shape[3]) for t in (q, k, v))
+        scores = cupy.empty((b * h, lq, lk), dtype=q.dtype)
+        bmm(q3, k3, scores, trans_b=True, alpha=scale)
+        strides = (0, 0, 0, 0)
+        if mask is not None:
+            mask = cupy.broadcast_to(mask.astype(q.dtype, copy=False), (b, h, lq, lk))
+            strides = tuple(s // mask.itemsize for s in mask.strides)
+        probs = empty_as(scores)
+        grid, block, tpr = row_launch(b * h * lq, lk)
+        kernel(SOFTMAX, "attn_softmax_kernel", q.dtype)(
+            grid, block, (scores, ptr(mask), probs, b * h * lq, lk, h, lq, int(causal),
+                          *strides, tpr))
+        out = cupy.empty((b * h, lq, dv), dtype=q.dtype)
+        bmm(probs, v3, out)
+        return out.reshape(b, h, lq, dv), probs.reshape(b, h, lq, lk)
+
+    def attention_backward(self, grad, q, k, v, probs, scale):
+        if not (has_kernels(grad, q, k, v, probs) and cublas.supports(q.dtype) and q.ndim == 4):
+            return super().attention_backward(grad, q, k, v, probs, scale)
+        b, h, lq, d = q.shape
+        lk, dv = k.shape[2], v.shape[3]
+        g3, q3, k3, v3, p3 = (contiguous(t).reshape(b * h, t.shape[2], t.shape[3])
+                              for t in (grad, q, k, v, probs))
+        dv_ = cupy.empty((b * h, lk, dv), dtype=q.dtype)
+        bmm(p3, g3, dv_, trans_a=True)
+        dprobs = cupy.empty((b * h, lq, lk), dtype=q.dtype)
+        bmm(g3, v3, dprobs, trans_b=True)
+        dscores = empty_as(dprobs)
+        grid, block, tpr = row_launch(b * h * lq, lk)
+        kernel(SOFTMAX, "softmax_bwd_kernel", q.dtype)(
+            grid, block, (dprobs, p3, dscores, b * h * lq, lk, 0, tpr, float(scale)))
+        dq = cupy.empty((b * h, lq, d), dtype=q.dtype)
+        bmm(dscores, k3, dq)
+        dk = cupy.empty((b * h, lk, d), dtype=q.dtype)
+        bmm(dscores, q3, dk, trans_a=True)
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv_.reshape(v.shape)
+
+
+def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: tuple, b: tuple,
+          c: tuple, batch: int) -> None:
+    """Strided-batched GEMM on sub-blocks: each operand is (array, element offset,
+    leading dimension, batch stride in elements)."""
+    item = c[0].dtype.itemsize
+    (xa, oa, lda, sa), (xb, ob, ldb, sb), (xc, oc, ldc, sc) = a, b, c
+    cublas.gemm(trans_a, trans_b, m, n, k, xa.data.ptr + oa * item, lda, sa,
+                xb.data.ptr + ob * item, ldb, sb, xc.data.ptr + oc * item, ldc, sc, batch,
+                xc.dtype, allow_tf32=allow_tf32())

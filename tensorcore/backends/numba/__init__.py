@@ -1,0 +1,1 @@
+"""The Numba backend: the NumPy reference with hot CPU kernels replaced by parallel ``@njit`` kernels."""

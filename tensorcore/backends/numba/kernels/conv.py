@@ -1,0 +1,258 @@
+"""im2col / col2im for 2-D convolution (NCHW); the matrix products are BLAS calls
+made by the backend.
+
+The column matrix is laid out [C, kh, kw, N, Ho*Wo], i.e. [groups, K, N*Ho*Wo] with
+K = C/groups * kh * kw, so the forward, the input gradient and the weight gradient
+are each one large GEMM per group.  ``im2col_`` fills a caller-owned buffer: the
+column matrix is the largest temporary of a convolution, and reusing it spares the
+page faults of a fresh allocation (which parallel threads take slowly).
+
+One row of the column matrix holds one tap (a, b) of one channel for every output
+position.  With stride 1 and Wo == W (a "same"-width convolution such as 3x3 with
+padding 1), output position p of a tap reads input position p + offset of the
+flattened plane, so the row is one contiguous shifted copy of the plane, after which
+the positions whose tap falls in the padding are zeroed.  Other geometries copy row
+by row.  col2im runs one (channel, image) plane per task, so no two threads add into
+the same element.  For small planes of unchanged size, ``im2col_same_`` /
+``col2im_same_`` work on the channel-major layout [C, N, H, W], where a tap's row is
+one shifted copy across all N planes.
+
+``small_k_forward`` / ``small_k_weight_grad`` replace the BLAS products when the
+contraction C/groups * kh * kw is short (a first layer on 1-3 input channels).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from .jit import helper, kernel
+
+
+@helper
+def _valid_outputs(tap, dilation, stride, pad, in_size, out_size):
+    """[lo, hi): the outputs whose input position ``o*stride - pad + tap*dilation``
+    lies inside [0, in_size)."""
+    shift = tap * dilation - pad
+    lo = min(max(-(shift // stride), 0), out_size)  # ceil(-shift / stride)
+    last = in_size - 1 - shift
+    hi = last // stride + 1 if last >= 0 else 0
+    return lo, max(min(hi, out_size), lo)
+
+
+@helper
+def _shifted_span(offset, in_size, out_lo, out_hi):
+    """[lo, hi) within [out_lo, out_hi): the output positions p of a flat shifted copy
+    whose input position p + offset lies inside [0, in_size)."""
+    lo = max(out_lo, -offset)
+    return lo, max(min(out_hi, in_size - offset), lo)
+
+
+@helper
+def _zero_padding_reads(row, ho, wo, oh_lo, oh_hi, ow_lo, ow_hi):
+    """Zero the entries of ``row``, one or more flat output planes [Ho*Wo] back to
+    back, outside rows [oh_lo, oh_hi) x columns [ow_lo, ow_hi): the positions where
+    the tap reads padding."""
+    t = row.dtype.type
+    plane = ho * wo
+    for start in range(0, row.size, plane):
+        for p in range(start, start + oh_lo * wo):
+            row[p] = t(0.0)
+        for p in range(start + oh_hi * wo, start + plane):
+            row[p] = t(0.0)
+    for col in range(ow_lo):
+        for r in range(row.size // wo):
+            row[r * wo + col] = t(0.0)
+    for col in range(ow_hi, wo):
+        for r in range(row.size // wo):
+            row[r * wo + col] = t(0.0)
+
+
+@kernel
+def im2col_(cols, x, sh, sw, ph, pw, dh, dw, ho, wo):
+    """Fill ``cols`` [C, kh, kw, N, Ho*Wo] with the taps of x [N, C, H, W], zero where
+    a tap reads padding.  One task per (channel, tap) row."""
+    n, c, h, w = x.shape
+    kh, kw = cols.shape[1], cols.shape[2]
+    shifted = sh == 1 and sw == 1 and wo == w
+    for task in prange(c * kh * kw):
+        ch, a, b = task // (kh * kw), task // kw % kh, task % kw
+        oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
+        ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
+        offset = (a * dh - ph) * w + b * dw - pw
+        lo, hi = _shifted_span(offset, h * w, oh_lo * wo, oh_hi * wo)
+        col_shift = b * dw - pw
+        for i in range(n):
+            dst = cols[ch, a, b, i]
+            if shifted:
+                src = x[i, ch].reshape(-1)[lo + offset:hi + offset]
+                part = dst[lo:hi]
+                for p in range(part.size):
+                    part[p] = src[p]
+            else:
+                for oh in range(oh_lo, oh_hi):
+                    src_row = x[i, ch, oh * sh - ph + a * dh, ow_lo * sw + col_shift::sw]
+                    dst_row = dst[oh * wo + ow_lo:oh * wo + ow_hi]
+                    for ow in range(dst_row.size):
+                        dst_row[ow] = src_row[ow]
+            _zero_padding_reads(dst, ho, wo, oh_lo, oh_hi, ow_lo, ow_hi)
+
+
+@kernel
+def col2im_(cols, h, w, sh, sw, ph, pw, dh, dw, ho, wo):
+    """Adjoint of ``im2col_``: columns [C, kh, kw, N, Ho*Wo] -> x-shaped [N, C, H, W],
+    adding every tap's value into the input position it read.  Overwrites the entries
+    of ``cols`` whose tap reads padding with zeros."""
+    c, kh, kw, n, _ = cols.shape
+    t = cols.dtype.type
+    dx = np.empty((n, c, h, w), dtype=cols.dtype)
+    shifted = sh == 1 and sw == 1 and wo == w
+    for task in prange(c * n):
+        ch, i = task // n, task % n
+        plane = dx[i, ch].reshape(-1)
+        for q in range(plane.size):
+            plane[q] = t(0.0)
+        for a in range(kh):
+            oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
+            for b in range(kw):
+                ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
+                src = cols[ch, a, b, i]
+                if shifted:
+                    _zero_padding_reads(src, ho, wo, oh_lo, oh_hi, ow_lo, ow_hi)
+                    offset = (a * dh - ph) * w + b * dw - pw
+                    lo, hi = _shifted_span(offset, h * w, oh_lo * wo, oh_hi * wo)
+                    part, dst = src[lo:hi], plane[lo + offset:hi + offset]
+                    for p in range(part.size):
+                        dst[p] += part[p]
+                else:
+                    col_shift = b * dw - pw
+                    for oh in range(oh_lo, oh_hi):
+                        dst_row = dx[i, ch, oh * sh - ph + a * dh, ow_lo * sw + col_shift::sw]
+                        src_row = src[oh * wo + ow_lo:oh * wo + ow_hi]
+                        for ow in range(src_row.size):
+                            dst_row[ow] += src_row[ow]
+    return dx
+
+
+@kernel
+def im2col_same_(cols, x_cm, ph, pw, dh, dw):
+    """``im2col_`` for stride 1 and an output plane the size of the input plane, from
+    channel-major x_cm [C, N, H, W]: each (channel, tap) row of ``cols`` is then one
+    shifted copy of the channel's N planes back to back (the values that spill across
+    plane edges all sit where the tap reads padding, and are zeroed).  For small
+    planes this beats ``im2col_``'s copy per plane, layout swap included."""
+    c, n, h, w = x_cm.shape
+    kh, kw = cols.shape[1], cols.shape[2]
+    t = x_cm.dtype.type
+    size = n * h * w
+    for task in prange(c * kh * kw):
+        ch, a, b = task // (kh * kw), task // kw % kh, task % kw
+        oh_lo, oh_hi = _valid_outputs(a, dh, 1, ph, h, h)
+        ow_lo, ow_hi = _valid_outputs(b, dw, 1, pw, w, w)
+        offset = (a * dh - ph) * w + b * dw - pw
+        lo, hi = _shifted_span(offset, size, 0, size)
+        dst = cols[ch, a, b].reshape(-1)
+        src, part = x_cm[ch].reshape(-1)[lo + offset:hi + offset], dst[lo:hi]
+        for q in range(part.size):
+            part[q] = src[q]
+        for q in range(lo):
+            dst[q] = t(0.0)
+        for q in range(hi, size):
+            dst[q] = t(0.0)
+        _zero_padding_reads(dst, h, w, oh_lo, oh_hi, ow_lo, ow_hi)
+
+
+@kernel
+def col2im_same_(cols, n, h, w, ph, pw, dh, dw):
+    """Adjoint of ``im2col_same_``: columns [C, kh, kw, N, H*W] -> channel-major
+    [C, N, H, W], one channel per task.  Overwrites the entries of ``cols`` whose tap
+    reads padding with zeros."""
+    c, kh, kw = cols.shape[:3]
+    t = cols.dtype.type
+    size = n * h * w
+    dx = np.empty((c, n, h, w), dtype=cols.dtype)
+    for ch in prange(c):
+        acc = dx[ch].reshape(-1)
+        for q in range(size):
+            acc[q] = t(0.0)
+        for a in range(kh):
+            oh_lo, oh_hi = _valid_outputs(a, dh, 1, ph, h, h)
+            for b in range(kw):
+                ow_lo, ow_hi = _valid_outputs(b, dw, 1, pw, w, w)
+                src = cols[ch, a, b].reshape(-1)
+                _zero_padding_reads(src, h, w, oh_lo, oh_hi, ow_lo, ow_hi)
+                offset = (a * dh - ph) * w + b * dw - pw
+                lo, hi = _shifted_span(offset, size, 0, size)
+                part, dst = src[lo:hi], acc[lo + offset:hi + offset]
+                for q in range(part.size):
+                    dst[q] += part[q]
+    return dx
+
+
+@kernel
+def swap_leading_axes(x):
+    """Contiguous [A, B, *rest] -> contiguous [B, A, *rest] (a parallel copy, one task
+    per index of B)."""
+    a, b = x.shape[0], x.shape[1]
+    out = np.empty((b, a) + x.shape[2:], dtype=x.dtype)
+    if out.size == 0:
+        return out
+    inner = x.size // (a * b)
+    src, dst = x.reshape(a, b, inner), out.reshape(b, a, inner)
+    for j in prange(b):
+        for i in range(a):
+            s, d = src[i, j], dst[j, i]
+            for k in range(inner):
+                d[k] = s[k]
+    return out
+
+
+@kernel
+def small_k_forward(w, cols):
+    """y [N, Cout, Ho*Wo] = w [groups, Cout/groups, K] @ cols [groups, K, N, Ho*Wo] per
+    group, written straight into NCHW order.  For a short contraction (a first layer's
+    few input channels) the product is memory-bound: one pass that accumulates each
+    output plane in L1 beats a BLAS call plus the NCHW reordering."""
+    groups, cg, k = w.shape
+    n, hw = cols.shape[2], cols.shape[3]
+    t = cols.dtype.type
+    y = np.empty((n, groups * cg, hw), dtype=cols.dtype)
+    for task in prange(n * groups * cg):
+        i, co = task // (groups * cg), task % (groups * cg)
+        g, cj = co // cg, co % cg
+        plane = y[i, co]
+        for p in range(hw):
+            plane[p] = t(0.0)
+        for kk in range(k):
+            wk, src = w[g, cj, kk], cols[g, kk, i]
+            for p in range(hw):
+                plane[p] += wk * src[p]
+    return y
+
+
+@kernel
+def small_k_weight_grad(grad, cols):
+    """dw [groups, Cout/groups, K] = grad @ cols^T per group, from grad [N, Cout, Ho*Wo]
+    and cols [groups, K, N, Ho*Wo]: the adjoint of ``small_k_forward`` in the weight.
+    One output channel per task; its K x Ho*Wo partial sums stay in L1 and are
+    reduced once at the end."""
+    groups, k, n, hw = cols.shape
+    cout = grad.shape[1]
+    cg = cout // groups
+    t = cols.dtype.type
+    dw = np.empty((groups, cg, k), dtype=cols.dtype)
+    for co in prange(cout):
+        g, cj = co // cg, co % cg
+        acc = np.zeros((k, hw), dtype=cols.dtype)
+        for i in range(n):
+            gp = grad[i, co]
+            for kk in range(k):
+                row, src = acc[kk], cols[g, kk, i]
+                for p in range(hw):
+                    row[p] += gp[p] * src[p]
+        for kk in range(k):
+            s = t(0.0)
+            for p in range(hw):
+                s += acc[kk, p]
+            dw[g, cj, kk] = s
+    return dw

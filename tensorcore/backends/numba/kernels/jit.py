@@ -1,0 +1,63 @@
+"""The decorators every kernel module uses, so all kernels compile alike.
+
+* ``kernel``: a parallel entry point called from the backend (``prange`` loops); it
+  runs on one thread when its arrays are small (``numba/threads.py``).
+* ``helper``: a serial function called from kernels (inlined by LLVM).
+* ``wide_vectors()``: called first thing in a parallel loop body, lets LLVM use
+  512-bit vectors in that body (see its docstring).
+
+Fast-math is limited to ``reassoc`` / ``contract`` / ``nsz``: enough for LLVM to
+vectorise float reductions and fuse multiply-adds, while inf and NaN keep their IEEE
+meaning (softmax masks with -inf, max pooling propagates NaN) and divisions stay
+exactly rounded (approximate reciprocals would spoil the tails of sigmoid and tanh).
+``error_model="numpy"`` drops the per-division zero check that would otherwise
+block vectorisation; ``cache=True`` stores compiled code next to the sources, so
+only the first process pays the compile time.
+"""
+
+from __future__ import annotations
+
+from numba import njit, types
+from numba.extending import intrinsic
+
+from tensorcore.backends.numba import threads
+
+JIT_OPTIONS = {"fastmath": {"reassoc", "contract", "nsz"}, "error_model": "numpy"}
+
+helper = njit(cache=True, **JIT_OPTIONS)
+_parallel = njit(parallel=True, cache=True, **JIT_OPTIONS)
+
+
+def kernel(fn):
+    """``fn`` compiled as a parallel kernel that runs serially on small arrays."""
+    return threads.SizedKernel(_parallel(fn))
+
+
+def thread_count() -> int:
+    """Threads a large kernel runs on (``tc.set_num_threads``; default every core)."""
+    return threads.get_num_threads()
+
+
+_PREFER_512 = '"prefer-vector-width"="512"'
+
+
+@intrinsic
+def wide_vectors(typingctx):
+    """Ask LLVM to vectorise the enclosing function with 512-bit vectors.
+
+    On AVX-512 CPUs LLVM defaults to 256-bit vectors (wide ones can lower the clock
+    of a whole core), which halves the throughput of compute-bound loops such as
+    the polynomial ``exp`` of softmax.  Called in a ``prange`` body it tags only the
+    function Numba outlines for that body with LLVM's ``prefer-vector-width``
+    attribute; CPUs without 512-bit registers ignore it.  llvmlite's attribute set
+    accepts only a fixed list of names, so the string attribute is added with the
+    plain ``set.add``; if a llvmlite version refuses it, the hint is dropped.
+    """
+    def codegen(context, builder, signature, args):
+        try:
+            set.add(builder.function.attributes, _PREFER_512)
+        except TypeError:
+            pass
+        return context.get_dummy_value()
+
+    return types.none(), codegen

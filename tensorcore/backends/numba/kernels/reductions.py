@@ -1,0 +1,72 @@
+"""Vectorised reductions over one contiguous 1-D row, for use inside kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .jit import helper
+
+
+_LANES = 64  # four AVX-512 registers of float32: one block's max need not wait for the last
+
+
+@helper
+def row_max(row):
+    """max(row) of a non-empty row.
+
+    LLVM does not vectorise a running ``max`` over one accumulator, so this keeps
+    ``_LANES`` independent maxima and folds them at the end.  With fewer lanes (one
+    register) each block's ``max`` waits on the previous one.
+    """
+    body = row.size - row.size % _LANES
+    if body == 0:
+        return row.max()
+    lanes = row[:_LANES].copy()
+    for start in range(_LANES, body, _LANES):
+        np.maximum(lanes, row[start:start + _LANES], lanes)
+    m = lanes.max()
+    for c in range(body, row.size):
+        m = max(m, row[c])
+    return m
+
+
+_BLOCK = 4096
+
+
+@helper
+def _block_moments(block):
+    """(mean, sum of squared deviations) of a short block, by two exact passes."""
+    t = block.dtype.type
+    s = t(0.0)
+    for i in range(block.size):
+        s += block[i]
+    mean = s / t(block.size)
+    m2 = t(0.0)
+    for i in range(block.size):
+        d = block[i] - mean
+        m2 += d * d
+    return mean, m2
+
+
+@helper
+def moments(seg):
+    """(mean, sum of squared deviations) of a contiguous segment, in float64.
+
+    Welford's parallel form (Chan et al.): blocks that fit in L1 get exact two-pass
+    moments with vectorised loops, and the blocks are merged with the pairwise update
+    ``m2 = m2_a + m2_b + delta**2 * n_a * n_b / n``, which stays accurate for long
+    segments whose mean is large relative to their spread.
+    """
+    count = 0
+    mean = 0.0
+    m2 = 0.0
+    for start in range(0, seg.size, _BLOCK):
+        block = seg[start:start + _BLOCK]
+        block_mean, block_m2 = _block_moments(block)
+        n_b = block.size
+        total = count + n_b
+        delta = float(block_mean) - mean
+        mean += delta * n_b / total
+        m2 += float(block_m2) + delta * delta * count * n_b / total
+        count = total
+    return mean, m2

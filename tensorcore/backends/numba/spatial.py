@@ -1,0 +1,339 @@
+"""Numba versions of convolution, pooling and upsampling (NCHW).
+
+Convolution is parallel im2col / col2im plus one BLAS GEMM per group (NumPy's
+``matmul`` on the column matrix); large 3x3 stride-1 convolutions run all three
+passes through Winograd F(4x4, 3x3) tile transforms and 36 batched GEMMs instead
+(``kernels/winograd.py``).  Shapes are validated by the reference's checks
+before any kernel runs; other dtypes defer to the NumPy reference.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .kernels import fast_path
+from ..numpy.pool import _pool_geometry
+from ..numpy.upsample import _check_image
+
+Array = Any
+Pair = tuple[int, int]
+Shape = tuple[int, ...]
+
+
+# ----- which algorithm a convolution pass runs -------------------------------------------
+WINOGRAD, DIRECT, IM2COL = "winograd", "direct", "im2col"
+SMALL_K = 16  # contractions (C/groups * kh * kw) up to this length skip BLAS
+
+
+def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
+                   dilation: Pair, groups: int, n: int, plane_hw: Pair) -> str:
+    """The algorithm of one pass ("forward", "grad_input", "grad_weight") of a
+    convolution with weight ``w_shape`` over ``n`` images, ``plane_hw`` being the output
+    plane (the input plane for "grad_input", which Winograd computes as a convolution):
+
+    * WINOGRAD, F(4x4, 3x3), for 3x3 stride-1 undilated ungrouped convolutions whose 36
+      batched [Cout, C] @ [C, tiles] products run at BLAS speed: 64+ channels on both
+      sides, planes of 64+ tiles, 1024+ tiles in all (and padding <= 2 for "grad_input");
+    * DIRECT, a loop without BLAS, for short contractions (forward and weight gradient);
+    * IM2COL, parallel im2col / col2im and a BLAS GEMM per group, otherwise.
+
+    The thresholds come from measurements recorded in docs/benchmarks.md."""
+    tiles = math.prod(_tile_grid(plane_hw))
+    winograd = (tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1)
+                and tuple(dilation) == (1, 1) and groups == 1
+                and min(w_shape[0], w_shape[1]) >= 64 and tiles >= 64 and n * tiles >= 1024)
+    if pass_name == "grad_input":
+        return WINOGRAD if winograd and max(padding) <= 2 else IM2COL
+    if winograd:
+        return WINOGRAD
+    return DIRECT if w_shape[1] * w_shape[2] * w_shape[3] <= SMALL_K else IM2COL
+
+
+def _small_same_plane(x_shape: Shape, stride: Pair, out_hw: Pair) -> bool:
+    """True for a stride-1 convolution whose output plane is the input plane's size
+    and small (under 128 values): im2col / col2im then work on the channel-major
+    layout, one long shifted copy per tap instead of one short copy per plane."""
+    return (stride == (1, 1) and tuple(x_shape[2:]) == tuple(out_hw)
+            and out_hw[0] * out_hw[1] < 128)
+
+
+class Scratch:
+    """Growable buffers for the convolution temporaries (the column matrix, the Winograd
+    transforms), one per (thread, dtype, slot), owned by the backend.  A thread's buffers
+    go with the thread; ``clear`` drops them all (a buffer in use lives on through its
+    views until the call that took it returns)."""
+
+    def __init__(self) -> None:
+        self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def take(self, size: int, dtype: Any, slot: int = 0) -> Array:
+        """A flat array of ``size`` elements of ``dtype``; its contents are garbage and
+        stay valid until this thread's next ``take`` of the same slot."""
+        mine = self._buffers.setdefault(threading.current_thread(), {})
+        key = (np.dtype(dtype), slot)
+        buf = mine.get(key)
+        if buf is None or buf.size < size:
+            buf = mine[key] = np.empty(size, dtype)
+        return buf[:size]
+
+    def clear(self) -> None:
+        self._buffers.clear()
+
+
+def _bilinear_taps(in_size: int, out_size: int, align_corners: bool,
+                   dtype: Any) -> tuple[Array, Array, Array]:
+    """(lo, hi, weight of hi) per output index, PyTorch's source-index rule."""
+    dst = np.arange(out_size, dtype=np.float64)
+    if align_corners:
+        src = dst * ((in_size - 1) / (out_size - 1) if out_size > 1 else 0.0)
+    else:
+        src = np.maximum((dst + 0.5) * (in_size / out_size) - 0.5, 0.0)
+    lo = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+    hi = np.minimum(lo + 1, in_size - 1)
+    return lo, hi, np.clip(src - lo, 0.0, 1.0).astype(dtype)
+
+
+def _tile_grid(out_hw: Pair) -> Pair:
+    """Winograd output tiles per plane, (rows, columns)."""
+    from .kernels.winograd import TILE
+
+    return -(-out_hw[0] // TILE), -(-out_hw[1] // TILE)
+
+
+def _winograd_input(scratch: Scratch, x: Array, padding: Pair, out_hw: Pair) -> tuple[Array, Pair]:
+    """V [36, C, tiles] of x (in this thread's scratch slot 1) and the tile grid."""
+    from .kernels import winograd as K
+
+    n, c = x.shape[:2]
+    tiles = _tile_grid(out_hw)
+    v = scratch.take(36 * c * n * tiles[0] * tiles[1], x.dtype, 1).reshape(36, c, -1)
+    K.input_tiles_(v, np.ascontiguousarray(x), *padding, *tiles)
+    return v, tiles
+
+
+def _winograd_conv(scratch: Scratch, x: Array, w: Array, padding: Pair, out_hw: Pair) -> Array:
+    """Stride-1 3x3 convolution of x [N, C, H, W] with w [Cout, C, 3, 3] by Winograd
+    F(4x4, 3x3): transform, 36 batched GEMMs, inverse transform."""
+    from .kernels import winograd as K
+
+    v, tiles = _winograd_input(scratch, x, padding, out_hw)
+    u = K.weight_tiles(np.ascontiguousarray(w))
+    m = scratch.take(36 * u.shape[1] * v.shape[2], x.dtype, 2).reshape(36, u.shape[1], -1)
+    np.matmul(u, v, out=m)
+    return K.output_tiles(m, x.shape[0], *out_hw, *tiles)
+
+
+def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair) -> Array:
+    """dL/dw [Cout, C, 3, 3] of a Winograd-shaped convolution: G^T (dM @ V^T) G with
+    dM = A dY A^T per tile."""
+    from .kernels import winograd as K
+
+    v, tiles = _winograd_input(scratch, x, padding, grad.shape[2:])
+    cout = grad.shape[1]
+    mg = scratch.take(36 * cout * v.shape[2], grad.dtype, 2).reshape(36, cout, -1)
+    K.grad_tiles_(mg, np.ascontiguousarray(grad), *tiles)
+    return K.weight_grad(np.matmul(mg, v.transpose(0, 2, 1)))
+
+
+class NumbaSpatialKernels:
+    """conv2d (+ both gradients), max/avg pooling, nearest/bilinear upsampling."""
+
+    scratch: Scratch  # the convolution temporaries (NumbaBackend owns it)
+
+    # ----- convolution -------------------------------------------------------------
+    def _columns(self, x: Array, kernel: Pair, out_hw: Pair, stride: Pair, padding: Pair,
+                 dilation: Pair, groups: int) -> Array:
+        """x [N, C, H, W] -> column matrix [groups, C/groups * kh * kw, N * Ho * Wo],
+        in this thread's scratch buffer (valid until the next call)."""
+        from .kernels import conv as K
+
+        n, c = x.shape[:2]
+        shape = (c, kernel[0], kernel[1], n, out_hw[0] * out_hw[1])
+        cols = self.scratch.take(math.prod(shape), x.dtype).reshape(shape)
+        x = np.ascontiguousarray(x)
+        if _small_same_plane(x.shape, stride, out_hw):
+            K.im2col_same_(cols, K.swap_leading_axes(x), *padding, *dilation)
+        else:
+            K.im2col_(cols, x, *stride, *padding, *dilation, *out_hw)
+        return cols.reshape(groups, -1, n * out_hw[0] * out_hw[1])
+
+    @staticmethod
+    def _grad_columns(grad: Array, groups: int) -> Array:
+        """grad [N, Cout, Ho, Wo] -> [groups, Cout/groups, N * Ho * Wo]."""
+        from .kernels import conv as K
+
+        n, cout, ho, wo = grad.shape
+        return K.swap_leading_axes(np.ascontiguousarray(grad)).reshape(groups, cout // groups,
+                                                                        n * ho * wo)
+
+    def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
+               groups: int, bias: Array | None = None, act: str = "none",
+               residual: Array | None = None, residual_scale: float = 1.0) -> Array:
+        epilogue = (bias, act, residual, residual_scale)
+        if not fast_path(x, w):
+            return super().conv2d(x, w, stride, padding, dilation, groups, *epilogue)
+        ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
+        self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
+        return self._conv_epilogue(self._conv2d_plain(x, w, stride, padding, dilation, groups,
+                                                      (ho, wo)), *epilogue)
+
+    def _conv2d_plain(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
+                      groups: int, out_hw: Pair) -> Array:
+        from .kernels import conv as K
+
+        ho, wo = out_hw
+        algorithm = conv_algorithm("forward", w.shape, stride, padding, dilation, groups,
+                                   x.shape[0], (ho, wo))
+        if algorithm == WINOGRAD:
+            return _winograd_conv(self.scratch, x, w, padding, (ho, wo))
+        cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        cols = self._columns(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
+        w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
+        if algorithm == DIRECT:
+            n = x.shape[0]
+            return K.small_k_forward(w_rows, cols.reshape(groups, -1, n, ho * wo)).reshape(
+                n, cout, ho, wo)
+        out = np.matmul(w_rows, cols)
+        return K.swap_leading_axes(out.reshape(cout, x.shape[0], ho, wo))
+
+    def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
+                          padding: Pair, dilation: Pair, groups: int) -> Array:
+        if not fast_path(grad, w):
+            return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
+        from .kernels import conv as K
+
+        ho, wo = self._conv_grad_geometry("conv2d_grad_input", grad, x_shape, w.shape, stride,
+                                          padding, dilation, groups)
+        n, c, h, wd = x_shape
+        cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        if conv_algorithm("grad_input", w.shape, stride, padding, dilation, groups, n,
+                          (h, wd)) == WINOGRAD:
+            # a stride-1 convolution's input gradient is the "full" convolution of the
+            # output gradient with the flipped, transposed kernel
+            w_flip = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+            return _winograd_conv(self.scratch, grad, w_flip, (2 - padding[0], 2 - padding[1]),
+                                  (h, wd))
+        w_t = np.ascontiguousarray(w).reshape(groups, cout // groups, -1).transpose(0, 2, 1)
+        shape = (c, kh, kw, n, ho * wo)
+        cols = self.scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
+        np.matmul(w_t, self._grad_columns(grad, groups), out=cols)
+        if _small_same_plane(x_shape, stride, (ho, wo)):
+            return K.swap_leading_axes(K.col2im_same_(cols.reshape(shape), n, h, wd, *padding,
+                                                      *dilation))
+        return K.col2im_(cols.reshape(shape), h, wd, *stride, *padding, *dilation, ho, wo)
+
+    def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
+                           padding: Pair, dilation: Pair, groups: int) -> Array:
+        if not fast_path(grad, x):
+            return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
+        ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
+                                          padding, dilation, groups)
+        algorithm = conv_algorithm("grad_weight", w_shape, stride, padding, dilation, groups,
+                                   x.shape[0], (ho, wo))
+        if algorithm == WINOGRAD:
+            return _winograd_weight_grad(self.scratch, grad, x, padding)
+        cols = self._columns(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding, dilation,
+                             groups)
+        if algorithm == DIRECT:
+            from .kernels import conv as K
+
+            n, cout = grad.shape[:2]
+            dw = K.small_k_weight_grad(np.ascontiguousarray(grad).reshape(n, cout, -1),
+                                       cols.reshape(groups, cols.shape[1], n, -1))
+            return dw.reshape(w_shape)
+        # computed transposed, [groups, K, Cout/groups]: BLAS runs this shape (long
+        # contraction, the wide column matrix as the left operand) faster
+        dw_t = np.matmul(cols, self._grad_columns(grad, groups).transpose(0, 2, 1))
+        return np.ascontiguousarray(dw_t.transpose(0, 2, 1)).reshape(w_shape)
+
+    # ----- pooling -----------------------------------------------------------------
+    def max_pool2d(self, x: Array, kernel: Pair, stride: Pair,
+                   padding: Pair) -> tuple[Array, Array]:
+        if not fast_path(x):
+            return super().max_pool2d(x, kernel, stride, padding)
+        from .kernels import pooling as K
+
+        ho, wo = _pool_geometry("max_pool2d", x.shape, kernel, stride, padding)
+        return K.max_pool(np.ascontiguousarray(x), *kernel, *stride, *padding, ho, wo)
+
+    def max_pool2d_backward(self, grad: Array, argmax: Array, x_shape: Shape) -> Array:
+        if not fast_path(grad) or argmax.shape != grad.shape or grad.size == 0:
+            return super().max_pool2d_backward(grad, argmax, x_shape)
+        from .kernels import pooling as K
+
+        dx, ok = K.max_pool_backward(np.ascontiguousarray(grad),
+                                     np.ascontiguousarray(argmax, dtype=np.int64),
+                                     x_shape[2], x_shape[3])
+        if not ok:
+            raise ValueError(f"max_pool2d_backward: argmax values must lie in "
+                             f"[0, {x_shape[2] * x_shape[3]}) for input shape {tuple(x_shape)}")
+        return dx
+
+    def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
+        if not fast_path(x):
+            return super().avg_pool2d(x, kernel, stride, padding)
+        from .kernels import pooling as K
+
+        ho, wo = _pool_geometry("avg_pool2d", x.shape, kernel, stride, padding)
+        return K.avg_pool(np.ascontiguousarray(x), *kernel, *stride, *padding, ho, wo)
+
+    def avg_pool2d_backward(self, grad: Array, x_shape: Shape, kernel: Pair,
+                            stride: Pair, padding: Pair) -> Array:
+        if not fast_path(grad):
+            return super().avg_pool2d_backward(grad, x_shape, kernel, stride, padding)
+        from .kernels import pooling as K
+
+        ho, wo = _pool_geometry("avg_pool2d_backward", x_shape, kernel, stride, padding)
+        if tuple(grad.shape) != tuple(x_shape[:2]) + (ho, wo):
+            raise ValueError(f"avg_pool2d_backward: grad has shape {tuple(grad.shape)}, "
+                             f"expected {tuple(x_shape[:2]) + (ho, wo)}")
+        return K.avg_pool_backward(np.ascontiguousarray(grad), x_shape[2], x_shape[3],
+                                   *kernel, *stride, *padding)
+
+    # ----- upsampling --------------------------------------------------------------
+    def upsample_nearest2d(self, x: Array, out_hw: Pair) -> Array:
+        if not fast_path(x):
+            return super().upsample_nearest2d(x, out_hw)
+        from .kernels import pooling as K
+
+        _check_image("upsample_nearest2d", x.shape, out_hw)
+        rows = self._nearest_source(x.shape[2], out_hw[0])
+        cols = self._nearest_source(x.shape[3], out_hw[1])
+        return K.gather_nearest(np.ascontiguousarray(x), rows, cols)
+
+    def upsample_nearest2d_backward(self, grad: Array, x_shape: Shape) -> Array:
+        if not fast_path(grad) or grad.ndim != 4:
+            return super().upsample_nearest2d_backward(grad, x_shape)
+        from .kernels import pooling as K
+
+        _check_image("upsample_nearest2d_backward", x_shape)
+        rows = self._nearest_source(x_shape[2], grad.shape[2])
+        cols = self._nearest_source(x_shape[3], grad.shape[3])
+        return K.scatter_nearest(np.ascontiguousarray(grad), rows, cols, x_shape[2], x_shape[3])
+
+    def upsample_bilinear2d(self, x: Array, out_hw: Pair, align_corners: bool) -> Array:
+        if not fast_path(x):
+            return super().upsample_bilinear2d(x, out_hw, align_corners)
+        from .kernels import pooling as K
+
+        _check_image("upsample_bilinear2d", x.shape, out_hw)
+        taps_h = _bilinear_taps(x.shape[2], out_hw[0], align_corners, x.dtype)
+        taps_w = _bilinear_taps(x.shape[3], out_hw[1], align_corners, x.dtype)
+        return K.bilinear(np.ascontiguousarray(x), *taps_h, *taps_w)
+
+    def upsample_bilinear2d_backward(self, grad: Array, x_shape: Shape,
+                                     align_corners: bool) -> Array:
+        if not fast_path(grad) or grad.ndim != 4:
+            return super().upsample_bilinear2d_backward(grad, x_shape, align_corners)
+        from .kernels import pooling as K
+
+        _check_image("upsample_bilinear2d_backward", x_shape)
+        taps_h = _bilinear_taps(x_shape[2], grad.shape[2], align_corners, grad.dtype)
+        taps_w = _bilinear_taps(x_shape[3], grad.shape[3], align_corners, grad.dtype)
+        return K.bilinear_backward(np.ascontiguousarray(grad), x_shape[2], x_shape[3],
+                                   *taps_h, *taps_w)

@@ -1,0 +1,1 @@
+"""The NumPy backend: the complete reference implementation of every kernel."""

@@ -1,0 +1,212 @@
+"""The NumPy backend: the complete, readable reference for every kernel.
+
+Primitives live here and are written against ``self.xp`` so the CuPy backend inherits
+them by swapping the array module.  The elementwise primitives, ``matmul``, ``clip`` and
+``concatenate`` take an optional ``out=`` array (compiled replay writes results into
+its planned buffers with it); the fused ops live in ``nn`` and the optimizer updates
+in ``optim``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import numpy
+
+from ...dtypes import ComputesBfloat16InFloat32, bfloat16
+from .nn import NumpyNNKernels
+from .optim import NumpyOptimKernels
+from .special import erf
+
+_UNARY = {
+    "neg": "negative", "abs": "abs", "sign": "sign", "exp": "exp", "log": "log",
+    "log1p": "log1p", "sqrt": "sqrt", "sin": "sin", "cos": "cos", "tanh": "tanh",
+    "floor": "floor", "ceil": "ceil", "round": "round", "logical_not": "logical_not",
+    "isnan": "isnan", "isinf": "isinf",
+}
+_BINARY = {
+    "add": "add", "sub": "subtract", "mul": "multiply", "div": "true_divide",
+    "pow": "power", "maximum": "maximum", "minimum": "minimum", "eq": "equal",
+    "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater",
+    "ge": "greater_equal", "logical_and": "logical_and", "logical_or": "logical_or",
+    "floordiv": "floor_divide", "mod": "remainder",
+}
+_REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "prod", "any": "any", "all": "all"}
+
+
+def _into(out: Any, result: Any) -> Any:
+    """``result``, copied into ``out`` when an output buffer is given."""
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+class NumpyPrimitives:
+    """Allocation, elementwise, reductions, movement, indexing, matmul and RNG."""
+
+    xp: Any = numpy
+
+    # ----- allocation and transfer -------------------------------------------------
+    def array(self, obj: Any, dtype: Any = None) -> Any:
+        return self.xp.array(obj, dtype=dtype)
+
+    def empty(self, shape, dtype):
+        return self.xp.empty(shape, dtype=dtype)
+
+    def zeros(self, shape, dtype):
+        return self.xp.zeros(shape, dtype=dtype)
+
+    def full(self, shape, value, dtype):
+        return self.xp.full(shape, value, dtype=dtype)
+
+    def arange(self, start, stop, step, dtype):
+        return self.xp.arange(start, stop, step, dtype=dtype)
+
+    def linspace(self, start, stop, num, dtype):
+        return self.xp.linspace(start, stop, num, dtype=dtype)
+
+    def eye(self, n, m, dtype):
+        return self.xp.eye(n, m, dtype=dtype)
+
+    def to_numpy(self, a):
+        return numpy.asarray(a)
+
+    def from_numpy(self, a):
+        return self.xp.asarray(a)
+
+    def from_dlpack(self, obj):
+        return self.xp.from_dlpack(obj)
+
+    def empty_cache(self) -> None:
+        """Nothing to free: the reference keeps no buffers between calls."""
+
+    def astype(self, a, dtype):
+        return a.astype(dtype, copy=False)
+
+    def copy(self, a):
+        return a.copy()
+
+    def copy_(self, dst, src) -> None:
+        dst[...] = src
+
+    def add_(self, dst, src) -> None:
+        self.xp.add(dst, src, out=dst, casting="unsafe")
+
+    # ----- elementwise -------------------------------------------------------------
+    def unary(self, op: str, a, out=None):
+        xp = self.xp
+        if op in _UNARY:
+            return getattr(xp, _UNARY[op])(a, out=out)
+        if op == "rsqrt":
+            return xp.divide(1, xp.sqrt(a, out=out), out=out)
+        if op == "relu":
+            return xp.maximum(a, a.dtype.type(0), out=out)
+        if op == "softplus":
+            return xp.logaddexp(a, a.dtype.type(0), out=out)
+        if op == "erf":
+            return _into(out, erf(xp, a))
+        return _into(out, self.bias_act(a, None, op, 0))  # sigmoid and the other activations
+
+    def binary(self, op: str, a, b, out=None):
+        return getattr(self.xp, _BINARY[op])(a, b, out=out)
+
+    def where(self, cond, a, b, out=None):
+        if out is None:
+            return self.xp.where(cond, a, b)
+        self.xp.copyto(out, b)
+        self.xp.copyto(out, a, where=cond)
+        return out
+
+    def clip(self, a, lo, hi, out=None):
+        return self.xp.clip(a, lo, hi, out=out)
+
+    def leaky_relu(self, a, slope):
+        return self.xp.where(a > 0, a, a * a.dtype.type(slope))
+
+    # ----- reductions --------------------------------------------------------------
+    def reduce(self, op: str, a, axes, keepdims: bool):
+        if (op == "sum" and isinstance(axes, tuple) and len(axes) > 1 and min(axes) == 0
+                and a.ndim > 2 and a.flags.c_contiguous):
+            # Adding whole contiguous slabs over the leading axis first vectorises; a
+            # multi-axis sum walks the strided layout (NCHW bias gradients).
+            rest = tuple(sorted(ax - 1 for ax in axes if ax != 0))
+            out = a.sum(axis=0).sum(axis=rest)
+            if keepdims:
+                out = out.reshape([1 if i in axes else n for i, n in enumerate(a.shape)])
+            return out
+        return getattr(self.xp, _REDUCE[op])(a, axis=axes, keepdims=keepdims)
+
+    def arg_reduce(self, op: str, a, axis, keepdims: bool):
+        out = getattr(self.xp, op)(a, axis=axis, keepdims=keepdims)
+        return out.astype(numpy.int64, copy=False)
+
+    # ----- movement and indexing ---------------------------------------------------
+    def reshape(self, a, shape):
+        return a.reshape(shape)
+
+    def transpose(self, a, axes):
+        return a.transpose(axes)
+
+    def broadcast_to(self, a, shape):
+        return self.xp.broadcast_to(a, shape)
+
+    def concatenate(self, arrays: Sequence[Any], axis: int, out=None):
+        return self.xp.concatenate(arrays, axis=axis, out=out)
+
+    def stack(self, arrays: Sequence[Any], axis: int):
+        return self.xp.stack(arrays, axis=axis)
+
+    def pad(self, a, widths, value):
+        return self.xp.pad(a, widths, mode="constant", constant_values=value)
+
+    def flip(self, a, axes):
+        return self.xp.flip(a, axis=tuple(axes))
+
+    def getitem(self, a, index):
+        return a[index]
+
+    def setitem_(self, a, index, value) -> None:
+        a[index] = value
+
+    def index_add_(self, dst, index, value) -> None:
+        self.xp.add.at(dst, index, value)
+
+    # ----- linear algebra ----------------------------------------------------------
+    def matmul(self, a, b, out=None):
+        return self.xp.matmul(a, b, out=out)
+
+    # ----- compiled replay -----------------------------------------------------------
+    def prepare(self, op: str, args: tuple, kwargs: dict, out: Any) -> Callable[[], Any] | None:
+        """The elementwise ufuncs and matmul bound to their arrays and ``out`` (NumPy
+        arrays only: the CuPy backend runs its own kernels for these)."""
+        if type(self).xp is not numpy or kwargs or out is None or out.dtype == bfloat16:
+            return None
+        if op == "binary" and args[0] in _BINARY:
+            return functools.partial(getattr(numpy, _BINARY[args[0]]), args[1], args[2], out=out)
+        if op == "unary" and args[0] in _UNARY:
+            return functools.partial(getattr(numpy, _UNARY[args[0]]), args[1], out=out)
+        if op == "matmul" and all(getattr(a, "dtype", None) != bfloat16 for a in args):
+            return functools.partial(numpy.matmul, *args, out=out)
+        return None
+
+    # ----- RNG ---------------------------------------------------------------------
+    def rng(self, seed: int):
+        return numpy.random.Generator(numpy.random.PCG64(seed))
+
+    def uniform(self, rng, shape, low, high, dtype):
+        return self.from_numpy(rng.uniform(low, high, size=shape).astype(dtype))
+
+    def normal(self, rng, shape, mean, std, dtype):
+        return self.from_numpy(rng.normal(mean, std, size=shape).astype(dtype))
+
+    def integers(self, rng, shape, low, high, dtype):
+        return self.from_numpy(rng.integers(low, high, size=shape).astype(dtype))
+
+
+class NumpyBackend(ComputesBfloat16InFloat32, NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
+    """The reference backend: NumPy arrays on the CPU (bfloat16 computed in float32)."""
+
+    name = "numpy"
+    device = "cpu"

@@ -1,0 +1,236 @@
+"""Every distinct convolution of the reference UNet: tensorcore's implicit-GEMM kernels
+next to PyTorch (cuDNN), in one run.
+
+    PYTHONPATH=. python3 tests/benchmarks/conv_bench.py [--quick] [--tiles]
+
+The UNet is ../shared/bench/REFERENCE_UNET.md's (base 128, multipliers 1, 2, 4, two
+ResBlocks per level, input [B, 4, 128, 128]); its convolutions are enumerated from that
+description with how often each runs in one forward.  Each is timed at batch 1 and 8,
+forward and forward + backward (input and weight gradient), in TF32 and bfloat16.
+Both libraries are timed as replayed CUDA graphs (median of CUDA-event timings after
+warm-up, random inputs), so host launch costs are out of both figures; cuDNN runs with
+``cudnn.benchmark`` on (its best algorithm per shape).  TFLOP/s counts 2 * N * Ho * Wo *
+Cout * Cin * kh * kw per pass (three passes for forward + backward); "peak" is the
+fraction of the H200's dense tensor-core rate (TF32 494.7, bf16 989.4 TFLOP/s).  The
+last lines sum the forward convolutions of one UNet forward, each times its count.
+``--tiles`` also times every tile of the kernels on the target shapes.  No timing is
+asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+import cupy as cp
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import tensorcore as tc
+from tensorcore import settings
+from tensorcore.backends.cupy import conv_plan
+from tensorcore.backends.cupy.backend import CupyBackend
+from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
+
+GPU = CupyBackend()
+PEAK = {"tf32": 494.7e12, "bf16": 989.4e12}
+
+
+@dataclass(frozen=True)
+class Conv:
+    cin: int
+    cout: int
+    kernel: int
+    stride: int
+    size: int  # input height = width
+
+    @property
+    def out(self) -> int:
+        return (self.size + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+
+    def flops(self, batch: int) -> float:
+        return 2.0 * batch * self.out ** 2 * self.cout * self.cin * self.kernel ** 2
+
+    def label(self) -> str:
+        s = f"{self.cin}->{self.cout} {self.kernel}x{self.kernel}"
+        return s + (f" s{self.stride}" if self.stride > 1 else "") + f" @{self.size}"
+
+
+def unet_convs(base: int = 128, mults: tuple = (1, 2, 4), blocks: int = 2, size: int = 128,
+               in_channels: int = 4) -> Counter:
+    """Each convolution of one reference-UNet forward, with how often it runs."""
+    convs: Counter = Counter()
+
+    def resblock(cin: int, cout: int, hw: int) -> None:
+        convs[Conv(cin, cout, 3, 1, hw)] += 1
+        convs[Conv(cout, cout, 3, 1, hw)] += 1
+        if cin != cout:
+            convs[Conv(cin, cout, 1, 1, hw)] += 1
+
+    ch, hw = base, size
+    convs[Conv(in_channels, base, 3, 1, hw)] += 1  # conv_in
+    skips = [ch]
+    for level, mult in enumerate(mults):
+        for _ in range(blocks):
+            resblock(ch, base * mult, hw)
+            ch = base * mult
+            skips.append(ch)
+        if level < len(mults) - 1:  # stride-2 downsample
+            convs[Conv(ch, ch, 3, 2, hw)] += 1
+            hw //= 2
+            skips.append(ch)
+    resblock(ch, ch, hw)  # middle (the attention block has no convolution)
+    resblock(ch, ch, hw)
+    for level, mult in reversed(list(enumerate(mults))):
+        for _ in range(blocks + 1):
+            resblock(ch + skips.pop(), base * mult, hw)
+            ch = base * mult
+        if level > 0:  # nearest x2 upsample, then a 3x3 convolution
+            hw *= 2
+            convs[Conv(ch, ch, 3, 1, hw)] += 1
+    convs[Conv(base, in_channels, 3, 1, hw)] += 1  # conv_out
+    return convs
+
+
+def torch_graph_ms(fn, iters: int = 30) -> float:
+    """Median ms of replaying a torch CUDA graph of ``fn``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kept = fn()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    del kept
+    return statistics.median(times)
+
+
+def operands(conv: Conv, batch: int, dtype: str):
+    """(x, w, grad) as CuPy arrays and the same values as torch tensors."""
+    shapes = ((batch, conv.cin, conv.size, conv.size), (conv.cout, conv.cin, conv.kernel, conv.kernel),
+              (batch, conv.cout, conv.out, conv.out))
+    arrays = [cp.random.standard_normal(s, dtype=np.float32) for s in shapes]
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    tensors = [torch.from_dlpack(a.copy()).to(tdtype) for a in arrays]
+    if dtype == "bf16":
+        arrays = [a.astype(tc.bfloat16) for a in arrays]
+    return arrays, tensors
+
+
+def time_conv(conv: Conv, batch: int, dtype: str, backward: bool) -> tuple[float, float, str]:
+    """(tensorcore ms, torch ms, the plan tensorcore ran) for one case."""
+    (x, w, g), (tx, tw, tg) = operands(conv, batch, dtype)
+    pad = conv.kernel // 2
+    geo = ((conv.stride,) * 2, (pad, pad), (1, 1), 1)
+
+    def ours():
+        y = GPU.conv2d(x, w, *geo)
+        if not backward:
+            return y
+        return y, GPU.conv2d_grad_input(g, w, x.shape, *geo), GPU.conv2d_grad_weight(g, x, w.shape, *geo)
+
+    def theirs():
+        y = F.conv2d(tx, tw, stride=conv.stride, padding=pad)
+        if not backward:
+            return y
+        return y, torch.ops.aten.convolution_backward(
+            tg, tx, tw, None, [conv.stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1,
+            [True, True, False])
+
+    ms = graph_ms(ours)
+    plan = conv_plan.last.get(conv_plan.FPROP)
+    label = f"{plan.tile.bm}x{plan.tile.bn}/{plan.splits}" if plan else "-"
+    if backward:
+        wplan = conv_plan.last.get(conv_plan.WGRAD)
+        label += f" w{wplan.tile.bm}x{wplan.tile.bn}/{wplan.splits}" if wplan else ""
+    return ms, torch_graph_ms(theirs), label
+
+
+def allow_tf32() -> None:
+    """float32 convolutions in TF32 on both sides (bfloat16 ignores the setting)."""
+    settings.set_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="batch 8 [128,64,64] cases only")
+    parser.add_argument("--tiles", action="store_true", help="also time every tile on targets")
+    args = parser.parse_args()
+    torch.backends.cudnn.benchmark = True
+    allow_tf32()
+    convs = unet_convs()
+    cases = list(convs)
+    if args.quick:
+        cases = [Conv(128, 128, 3, 1, 64)]
+    header = (f"{'conv':<24}{'B':>3} {'pass':<8}{'dtype':<6}{'tc ms':>9}{'torch ms':>10}{'speed':>7}"
+              f"{'tc TF/s':>9}{'peak':>6}{'torch TF/s':>11}  plan")
+    print(header)
+    forward_sum: dict[str, list[float]] = {"tf32": [0.0, 0.0], "bf16": [0.0, 0.0]}
+    targets = []
+    for dtype in ("tf32", "bf16"):
+        for batch in ((8,) if args.quick else (1, 8)):
+            for backward in (False, True):
+                for conv in cases:
+                    ms, tms, plan = time_conv(conv, batch, dtype, backward)
+                    flops = conv.flops(batch) * (3 if backward else 1)
+                    rate = flops / (ms * 1e-3)
+                    name = "fwd+bwd" if backward else "fwd"
+                    line = (f"{conv.label():<24}{batch:>3} {name:<8}{dtype:<6}{ms:9.4f}{tms:10.4f}"
+                            f"{tms / ms:7.2f}{rate / 1e12:9.1f}{rate / PEAK[dtype]:6.2f}"
+                            f"{flops / (tms * 1e-3) / 1e12:11.1f}  {plan}")
+                    print(line, flush=True)
+                    if batch == 1 and not backward:
+                        forward_sum[dtype][0] += convs[conv] * ms
+                        forward_sum[dtype][1] += convs[conv] * tms
+                    if batch == 8 and conv == Conv(128, 128, 3, 1, 64):
+                        targets.append(line)
+    if args.tiles:
+        tile_sweep()
+    print("\n== targets ([8,128,64,64] -> 128; speed = torch ms / tc ms)")
+    print(header)
+    for line in targets:
+        print(line)
+    if not args.quick:
+        for dtype, (ours, theirs) in forward_sum.items():
+            print(f"UNet forward convolutions, batch 1, {dtype}: tensorcore {ours:.3f} ms, "
+                  f"torch {theirs:.3f} ms, speed {theirs / ours:.2f}")
+
+
+def tile_sweep() -> None:
+    """Every forward / weight-gradient tile and a few splits on the target shapes."""
+    print("\n== tile sweep (tensorcore ms per tile / split)")
+    for dtype, prec in (("tf32", conv_plan.PREC_TF32), ("bf16", conv_plan.PREC_16)):
+        for conv, batch in ((Conv(128, 128, 3, 1, 64), 8), (Conv(512, 512, 3, 1, 32), 1)):
+            (x, w, g), _ = operands(conv, batch, dtype)
+            geo = ((1, 1), (1, 1), (1, 1), 1)
+            for kernel, call in ((conv_plan.FPROP, lambda: GPU.conv2d(x, w, *geo)),
+                                 (conv_plan.WGRAD,
+                                  lambda: GPU.conv2d_grad_weight(g, x, w.shape, *geo))):
+                cells = []
+                for tile in conv_plan.tiles(kernel, prec):
+                    for splits in (1, 2, 4, 8):
+                        with conv_plan.forced(kernel, conv_plan.Plan(tile, splits)):
+                            cells.append(f"{tile.bm}x{tile.bn}x{tile.bk}/{tile.warps_m * tile.warps_n}w"
+                                         f"/{splits}: {graph_ms(call, 15):.4f}")
+                print(f"{dtype} B={batch} {conv.label()} {kernel}: " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
