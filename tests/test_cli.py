@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from diffusion.cli import build_parser
+from diffusion.cli import build_parser, main
 from diffusion.training import list_checkpoints, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_train_then_sample_end_to_end(tmp_path) -> None:
                  "pipeline/scheduler/scheduler_config.json"):
         assert (run / name).is_file(), name
     assert [step for step, _ in list_checkpoints(run / "checkpoints")] == [2, 4]
-    assert str(run / "samples.png") in done.stdout
+    assert f"samples: {(run / 'samples.png').relative_to(tmp_path)}" in done.stdout
     width, height = png_size(run / "samples.png")
     assert height > 10 * 8 and width > 8  # one row per digit
     assert png_size(run / "loss.png") == (640, 400)
@@ -95,12 +95,24 @@ BAD = [
 
 
 @pytest.mark.parametrize("args", BAD, ids=[" ".join(a) or "nothing" for a in BAD])
-def test_bad_arguments_exit_nonzero_with_one_line(args, tmp_path) -> None:
-    done = cli(*args, cwd=tmp_path)
-    assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error" in lines[0], done.stderr
-    assert not (tmp_path / "runs").exists()  # nothing was started
+def test_bad_arguments_exit_nonzero_with_one_line(args, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    try:
+        status = main(args)
+    except SystemExit as exit_:  # argparse's own checks
+        status = exit_.code
+    assert status not in (0, None)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0], captured.err
+    assert captured.out == "" and not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_a_bad_argument_in_a_subprocess(tmp_path) -> None:
+    done = cli("sample", "--per-class", "0", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == ("python -m diffusion sample: error: argument --per-class: "
+                                   "must be an integer >= 1, got '0'")
 
 
 def test_every_option_has_a_default_and_help() -> None:
