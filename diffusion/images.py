@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from layers.serialization import write_atomic
 
 
 def to_uint8(images: Any) -> np.ndarray:
@@ -51,16 +54,11 @@ def save_image_grid(images: Any, path: str | os.PathLike, rows: int, scale: int 
 
 
 def save_png(image: Image.Image, path: str | os.PathLike) -> str:
-    """Save ``image`` as PNG at ``path`` through a temporary file and a rename; returns the path."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        image.save(tmp, format="PNG")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    """Save ``image`` as PNG at ``path`` atomically (a synced temporary file renamed); returns the path."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    write_atomic(path, buffer.getvalue())
+    return os.fspath(path)
 
 
 def labelled_rows(images: Any, labels: Sequence[str], scale: int = 1) -> Image.Image:

@@ -104,6 +104,7 @@ def test_event_loop_keeps_ticking_during_a_cpu_generation() -> None:
         return out
 
     pipe = pipeline(Instrumented(tiny_unet(), slow))
+    generate(pipe, num_inference_steps=1)  # kernels compiled before the clock starts
 
     async def scenario():
         ticks = []
@@ -147,6 +148,17 @@ def test_two_concurrent_generations_equal_each_alone(backend) -> None:
 
     for result, expected in zip(asyncio.run(together()), alone):
         assert same(result.images, expected.images)
+
+
+def test_a_compiled_unet_replays_its_plan_in_both_paths(backend) -> None:
+    unet = tiny_unet()
+    compiled = tc.compile(unet, cache_dir=False)
+    pipe = pipeline(compiled)
+    expected = generate(pipeline(unet), guidance_scale=2.0)
+    assert same(generate(pipe, guidance_scale=2.0).images, expected.images)
+    assert same(asyncio.run(generate_async(pipe, guidance_scale=2.0)).images, expected.images)
+    info = compiled.cache_info()
+    assert info.traces == 1 and info.hits == 2 * STEPS - 1 and info.fallbacks == 0
 
 
 # ----- the non-finite guard -------------------------------------------------------------

@@ -37,7 +37,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _add_training(parser: argparse.ArgumentParser, steps: int, batch_size: int, lr: float, channels: str) -> None:
+def _add_training(parser: argparse.ArgumentParser, steps: int, batch_size: int, lr: float, channels: str,
+                  image_size: int) -> None:
     group = parser.add_argument_group("training")
     group.add_argument("--steps", type=positive_int, default=steps, help="optimizer steps (default: %(default)s)")
     group.add_argument("--batch-size", type=positive_int, default=batch_size, help="(default: %(default)s)")
@@ -54,7 +55,7 @@ def _add_training(parser: argparse.ArgumentParser, steps: int, batch_size: int, 
                        help="steps per row of metrics.csv (default: %(default)s)")
     group.add_argument("--resume", default=None,
                        help="continue from a checkpoint file or a run folder (default: start afresh)")
-    group.add_argument("--image-size", type=int, choices=IMAGE_SIZES, default=16,
+    group.add_argument("--image-size", type=int, choices=IMAGE_SIZES, default=image_size,
                        help="digits resized to this side (default: %(default)s)")
     group.add_argument("--channels", type=int_list, default=channels,
                        help="channels per level, comma-separated (default: %(default)s)")
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a class-conditional diffusion model on the digits and "
                                               "write a grid of samples")
     _add_common(train)
-    _add_training(train, steps=1500, batch_size=64, lr=2e-3, channels="32,64")
+    _add_training(train, steps=1500, batch_size=64, lr=2e-3, channels="32,64", image_size=8)
     model = train.add_argument_group("model")
     model.add_argument("--layers-per-block", type=positive_int, default=1, help="(default: %(default)s)")
     model.add_argument("--prediction-type", choices=("epsilon", "v_prediction", "sample"), default="epsilon",
@@ -78,12 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--label-dropout", type=probability, default=0.1,
                        help="share of labels replaced by the null label, for guidance (default: %(default)s)")
     model.add_argument("--vae", default=None,
-                       help="train in the latent space of this VAE folder (from train-vae; default: pixels)")
+                       help="train in the latent space of this VAE folder (from train-vae; the digits at the "
+                            "VAE's sample_size; default: pixels)")
     _add_sampling(train, guidance=2.0)
 
     vae = commands.add_parser("train-vae", help="train an AutoencoderKL on the digits (for train --vae)")
     _add_common(vae)
-    _add_training(vae, steps=1000, batch_size=64, lr=1e-3, channels="32,64")
+    _add_training(vae, steps=1000, batch_size=64, lr=1e-3, channels="32,64", image_size=16)
     vae.add_argument("--latent-channels", type=positive_int, default=4, help="(default: %(default)s)")
     vae.add_argument("--kl-weight", type=non_negative_float, default=1e-3,
                      help="weight of the KL term per pixel (default: %(default)s)")

@@ -179,6 +179,9 @@ def train(args: argparse.Namespace) -> None:
     vae_path = resumed.get("vae") if resumed else (os.path.abspath(args.vae) if args.vae else None)
     vae = AutoencoderKL.from_pretrained(vae_path) if vae_path else None
     image_size = resumed.get("image_size", args.image_size) if resumed else args.image_size
+    if vae is not None:
+        size = vae.config["sample_size"]
+        image_size = int(size if isinstance(size, int) else size[0])
     images, labels = digit_images(image_size)
     if vae is not None:
         images = encode_latents(vae, images)

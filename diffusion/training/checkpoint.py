@@ -26,10 +26,11 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as encode
 
-from layers.serialization import load_file, write_atomic
+from layers.serialization import load_file, remove_stale_temporaries, write_atomic
 
 FORMAT = "tensorcore-training-checkpoint"
 _NAME = re.compile(r"^step-(\d+)\.safetensors$")
+_TEMPORARY = re.compile(r"^\.(step-\d+\.safetensors)\.\d+\.[0-9a-f]+\.tmp$")  # write_atomic's temporaries
 
 
 @dataclass
@@ -116,6 +117,15 @@ def latest_checkpoint(directory: str | os.PathLike) -> str | None:
     """The newest finished checkpoint in ``directory``, or None."""
     found = list_checkpoints(directory)
     return found[-1][1] if found else None
+
+
+def remove_unfinished(directory: str | os.PathLike) -> None:
+    """Delete the temporary files that processes killed while writing a checkpoint left behind."""
+    directory = os.fspath(directory)
+    if os.path.isdir(directory):
+        targets = {m.group(1) for name in os.listdir(directory) if (m := _TEMPORARY.match(name))}
+        for target in targets:
+            remove_stale_temporaries(os.path.join(directory, target))
 
 
 def prune_checkpoints(directory: str | os.PathLike, keep: int) -> None:

@@ -28,7 +28,7 @@ from tensorcore import Tensor
 
 from .batches import Batches
 from .checkpoint import (Checkpoint, checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints,
-                         save_checkpoint)
+                         remove_unfinished, save_checkpoint)
 from .ema import EMAModel
 from .metrics import MetricsLog, read_metrics
 from .options import TrainOptions
@@ -163,6 +163,8 @@ class Trainer:
         options, out = self.options, self.options.out_dir
         if out:
             os.makedirs(out, exist_ok=True)
+        if self.checkpoint_dir:
+            remove_unfinished(self.checkpoint_dir)
         metrics = MetricsLog(os.path.join(out, "metrics.csv"), resume_step=self.step) if out else None
         result = TrainResult(step=self.step, ema=self.ema, metrics=metrics.path if metrics else None)
         self.model.train()
