@@ -14,6 +14,7 @@ import pytest
 import layers
 import tensorcore as tc
 import tensorcore.functional as F
+from tensorcore import random
 from tensorcore.compile import host, replay
 
 
@@ -86,6 +87,31 @@ def test_reseeding_retraces_and_matches_eager(backend):
     got = compiled(x).numpy()
     tc.manual_seed(3)
     assert np.array_equal(got, (x * tc.rand(8)).numpy())
+
+
+def test_a_generator_seeded_in_the_call_runs_eagerly(backend):
+    def f(x):
+        generator = tc.Generator(x.device, seed=3)  # reseeded on every call: a replay could not
+        return x + tc.rand(*x.shape, device=x.device, generator=generator)
+
+    compiled = tc.compile(f, cache_dir=False)
+    with pytest.warns(tc.compile.CompileWarning, match="seeded a random generator"):
+        for _ in range(host.SETTLE_ATTEMPTS + 1):
+            x = tc.randn(4)
+            assert _same(compiled(x), f(x))
+
+
+def test_a_default_generator_made_in_the_call_settles(backend, monkeypatch):
+    device = tc.get_backend().device
+    monkeypatch.delitem(random._default, device, raising=False)  # made on first use, inside the trace
+    compiled = tc.compile(lambda x: F.dropout(x, 0.5), cache_dir=False)
+    x = tc.ones(32)
+    got = [compiled(x).numpy() for _ in range(3)]
+    monkeypatch.delitem(random._default, device)
+    want = [F.dropout(x, 0.5).numpy() for _ in range(3)]
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    info = compiled.cache_info()
+    assert info.unsettled == 1 and info.hits == 1
 
 
 # ----- host reads ------------------------------------------------------------------------

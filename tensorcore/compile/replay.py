@@ -180,6 +180,7 @@ class CudaGraphReplay:
         self.pool = cupy.cuda.MemoryPool()
         self.ready = cupy.cuda.Event(disable_timing=True)
         self.done = cupy.cuda.Event(disable_timing=True)
+        self.blocks: list[Any] = []
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
             self.memory = cupy.empty(plan.fixed_bytes + ALIGN["cuda"], dtype=np.uint8)
             base = self.memory.data + (-self.memory.data.ptr % ALIGN["cuda"])
@@ -211,34 +212,41 @@ class CudaGraphReplay:
         return self.cupy.ndarray(v.shape, v.dtype, memptr=pointer, strides=v.strides)
 
     def _value(self, index: int, env: dict[int, Any], dynamic: dict[int, Any]) -> Any:
-        """Value ``index``: bound already, or a view of the array a captured step made."""
+        """Value ``index``: bound already, or a view into memory a captured step made
+        (``dynamic`` holds each such storage's lowest byte)."""
         found = env.get(index)
         if found is None:
             v = self.plan.graph.values[index]
-            root = dynamic[v.storage]
-            found = env[index] = self._array(root.data + (v.offset - self.plan.graph.storages[v.storage].origin), v)
+            found = env[index] = self._array(dynamic[v.storage] + v.offset, v)
         return found
 
     def _run_node(self, node: Node, env: dict[int, Any], dynamic: dict[int, Any]) -> None:
-        """Run one call; results it allocated become the roots of their storages."""
+        """Run one call; the results it allocated become the memory of their storages."""
         graph = self.plan.graph
-        if node.op == "constant":
-            result = self.cupy.array(node.data, copy=True)
-        else:
-            args = substitute(node.args, lambda r: self._value(r.value, env, dynamic), lambda o: self.objects[o.index])
-            kwargs = substitute(node.kwargs, lambda r: self._value(r.value, env, dynamic), lambda o: self.objects[o.index])
-            result = _method(self.backend, node.op)(*args, **kwargs)
-        for path, v in _made_results(self.plan, node):
+        made = _made_results(self.plan, node)
+        if node.op == "constant":  # copy the captured data in, whatever its layout
+            (_, v), = made
+            s = graph.storages[graph.values[v].storage]
+            if v not in env:
+                block = self.cupy.empty(s.nbytes, dtype=np.uint8)
+                self.blocks.append(block)  # the graph writes it: it lives as long as the graph
+                dynamic[s.index] = block.data
+            self._value(v, env, dynamic)[...] = node.data
+            return
+        args = substitute(node.args, lambda r: self._value(r.value, env, dynamic), lambda o: self.objects[o.index])
+        kwargs = substitute(node.kwargs, lambda r: self._value(r.value, env, dynamic), lambda o: self.objects[o.index])
+        result = _method(self.backend, node.op)(*args, **kwargs)
+        for path, v in made:
             array = _pick(result, path)
             s = graph.storages[graph.values[v].storage]
+            if v in env:  # a constant, computed into its fixed block
+                env[v][...] = array
+                continue
             root = owner(array)
             if (tuple(root.shape), tuple(root.strides), root.dtype) != s.root:
                 raise RuntimeError(f"compile: {node.op} returned a result laid out differently from the trace")
-            if v in env:  # a constant, computed into its fixed block
-                env[v][...] = array
-            else:
-                dynamic[s.index] = root
-                env[v] = array
+            dynamic[s.index] = root.data + (-s.origin)
+            env[v] = array
 
     def run(self, arrays: list[Any]) -> list[Any]:
         """Inputs in on the caller's stream, one graph launch, outputs ready on it."""
@@ -257,7 +265,7 @@ class CudaGraphReplay:
 
     def release(self) -> None:
         self.graph = self.env = self.memory = None
-        self.inputs, self.outputs = [], []
+        self.inputs, self.outputs, self.writeback, self.blocks = [], [], [], []
         self.pool.free_all_blocks()
 
 

@@ -14,14 +14,15 @@ What a trace must not do, and what happens instead:
   data.  Reading a value computed from constants alone is fine.  Otherwise
   ``TraceError`` names the op, or with ``fallback="eager"`` the recording stops, the
   call finishes eagerly and the caller marks the key eager-only;
-* reseed a generator, use two backends, or touch ``backend.xp`` directly (not
-  recorded) -- the same error.
+* use two backends, or touch ``backend.xp`` directly (not recorded) -- the same error.
 
 After the call, ``Tracer.finish`` checks that the recording describes a repeatable
 program: every memory block the call read that existed before it must still be held
 by the program (a block the call replaced, e.g. a parameter re-bound by an optimizer's
-first step, would be stale), and no block the call allocated may be kept after it (the
-call created state, e.g. a lazily built cache).  Either makes the trace *unsettled*:
+first step, would be stale), no block the call allocated may be kept after it (the
+call created state, e.g. a lazily built cache), and no random generator may have been
+created or reseeded in it (a replay would not reseed).  Any of these makes the trace
+*unsettled*:
 its result is right, but the plan is not built and the next call traces again.
 
 Host-side effects a replay must repeat (an optimizer's host step counters) register
@@ -223,6 +224,7 @@ class Tracer:
         self.label = label
         self.depth = 0
         self.failure: TraceError | None = None
+        self.seeded = False  # a random generator was created or reseeded during the call
         self.inputs = inputs  # owned: kept alive by the tracer
         self.roots: dict[int, Any] = {}  # external storage -> its root array (after finish)
         self._by_id: dict[int, int] = {}  # id(array) -> value
@@ -319,9 +321,13 @@ class Tracer:
             return method(*args, **kwargs)
         if name == "to_numpy":
             return self._host_read(method, args, kwargs)
-        if name == "rng":
-            self.fail("seeding a generator (Generator.manual_seed / tc.manual_seed)")
-            return method(*args, **kwargs)
+        if name == "rng":  # a generator made or reseeded in the call: new state, settled by a retrace
+            self.seeded = True
+            self.depth += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.depth -= 1
         captured = name in CAPTURES and not self._mentions_known((args, kwargs))
         arg_t, kw_t = ((), {}) if captured else (self._template(args), self._template(kwargs))
         self.depth += 1
@@ -403,7 +409,7 @@ class Tracer:
         Call after the traced function's results have been copied and dropped and the
         garbage collected, so liveness reflects what the program still holds."""
         self.graph.outputs = outputs
-        reasons = []
+        reasons = ["seeded a random generator"] if self.seeded else []
         for s, watch in zip(self.graph.storages, self._watch):
             root = watch()
             if s.kind == "external":

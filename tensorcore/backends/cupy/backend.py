@@ -39,3 +39,21 @@ class CupyBackend(CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
 
     def to_numpy(self, a):
         return cupy.asnumpy(a)
+
+    def concatenate(self, arrays, axis, out=None):
+        """As the reference, except while a CUDA graph is being captured: CuPy joins more
+        than eight arrays through a pointer table it uploads from the host, which a
+        capture refuses, so then each array is copied into its slice of the result."""
+        if len(arrays) <= 8 or not cupy.cuda.get_current_stream().is_capturing():
+            return super().concatenate(arrays, axis, out=out)
+        axis %= arrays[0].ndim
+        if out is None:
+            shape = list(arrays[0].shape)
+            shape[axis] = sum(a.shape[axis] for a in arrays)
+            out = cupy.empty(tuple(shape), dtype=cupy.result_type(*arrays))
+        index, start = [slice(None)] * out.ndim, 0
+        for a in arrays:
+            index[axis] = slice(start, start + a.shape[axis])
+            out[tuple(index)] = a
+            start += a.shape[axis]
+        return out

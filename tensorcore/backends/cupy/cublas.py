@@ -61,6 +61,7 @@ class _Handle:
         _check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
         self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
         self.stream: int | None = None
+        self.lock = threading.Lock()  # binding a stream and launching on it are one step
 
     def bind(self, stream_ptr: int) -> None:
         if stream_ptr == self.stream:
@@ -123,7 +124,6 @@ def gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a_ptr: int, lda: 
     import cupy
 
     h = handle()
-    h.bind(cupy.cuda.get_current_stream().ptr)
     dt = _DATA_TYPE[numpy.dtype(dtype).name]
     ct = compute_type(dtype, allow_tf32)
     scalar = ctypes.c_double if ct == _COMPUTE_64F else ctypes.c_float
@@ -131,17 +131,19 @@ def gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a_ptr: int, lda: 
     # Column-major view: Cᵀ [n, m] = op(B)ᵀ [n, k] @ op(A)ᵀ [k, m].
     op_b = _OP_T if trans_b else _OP_N
     op_a = _OP_T if trans_a else _OP_N
-    if batch == 1:
-        status = h.lib.cublasGemmEx(
+    with h.lock:  # another thread must not re-bind the handle between bind and launch
+        h.bind(cupy.cuda.get_current_stream().ptr)
+        if batch == 1:
+            status = h.lib.cublasGemmEx(
+                h.handle, op_b, op_a, n, m, k, ctypes.byref(al),
+                ctypes.c_void_p(b_ptr), dt, ldb, ctypes.c_void_p(a_ptr), dt, lda,
+                ctypes.byref(be), ctypes.c_void_p(c_ptr), dt, ldc, ct, _GEMM_DEFAULT)
+            _check(status, "cublasGemmEx")
+            return
+        status = h.lib.cublasGemmStridedBatchedEx(
             h.handle, op_b, op_a, n, m, k, ctypes.byref(al),
-            ctypes.c_void_p(b_ptr), dt, ldb, ctypes.c_void_p(a_ptr), dt, lda,
-            ctypes.byref(be), ctypes.c_void_p(c_ptr), dt, ldc, ct, _GEMM_DEFAULT)
-        _check(status, "cublasGemmEx")
-        return
-    status = h.lib.cublasGemmStridedBatchedEx(
-        h.handle, op_b, op_a, n, m, k, ctypes.byref(al),
-        ctypes.c_void_p(b_ptr), dt, ldb, ctypes.c_longlong(stride_b),
-        ctypes.c_void_p(a_ptr), dt, lda, ctypes.c_longlong(stride_a),
-        ctypes.byref(be), ctypes.c_void_p(c_ptr), dt, ldc, ctypes.c_longlong(stride_c),
-        batch, ct, _GEMM_DEFAULT)
-    _check(status, "cublasGemmStridedBatchedEx")
+            ctypes.c_void_p(b_ptr), dt, ldb, ctypes.c_longlong(stride_b),
+            ctypes.c_void_p(a_ptr), dt, lda, ctypes.c_longlong(stride_a),
+            ctypes.byref(be), ctypes.c_void_p(c_ptr), dt, ldc, ctypes.c_longlong(stride_c),
+            batch, ct, _GEMM_DEFAULT)
+        _check(status, "cublasGemmStridedBatchedEx")
