@@ -82,6 +82,7 @@ class _Entry:
 
     def __post_init__(self) -> None:
         self.effects = tuple(self.plan.graph.effects)
+        self.guards = tuple(self.plan.graph.guards)
         self.single = type(self.plan.graph.outputs) is Ref  # the function returns one tensor
 
     def holds(self) -> bool:
@@ -90,9 +91,13 @@ class _Entry:
             return False
         if list(map(_REQUIRES_GRAD, self.tensors)) != self.flags:
             return False
-        if any(g._state is not state for g, state in self.generators):
-            return False
-        return all(predicate() for predicate in self.plan.graph.guards)
+        for generator, state in self.generators:
+            if generator._state is not state:
+                return False
+        for predicate in self.guards:
+            if not predicate():
+                return False
+        return True
 
 
 _DATA = operator.attrgetter("data")
