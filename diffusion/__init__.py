@@ -1,8 +1,13 @@
-"""diffusion: diffusers-style schedulers and models built on tensorcore, and the bundled digits."""
+"""diffusion: diffusers-style schedulers, models and pipelines built on tensorcore, training
+loops, and the bundled digits."""
 
 from .datasets import load_digits, train_test_split
 from .models import AutoencoderKL, UNet2D
+from .pipelines import DiffusionPipeline, ImagePipelineOutput, LatentDiffusionPipeline
 from .schedulers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
+from .training import train_ddpm, train_vae
 
 __all__ = ["load_digits", "train_test_split", "UNet2D", "AutoencoderKL",
-           "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerDiscreteScheduler"]
+           "DiffusionPipeline", "LatentDiffusionPipeline", "ImagePipelineOutput",
+           "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerDiscreteScheduler",
+           "train_ddpm", "train_vae"]
