@@ -94,8 +94,8 @@ class NumbaNNKernels:
 
         if op == "unary" and not kwargs and args[0] in _FUSED_UNARY and fast_path(args[1]) \
                 and args[1].flags.c_contiguous and out is not None and out.flags.c_contiguous:
-            flat, flat_out, code = args[1].reshape(-1), out.reshape(-1), K.ACT_CODES[args[0]]
-            return lambda: np.copyto(flat_out, K.act_forward_flat(flat, code))
+            flat_out, run = out.reshape(-1), K.act_forward_flat.bind(args[1].reshape(-1), K.ACT_CODES[args[0]])
+            return lambda: np.copyto(flat_out, run())
         if op == "bias_act" and not kwargs and args[1] is not None and fast_path(args[0], args[1]) \
                 and args[0].flags.c_contiguous and out is not None and out.flags.c_contiguous:
             x, bias, act, axis = args
@@ -104,8 +104,8 @@ class NumbaNNKernels:
                 return functools.partial(np.add, x, self._bias_along("bias_act", x, bias, axis), out=out)
             outer, channels, inner = self._bias_layout("bias_act", x, bias, axis)
             rows, kernel = (channels, K.bias_act_rows) if inner == 1 else (inner, K.bias_act_planes)
-            x2, out2, code = x.reshape(-1, rows), out.reshape(-1, rows), K.ACT_CODES[act]
-            return lambda: np.copyto(out2, kernel(x2, bias, code))
+            out2, run = out.reshape(-1, rows), kernel.bind(x.reshape(-1, rows), bias, K.ACT_CODES[act])
+            return lambda: np.copyto(out2, run())
         return super().prepare(op, args, kwargs, out)
 
     # ----- softmax family ----------------------------------------------------------

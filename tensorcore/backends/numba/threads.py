@@ -38,7 +38,7 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -114,12 +114,26 @@ class SizedKernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         configure()
-        work = sum(a.size for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
-        _use_threads(1 if work < SERIAL_BELOW else _pools.num_threads)
+        _use_threads(1 if _work((*args, *kwargs.values())) < SERIAL_BELOW else _pools.num_threads)
         return self.dispatcher(*args, **kwargs)
+
+    def bind(self, *args: Any) -> Callable[[], Any]:
+        """The kernel bound to ``args``, sized once: a compiled plan's replay calls it
+        with no per-call size count."""
+        configure()
+        serial, dispatcher = _work(args) < SERIAL_BELOW, self.dispatcher
+
+        def call() -> Any:
+            _use_threads(1 if serial else _pools.num_threads)
+            return dispatcher(*args)
+        return call
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dispatcher, name)
+
+
+def _work(args: tuple) -> int:
+    return sum(a.size for a in args if isinstance(a, np.ndarray))
 
 
 _calling_thread = threading.local()  # .threads: the Numba thread count this thread last set
