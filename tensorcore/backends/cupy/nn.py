@@ -346,8 +346,8 @@ class CupyNNKernels:
         factors = _exact_nearest_factors(h, w, *out_hw)
         if (factors and w % pack_width(x.dtype) == 0 and y.size <= INT32_LIMIT
                 and aligned(x)):
-            packs = x.size // pack_width(x.dtype)
-            launch(UPSAMPLE, "nearest_up_packs_kernel", x.dtype, packs, (x, y, packs, w, *factors))
+            out_packs = x.size // pack_width(x.dtype) * factors[1]  # packs of the output's source rows
+            launch(UPSAMPLE, "nearest_up_packs_kernel", x.dtype, out_packs, (x, y, out_packs, w, *factors))
             return y
         launch(UPSAMPLE, "nearest_fwd_kernel", x.dtype, y.size, (x, y, n * c, h, w, *out_hw))
         return y

@@ -9,7 +9,7 @@
 //
 // Bound: memory.  Launch: 1-D grid-stride, 256 threads, one thread per output element
 // (per input element for the nearest backward); upsampling by power-of-two factors
-// takes nearest_up_packs_kernel, one thread per 16-byte input pack.
+// takes nearest_up_packs_kernel, one thread per 16-byte pack of an output row.
 #include "common.cuh"
 
 __device__ __forceinline__ long long nearest_src(long long o, long long in, long long out, bool dbl) {
@@ -34,36 +34,31 @@ __global__ void nearest_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, l
 // where the source index is exactly o / s (the host checks the factors, that W is a
 // whole number of packs and that the output stays below 2^31 elements, so indices are
 // 32-bit).  Row r of the input seen as [planes * H, W] becomes rows sh * r ... sh * r +
-// sh - 1 of the output seen as [planes * OH, OW].  One thread per input pack: one
-// 16-byte load, sw * sh 16-byte stores.
+// sh - 1 of the output seen as [planes * OH, OW].  One thread per 16-byte pack of an
+// output row: it reads the P / sw input elements the pack repeats and stores the pack
+// in the sh rows, so a warp's loads and each of its stores are contiguous.
 template <typename T>
 __global__ void nearest_up_packs_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                        long long in_packs, long long W, long long sh,
+                                        long long out_packs, long long W, long long sh,
                                         long long sw) {
     const int P = Pack<T>::N;
-    const unsigned int row_packs = (unsigned int)W / P, ush = (unsigned int)sh;
-    const unsigned int out_row_packs = row_packs * (unsigned int)sw;
+    const unsigned int usw = (unsigned int)sw, ush = (unsigned int)sh;
+    const unsigned int out_row_packs = (unsigned int)W / P * usw;
     const unsigned int stride = gridDim.x * blockDim.x;
     const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
     Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
-    for (unsigned int q = blockIdx.x * blockDim.x + threadIdx.x; q < in_packs; q += stride) {
-        const unsigned int r = q / row_packs, k = q - r * row_packs;
-        const Pack<T> in = xp[q];
-        Pack<T>* out = yp + r * ush * out_row_packs + k * (unsigned int)sw;
-        if (sw == 1) {
-            for (unsigned int t = 0; t < ush; ++t) out[t * out_row_packs] = in;
-            continue;
-        }
-        Pack<T> lo, hi;  // each input element twice: the first and second half of `in`
+    for (unsigned int q = blockIdx.x * blockDim.x + threadIdx.x; q < out_packs; q += stride) {
+        const unsigned int r = q / out_row_packs, j = q - r * out_row_packs;
+        Pack<T> pack;
+        if (usw == 1) {
+            pack = xp[q];
+        } else {  // each of P / 2 input elements twice
+            const T* src = x + (size_t)r * (unsigned int)W + j * (P / 2);
 #pragma unroll
-        for (int e = 0; e < P; ++e) {
-            lo.v[e] = in.v[e / 2];
-            hi.v[e] = in.v[P / 2 + e / 2];
+            for (int e = 0; e < P; ++e) pack.v[e] = src[e / 2];
         }
-        for (unsigned int t = 0; t < ush; ++t) {
-            out[t * out_row_packs] = lo;
-            out[t * out_row_packs + 1] = hi;
-        }
+        Pack<T>* out = yp + (size_t)r * ush * out_row_packs + j;
+        for (unsigned int t = 0; t < ush; ++t) out[t * out_row_packs] = pack;
     }
 }
 
