@@ -1,6 +1,7 @@
 """GPU op benchmark: the tensorcore CuPy backend next to PyTorch, in one run.
 
-    PYTHONPATH=. python3 tests/benchmarks/gpu_ops.py
+    PYTHONPATH=. python3 tests/benchmarks/gpu_ops.py                  # every row
+    PYTHONPATH=. python3 tests/benchmarks/gpu_ops.py --indexed-only   # copy, add, upsample, max_pool
 
 Times are medians of CUDA-event timings after warm-up; inputs are random (never
 zeros).  Both libraries are timed eager in two ways: one call between two events
@@ -15,6 +16,7 @@ each output written once.  No timing is asserted.
 
 from __future__ import annotations
 
+import sys
 import statistics
 import time
 
@@ -81,11 +83,13 @@ def copy_of(nbytes: int):
                                                cp.cuda.get_current_stream().ptr)
 
 
-def bench_copy_and_fused() -> None:
+def bench_copy_and_fused(fused: bool = True) -> None:
     n = 64 * 2**20
     x, tx = randn_pair(8, 128, 256, 256)
     ty = torch.empty_like(tx)
     row("device copy 64M f32", copy_of(x.nbytes), lambda: ty.copy_(tx), "GB/s", 8 * n)
+    if not fused:
+        return
     a, ta = randn_pair(128)
     b, tb = randn_pair(128)
     ta4, tb4 = ta.view(1, -1, 1, 1), tb.view(1, -1, 1, 1)
@@ -206,12 +210,15 @@ def bench_launch() -> list[tuple[str, float, float]]:
 def main() -> None:
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"CuPy {cp.__version__}, torch {torch.__version__}")
-    bench_copy_and_fused()
-    bench_rows()
+    quick = "--indexed-only" in sys.argv[1:]  # the copy row and the indexed rows only
+    bench_copy_and_fused(fused=not quick)
+    if not quick:
+        bench_rows()
     bench_indexed()
-    bench_conv()
-    bench_matmul()
-    launches = bench_launch()
+    if not quick:
+        bench_conv()
+        bench_matmul()
+    launches = [] if quick else bench_launch()
     print(f"\n{'work':34s} {'tc eager':>9s} {'queued':>8s} {'graph':>8s} | {'torch eager':>11s} "
           f"{'queued':>8s} | {'speed eager':>11s} {'queued':>6s} {'graph':>6s} | "
           f"{'tc graph':>8s} {'torch':>8s}")
