@@ -18,8 +18,8 @@ IMAGE_SIZES = (8, 16, 32)
 
 def _add_sampling(parser: argparse.ArgumentParser, guidance: float) -> None:
     group = parser.add_argument_group("sampling")
-    group.add_argument("--sample-steps", type=positive_int, default=50, help="denoising steps (default: %(default)s)")
-    group.add_argument("--sampler", choices=("ddim", "ddpm", "dpm", "euler"), default="ddim",
+    group.add_argument("--sample-steps", type=positive_int, default=25, help="denoising steps (default: %(default)s)")
+    group.add_argument("--sampler", choices=("ddim", "ddpm", "dpm", "euler"), default="dpm",
                        help="scheduler used to sample (default: %(default)s)")
     group.add_argument("--guidance-scale", type=non_negative_float, default=guidance,
                        help="classifier-free guidance scale; 1 turns guidance off (default: %(default)s)")
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--vae", default=None,
                        help="train in the latent space of this VAE folder (from train-vae; the digits at the "
                             "VAE's sample_size; default: pixels)")
-    _add_sampling(train, guidance=2.0)
+    _add_sampling(train, guidance=3.0)
 
     vae = commands.add_parser("train-vae", help="train an AutoencoderKL on the digits (for train --vae)")
     _add_common(vae)
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         sampler.add_argument("--checkpoint", default=None,
                              help="a run folder, its pipeline/ folder or a checkpoint file "
                                   "(default: the newest runs/train-* folder)")
-        _add_sampling(sampler, guidance=2.0)
+        _add_sampling(sampler, guidance=3.0)
     return parser
 
 
