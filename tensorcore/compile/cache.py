@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import math
+import operator
 import os
 import tempfile
 import threading
@@ -78,9 +79,12 @@ def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modules_of: Any
     for _, root in roots:
         version = root.structure_version
         versions.append(version)
-        trainings.append(tuple([m.training for m in modules_of(root, version)]))
+        trainings.append(tuple(map(_TRAINING, modules_of(root, version))))
     fixed = (spec, alias, state, tuple(trainings))
     return (fixed, tuple(versions)), tensors, (fixed if stable[0] else None)
+
+
+_TRAINING = operator.attrgetter("training")
 
 
 def _spec(obj: Any, tensors: list[Tensor], stable: list[bool]) -> Any:

@@ -100,7 +100,7 @@ class _Entry:
         return True
 
 
-_DATA = operator.attrgetter("data")
+_DATA = Tensor.__dict__["data"].__get__  # the storage slot itself, past Parameter's property
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
