@@ -56,6 +56,8 @@ async def _settle(future: asyncio.Future, pending: Future | None = None) -> Any:
     except asyncio.CancelledError:
         if pending is None or not pending.cancel():
             await asyncio.wait([future])
+            if not future.cancelled():
+                future.exception()  # retrieved: a failure after the cancellation is not logged as lost
         raise
 
 

@@ -1,8 +1,8 @@
 """``tc.chain(stage1, stage2, ...)``: compiled stages run in sequence, each output feeding the next.
 
-    generate = tc.chain(label_encoder, denoise, vae.decode)
-    images = generate(labels, side_inputs=[None, {"timestep": t}, {}])
-    images = await generate.call_async(labels, side_inputs=[None, {"timestep": t}, {}])
+    stages = tc.chain(encoder, unet, vae.decode)
+    out = stages(x, side_inputs=[None, {"timestep": t, "class_labels": labels}, {}])
+    out = await stages.call_async(x, side_inputs=[None, {"timestep": t, "class_labels": labels}, {}])
 
 The chain's positional arguments go to the first stage; every later stage takes the
 previous stage's output as its first argument.  ``side_inputs`` holds one dict of
