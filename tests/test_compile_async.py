@@ -59,6 +59,22 @@ async def _started(slow: Slow) -> None:
         await asyncio.sleep(0.001)
 
 
+def cancelled_mid_call_then_again(slow: Slow, call) -> tc.Tensor:
+    """Cancel the coroutine ``call()`` while ``slow`` holds it (CancelledError expected),
+    then await ``call()`` again; returns the second result."""
+    async def scenario():
+        slow.armed = True
+        task = asyncio.ensure_future(call())
+        await _started(slow)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        slow.armed = False
+        return await call()
+
+    return asyncio.run(scenario())
+
+
 # ----- call_async ---------------------------------------------------------------------------
 def test_call_async_is_bit_identical_to_a_plain_call(backend):
     model = _mlp()
@@ -116,17 +132,7 @@ def test_cancelled_call_completes_its_plan_and_the_next_call_is_right():
     x = tc.tensor([1.0, 2.0, 3.0])
     compiled(x)  # traced: total = x
 
-    async def scenario():
-        slow.armed = True
-        task = asyncio.ensure_future(compiled.call_async(x))
-        await _started(slow)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        slow.armed = False
-        return await compiled.call_async(x)
-
-    after = asyncio.run(scenario())
+    after = cancelled_mid_call_then_again(slow, lambda: compiled.call_async(x))
     assert slow.calls == 3  # trace, the cancelled replay (run to its end), the next one
     assert np.array_equal(after.numpy(), 2 * 3 * x.numpy()) and np.array_equal(total.numpy(), 3 * x.numpy())
     info = compiled.cache_info()
@@ -266,17 +272,7 @@ def test_a_cancelled_chain_stops_at_the_next_stage_boundary():
     x = tc.ones(3)
     chained(x)
 
-    async def scenario():
-        slow.armed = True
-        task = asyncio.ensure_future(chained.call_async(x))
-        await _started(slow)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        slow.armed = False
-        return await chained.call_async(x)
-
-    after = asyncio.run(scenario())
+    after = cancelled_mid_call_then_again(slow, lambda: chained.call_async(x))
     assert last.cache_info().hits == 1  # the cancelled chain never reached the second stage
     assert np.array_equal(after.numpy(), 2 * 3 * x.numpy() + 1) and slow.calls == 3
 
