@@ -126,6 +126,23 @@ def test_cpu_calls_run_in_the_callables_worker_with_the_callers_grad_mode():
     assert threads[0] == threading.current_thread().name and threads[1].startswith("tc-async-")
 
 
+def test_the_event_loop_keeps_running_during_a_cpu_call():
+    slow = Slow()
+    compiled, _ = accumulating(slow)
+    compiled(tc.ones(3))
+    slow.armed = True  # the replay holds the worker for 50 ms
+
+    async def scenario():
+        ticks = 0
+        task = asyncio.ensure_future(compiled.call_async(tc.ones(3)))
+        while not task.done():
+            ticks += 1
+            await asyncio.sleep(0.001)
+        return ticks
+
+    assert asyncio.run(scenario()) >= 10  # a blocked loop would tick once or twice
+
+
 def test_cancelled_call_completes_its_plan_and_the_next_call_is_right():
     slow = Slow()
     compiled, total = accumulating(slow)
@@ -167,30 +184,35 @@ def test_cancelled_before_it_runs_a_call_runs_nothing():
 
 @pytest.mark.gpu
 def test_gpu_call_async_polls_an_event_and_survives_cancellation():
+    def heavy(x, w):  # ~1 TFLOP: still running when the cancellation arrives
+        for _ in range(8):
+            x = tc.tanh(x @ w)
+        return x
+
     with tc.use_backend("cupy"):
-        model = _mlp(width=256).to("cuda")
-        compiled = tc.compile(model, cache_dir=False)
-        x = tc.randn(512, 4, device="cuda")
+        compiled = tc.compile(heavy, cache_dir=False)
+        x, w = tc.randn(4096, 4096, device="cuda"), tc.randn(4096, 4096, device="cuda") * 0.01
         with tc.no_grad():
-            expected = model(x)
+            compiled(x, w)  # traced
+            expected = compiled(x, w)  # replayed
 
             async def scenario():
                 ticks = 0
-                task = asyncio.ensure_future(compiled.call_async(x))
-                while not task.done():
+                task = asyncio.ensure_future(compiled.call_async(x, w))
+                while not task.done():  # the loop keeps running while the GPU works
                     ticks += 1
                     await asyncio.sleep(0)
-                first = task.result()
-                cancelled = asyncio.ensure_future(compiled.call_async(x))
+                cancelled = asyncio.ensure_future(compiled.call_async(x, w))
                 await asyncio.sleep(0)  # launched, now polling
                 cancelled.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await cancelled
-                return first, await compiled.call_async(x), ticks
+                return task.result(), await compiled.call_async(x, w), ticks
 
             first, after, ticks = asyncio.run(scenario())
-    assert _same(first, expected) and _same(after, expected) and ticks >= 1
-    assert compiled.cache_info().fallbacks == 0
+    assert _same(first, expected) and _same(after, expected) and ticks >= 10
+    info = compiled.cache_info()
+    assert (info.traces, info.hits, info.fallbacks) == (1, 4, 0)
 
 
 # ----- chain -----------------------------------------------------------------------------------
