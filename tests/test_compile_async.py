@@ -215,6 +215,29 @@ def test_gpu_call_async_polls_an_event_and_survives_cancellation():
     assert (info.traces, info.hits, info.fallbacks) == (1, 4, 0)
 
 
+@pytest.mark.gpu
+def test_gpu_callers_on_two_streams_each_get_their_own_outputs():
+    import cupy
+
+    def heavy(x):
+        for _ in range(4):
+            x = tc.tanh(x @ x) * 0.5
+        return x
+
+    with tc.use_backend("cupy"), tc.no_grad():
+        compiled = tc.compile(heavy, cache_dir=False)
+        xs = [tc.randn(2048, 2048, device="cuda") * 0.02 for _ in range(6)]
+        compiled(xs[0])  # traced
+        expected = [compiled(x).numpy() for x in xs]  # one at a time (numpy() waits)
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+        outs = []
+        for i, x in enumerate(xs):  # alternate streams, no host synchronization in between
+            with streams[i % 2]:
+                outs.append(compiled(x))
+        cupy.cuda.Device().synchronize()
+    assert all(np.array_equal(out.numpy(), want) for out, want in zip(outs, expected))
+
+
 # ----- chain -----------------------------------------------------------------------------------
 def _stages():
     first, last = _mlp(1), _mlp(2)
