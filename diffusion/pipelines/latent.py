@@ -44,7 +44,8 @@ class LatentDiffusionPipeline(DiffusionPipeline):
         return self.vae.decode(latents)
 
     @classmethod
-    def _from_parts(cls, folder: str, parts: dict[str, Any], compile: bool | None) -> "LatentDiffusionPipeline":  # noqa: A002
+    def _from_parts(cls, folder: str, parts: dict[str, Any],
+                    compile: bool | None) -> "LatentDiffusionPipeline":  # noqa: A002
         if parts["vae"] is None:
             raise ValueError(f"LatentDiffusionPipeline.from_pretrained: {folder!r} has no vae/; "
                              f"load a pixel-space pipeline with DiffusionPipeline.from_pretrained")

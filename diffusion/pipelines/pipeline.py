@@ -45,7 +45,7 @@ class DiffusionPipeline:
     """
 
     def __init__(self, unet: Any, scheduler: Any, null_class_label: int | None = None,
-                 compile: bool | None = None) -> None:  # noqa: A002  (diffusers-style keyword)
+                 compile: bool | None = None) -> None:  # noqa: A002  (the option's public name)
         name = type(self).__name__
         module = unwrapped(unet)
         if not callable(unet) or not hasattr(module, "config"):
@@ -164,7 +164,8 @@ class DiffusionPipeline:
         return cls._from_parts(folder, parts, compile)
 
     @classmethod
-    def _from_parts(cls, folder: str, parts: dict[str, Any], compile: bool | None) -> "DiffusionPipeline":  # noqa: A002
+    def _from_parts(cls, folder: str, parts: dict[str, Any],
+                    compile: bool | None) -> "DiffusionPipeline":  # noqa: A002
         if parts["vae"] is not None:
             raise ValueError(f"DiffusionPipeline.from_pretrained: {folder!r} holds a latent pipeline (it has a "
                              f"VAE); load it with LatentDiffusionPipeline.from_pretrained")
