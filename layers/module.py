@@ -62,11 +62,18 @@ class Module:
         return self.forward(*args, **kwargs)
 
     def _inference_plan(self) -> Any:
-        """The compiled ``forward`` of ``eval(auto_compile=True)`` (made on first use; a copy
-        of the module makes its own)."""
-        found = self.__dict__.get("_auto_compiled")
+        """The compiled ``forward`` of ``eval(auto_compile=True)``."""
+        return self._compiled("forward", self.forward)
+
+    def _compiled(self, name: str, fn: Callable) -> Any:
+        """``tc.compile(fn)`` kept on this module under ``name``, made on first use (plans
+        are bound to this instance's memory: copies and pickles leave them out)."""
+        calls = self.__dict__.get("_compiled_calls")
+        if calls is None:
+            calls = self.__dict__.setdefault("_compiled_calls", {})
+        found = calls.get(name)
         if found is None:
-            found = self.__dict__.setdefault("_auto_compiled", tc.compile(self.forward, fallback="eager"))
+            found = calls.setdefault(name, tc.compile(fn, fallback="eager"))
         return found
 
     # ----- structure version -----------------------------------------------------------
@@ -243,7 +250,7 @@ class Module:
                                 f"got {auto_compile!r}")
             object.__setattr__(self, "_auto_compile", auto_compile)
             if not auto_compile:
-                compiled = self.__dict__.pop("_auto_compiled", None)
+                compiled = self.__dict__.get("_compiled_calls", {}).pop("forward", None)
                 if compiled is not None:
                     compiled.release()
         return self.train(False)
@@ -372,7 +379,7 @@ class Module:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         del state["_parents"]  # weak links are rebuilt by the containing module
-        state.pop("_auto_compiled", None)  # plans are bound to this instance's memory
+        state.pop("_compiled_calls", None)  # plans are bound to this instance's memory
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

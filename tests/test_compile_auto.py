@@ -67,6 +67,6 @@ def test_auto_compile_off_copies_and_checks():
         plan = model._inference_plan()
         model.eval(auto_compile=False)
         model(x)
-    assert plan.cache_info().plans == 0 and "_auto_compiled" not in model.__dict__
+    assert plan.cache_info().plans == 0 and "forward" not in model.__dict__["_compiled_calls"]
     with pytest.raises(TypeError, match="auto_compile must be a bool or None, got 'yes'"):
         model.eval(auto_compile="yes")

@@ -142,21 +142,9 @@ class AutoencoderKL(PretrainedModel):
         """This VAE's compiled ``"encode"`` (image -> posterior moments) or ``"decode"``
         (latents -> images) callable, made on first use: a plan per input shape, retraced
         when the structure version changes -- which the tiling and slicing switches bump."""
-        calls = self.__dict__.get("_compiled_calls")
-        if calls is None:
-            calls = {}
-            object.__setattr__(self, "_compiled_calls", calls)
-        if part not in calls:
-            if part not in ("encode", "decode"):
-                raise ValueError(f"AutoencoderKL.compiled: part must be 'encode' or 'decode', got {part!r}")
-            calls.setdefault(part, tc.compile(self._moments if part == "encode" else self._images,
-                                              fallback="eager"))
-        return calls[part]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state.pop("_compiled_calls", None)  # plans are bound to this instance's memory; a copy makes its own
-        return state
+        if part not in ("encode", "decode"):
+            raise ValueError(f"AutoencoderKL.compiled: part must be 'encode' or 'decode', got {part!r}")
+        return self._compiled(part, self._moments if part == "encode" else self._images)
 
     def forward(self, sample: Tensor, sample_posterior: bool = False, generator: Generator | None = None) -> Tensor:
         """Reconstruction: decode the posterior's mode (or a sample of it when ``sample_posterior``)."""
