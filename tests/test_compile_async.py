@@ -140,7 +140,7 @@ def test_the_event_loop_keeps_running_during_a_cpu_call():
             await asyncio.sleep(0.001)
         return ticks
 
-    assert asyncio.run(scenario()) >= 10  # a blocked loop would tick once or twice
+    assert asyncio.run(scenario()) >= 5  # a blocked loop would tick once or twice
 
 
 def test_cancelled_call_completes_its_plan_and_the_next_call_is_right():
