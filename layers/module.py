@@ -57,7 +57,24 @@ class Module:
         raise TypeError(f"{type(self).__name__} defines no forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.__dict__.get("_auto_compile") and not self.training and not tc.is_grad_enabled():
+            return self._inference_plan()(*args, **kwargs)
         return self.forward(*args, **kwargs)
+
+    def _inference_plan(self) -> Any:
+        """The compiled ``forward`` of ``eval(auto_compile=True)``."""
+        return self._compiled("forward", self.forward)
+
+    def _compiled(self, name: str, fn: Callable) -> Any:
+        """``tc.compile(fn)`` kept on this module under ``name``, made on first use (plans
+        are bound to this instance's memory: copies and pickles leave them out)."""
+        calls = self.__dict__.get("_compiled_calls")
+        if calls is None:
+            calls = self.__dict__.setdefault("_compiled_calls", {})
+        found = calls.get(name)
+        if found is None:
+            found = calls.setdefault(name, tc.compile(fn, fallback="eager"))
+        return found
 
     # ----- structure version -----------------------------------------------------------
     @property
@@ -221,7 +238,21 @@ class Module:
             object.__setattr__(module, "training", bool(mode))
         return self
 
-    def eval(self) -> "Module":
+    def eval(self, auto_compile: bool | None = None) -> "Module":
+        """Evaluation mode.  ``auto_compile=True``: calls of this module made in eval mode
+        under ``tc.no_grad()`` run ``forward`` through ``tc.compile`` -- the next such call
+        traces the inference plan, later ones replay it (the training flags are part of the
+        plan's key, so a train -> eval round trip replays the same plan).  ``False`` turns
+        that off and frees the plans; None keeps the current choice."""
+        if auto_compile is not None:
+            if not isinstance(auto_compile, bool):
+                raise TypeError(f"{type(self).__name__}.eval: auto_compile must be a bool or None, "
+                                f"got {auto_compile!r}")
+            object.__setattr__(self, "_auto_compile", auto_compile)
+            if not auto_compile:
+                compiled = self.__dict__.get("_compiled_calls", {}).pop("forward", None)
+                if compiled is not None:
+                    compiled.release()
         return self.train(False)
 
     def requires_grad_(self, requires_grad: bool = True) -> "Module":
@@ -348,6 +379,7 @@ class Module:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         del state["_parents"]  # weak links are rebuilt by the containing module
+        state.pop("_compiled_calls", None)  # plans are bound to this instance's memory
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -28,4 +28,4 @@ clamp = clip
 
 __version__ = "0.1.0"
 
-from .compile import compile  # noqa: E402,A001  (last: the tracer builds on everything above)
+from .compile import chain, compile  # noqa: E402,A001  (last: the tracer builds on everything above)

@@ -3,7 +3,9 @@
 ``encode(x)`` returns the posterior (a DiagonalGaussianDistribution), ``decode(z)`` the
 image.  ``enable_tiling()`` runs both over overlapping tiles with blended seams (memory
 bounded by one row of tiles); ``enable_slicing()`` runs a batch one sample at a time.
-Each switch bumps the module's ``structure_version``, so compiled plans retrace.
+Each switch bumps the module's ``structure_version``, so compiled plans retrace:
+``decode_compiled`` / ``encode_compiled`` (``compiled("decode")``) replay ``tc.compile``
+plans and pick the switches up by retracing.
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ class AutoencoderKL(PretrainedModel):
     def disable_slicing(self) -> None:
         self._switch(self._use_tiling, False, self._tile_sample_min_size, self._tile_overlap_factor)
 
+    def extra_repr(self) -> str:
+        """The switches (also part of a compiled plan's identity on disk, as they change the program)."""
+        return (f"use_tiling={self._use_tiling}, use_slicing={self._use_slicing}, tile_sample_min_size="
+                f"{self._tile_sample_min_size}, tile_overlap_factor={self._tile_overlap_factor}")
+
     def _switch(self, tiling: bool, slicing: bool, size: int, overlap: float) -> None:
         state = (tiling, slicing, size, overlap)
         if state != (self._use_tiling, self._use_slicing, self._tile_sample_min_size, self._tile_overlap_factor):
@@ -114,12 +121,30 @@ class AutoencoderKL(PretrainedModel):
     def encode(self, x: Tensor) -> DiagonalGaussianDistribution:
         """The posterior over latents of images ``x`` [B, in_channels, H, W]."""
         self._check("encode", x, self.config.in_channels)
-        return DiagonalGaussianDistribution(self._sliced(self._encode, x))
+        return DiagonalGaussianDistribution(self._moments(x))
 
     def decode(self, z: Tensor) -> Tensor:
         """Images from latents ``z`` [B, latent_channels, h, w] (unscaled: divide by scaling_factor first)."""
         self._check("decode", z, self.config.latent_channels)
-        return self._sliced(self._decode, z)
+        return self._images(z)
+
+    def encode_compiled(self, x: Tensor) -> DiagonalGaussianDistribution:
+        """``encode`` through a ``tc.compile`` plan (see ``compiled``)."""
+        self._check("encode_compiled", x, self.config.in_channels)
+        return DiagonalGaussianDistribution(self.compiled("encode")(x))
+
+    def decode_compiled(self, z: Tensor) -> Tensor:
+        """``decode`` through a ``tc.compile`` plan (see ``compiled``)."""
+        self._check("decode_compiled", z, self.config.latent_channels)
+        return self.compiled("decode")(z)
+
+    def compiled(self, part: str) -> Any:
+        """This VAE's compiled ``"encode"`` (image -> posterior moments) or ``"decode"``
+        (latents -> images) callable, made on first use: a plan per input shape, retraced
+        when the structure version changes -- which the tiling and slicing switches bump."""
+        if part not in ("encode", "decode"):
+            raise ValueError(f"AutoencoderKL.compiled: part must be 'encode' or 'decode', got {part!r}")
+        return self._compiled(part, self._moments if part == "encode" else self._images)
 
     def forward(self, sample: Tensor, sample_posterior: bool = False, generator: Generator | None = None) -> Tensor:
         """Reconstruction: decode the posterior's mode (or a sample of it when ``sample_posterior``)."""
@@ -137,6 +162,12 @@ class AutoencoderKL(PretrainedModel):
         self._check("tiled_decode", z, self.config.latent_channels)
         return tiled_apply(z, self._decode_tile, self.tile_latent_min_size, self.tile_sample_min_size,
                            self.tile_overlap_factor)
+
+    def _moments(self, x: Tensor) -> Tensor:
+        return self._sliced(self._encode, x)
+
+    def _images(self, z: Tensor) -> Tensor:
+        return self._sliced(self._decode, z)
 
     def _sliced(self, fn: Any, x: Tensor) -> Tensor:
         if self._use_slicing and x.shape[0] > 1:

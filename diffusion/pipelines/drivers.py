@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
+from tensorcore.compile.asynchronous import wait_event
+
 from .generation import Generation
 from .output import ImagePipelineOutput
 
@@ -87,12 +89,6 @@ async def _run_in_worker(generation: Generation) -> ImagePipelineOutput:
 
 
 # ----- GPU: a stream and event polling ----------------------------------------------------
-async def until_done(event: Any) -> None:
-    """Yield to the event loop until the CUDA ``event`` has completed."""
-    while not event.done:
-        await asyncio.sleep(0)
-
-
 async def _run_on_stream(generation: Generation) -> ImagePipelineOutput:
     import cupy
 
@@ -107,7 +103,7 @@ async def _run_on_stream(generation: Generation) -> ImagePipelineOutput:
                     generation.step(index)
                 queued.append(stream.record())
                 if len(queued) > 1:
-                    await until_done(queued.popleft())
+                    await wait_event(queued.popleft())
                 bar.update(1)
                 with stream:  # a callback reading the sample reads it in stream order
                     going = generation.keep_going(index)
@@ -115,7 +111,7 @@ async def _run_on_stream(generation: Generation) -> ImagePipelineOutput:
                     break
         with stream:
             images = generation.finish()
-        await until_done(stream.record())
+        await wait_event(stream.record())
         with stream:
             return generation.collect(images)
     except asyncio.CancelledError:

@@ -76,12 +76,9 @@ class Generation:
         r, x = self.request, self.sample
         t = self.run.timesteps[index]
         with tc.no_grad():
-            model_input = tc.cat([x, x]) if r.guided else x
-            model_input = self.run.scale_model_input(model_input, t)
-            prediction = self.pipeline.unet(model_input, t, class_labels=self.labels, context=self.context)
-            if r.guided:
-                uncond, cond = prediction.chunk(2)
-                prediction = uncond + (cond - uncond) * r.guidance_scale
+            model_input = self.run.scale_model_input(x, t)
+            prediction = self.pipeline.predict_noise(model_input, t, self.labels, self.context,
+                                                     r.guidance_scale if r.guided else None)
             x = self.run.step(prediction, t, x, **r.step_kwargs).prev_sample
             self.sample = self.guard(x)
         self.steps_run = index + 1

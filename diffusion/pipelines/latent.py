@@ -2,7 +2,8 @@
 
 The UNet works on latents scaled as in Stable Diffusion, ``(z - shift_factor) *
 scaling_factor``; the final latents are unscaled and decoded by the VAE (tiled or
-sliced if the VAE has that switched on).  Generation is ``DiffusionPipeline``'s.
+sliced if the VAE has that switched on; ``vae.decode_compiled`` when ``compile`` is on).
+Generation is ``DiffusionPipeline``'s.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from .pipeline import DiffusionPipeline
 class LatentDiffusionPipeline(DiffusionPipeline):
     """``generate`` / ``generate_async`` as for ``DiffusionPipeline``; images come from ``vae.decode``."""
 
-    def __init__(self, vae: Any, unet: Any, scheduler: Any, null_class_label: int | None = None) -> None:
-        super().__init__(unet, scheduler, null_class_label)
+    def __init__(self, vae: Any, unet: Any, scheduler: Any, null_class_label: int | None = None,
+                 compile: bool | None = None) -> None:  # noqa: A002
+        super().__init__(unet, scheduler, null_class_label, compile)
         vae_module = unwrapped(vae)
         if not callable(getattr(vae_module, "decode", None)) or not hasattr(vae_module, "config"):
             raise TypeError(f"LatentDiffusionPipeline: vae must be an AutoencoderKL, got {type(vae).__name__}")
@@ -37,11 +39,14 @@ class LatentDiffusionPipeline(DiffusionPipeline):
         latents = sample * (1.0 / config["scaling_factor"])
         if config.get("shift_factor") is not None:
             latents = latents + config["shift_factor"]
+        if self.compile:
+            return unwrapped(self.vae).decode_compiled(latents)
         return self.vae.decode(latents)
 
     @classmethod
-    def _from_parts(cls, folder: str, parts: dict[str, Any]) -> "LatentDiffusionPipeline":
+    def _from_parts(cls, folder: str, parts: dict[str, Any],
+                    compile: bool | None) -> "LatentDiffusionPipeline":  # noqa: A002
         if parts["vae"] is None:
             raise ValueError(f"LatentDiffusionPipeline.from_pretrained: {folder!r} has no vae/; "
                              f"load a pixel-space pipeline with DiffusionPipeline.from_pretrained")
-        return cls(parts["vae"], parts["unet"], parts["scheduler"], parts["null_class_label"])
+        return cls(parts["vae"], parts["unet"], parts["scheduler"], parts["null_class_label"], compile=compile)

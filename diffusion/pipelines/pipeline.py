@@ -9,7 +9,8 @@
 Classifier-free guidance runs one UNet call per step on the batch [uncond, cond]
 (the null class label, or ``negative_context`` / zeros, for the unconditional half)
 and combines ``uncond + scale * (cond - uncond)``; it is on when ``guidance_scale > 1``.
-The UNet may be a ``tc.compile``d module: the pipeline only calls it.
+With ``compile`` on (the default on the GPU) that call and the combine are one
+``tc.compile`` plan per step (``prediction.py``) and the VAE decode is compiled too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .generation import Generation
 from .inputs import ModelFacts, Request, check_request, step_parameters
 from .modules import model_device, unwrapped
 from .output import ImagePipelineOutput
+from .prediction import compiled_prediction, guided_prediction
 from .pretrained import load_parts, save_pipeline
 
 Callback = Callable[[int, Any, Tensor], Any]
@@ -36,9 +38,14 @@ class DiffusionPipeline:
     ``null_class_label``: the class label the UNet was trained with for "no class"
     (label dropout); needed for guidance with class labels, and used for unconditional
     samples of a class-conditioned model.
+    ``compile``: run each step's UNet call and guidance combine as one ``tc.compile`` plan
+    (``denoiser``), and the VAE decode as a compiled plan; same images as eager.  None:
+    on when the UNet is a plain module on the GPU.  A wrapped UNet (``tc.compile``d or
+    other) is called as given unless ``compile=True``, which compiles the module behind it.
     """
 
-    def __init__(self, unet: Any, scheduler: Any, null_class_label: int | None = None) -> None:
+    def __init__(self, unet: Any, scheduler: Any, null_class_label: int | None = None,
+                 compile: bool | None = None) -> None:  # noqa: A002  (the option's public name)
         name = type(self).__name__
         module = unwrapped(unet)
         if not callable(unet) or not hasattr(module, "config"):
@@ -53,7 +60,21 @@ class DiffusionPipeline:
                 raise ValueError(f"{name}: null_class_label must be an int in [0, num_class_embeds="
                                  f"{classes}), got {null_class_label!r}")
             null_class_label = int(null_class_label)
+        if compile is not None and not isinstance(compile, bool):
+            raise TypeError(f"{name}: compile must be True, False or None, got {compile!r}")
         self.unet, self.scheduler, self.null_class_label = unet, scheduler, null_class_label
+        if compile is None:  # compiled by default on the GPU, unless the caller wrapped the UNet already
+            compile = model_device(module).startswith("cuda") and module is unet
+        self.compile = compile
+        self.denoiser = compiled_prediction() if compile else None
+
+    def predict_noise(self, sample: Tensor, timestep: Tensor, class_labels: Tensor | None, context: Tensor | None,
+                      guidance_scale: float | None) -> Tensor:
+        """The (guided) noise prediction of one step: the compiled plan when ``compile`` is on
+        (on the UNet module itself), else the UNet as given."""
+        if self.denoiser is not None:
+            return self.denoiser(unwrapped(self.unet), sample, timestep, class_labels, context, guidance_scale)
+        return guided_prediction(self.unet, sample, timestep, class_labels, context, guidance_scale)
 
     # ----- what the generation needs to know ------------------------------------------
     @property
@@ -136,17 +157,19 @@ class DiffusionPipeline:
         save_pipeline(self, folder)
 
     @classmethod
-    def from_pretrained(cls, folder: str, scheduler: Any = None, device: str | None = None) -> "DiffusionPipeline":
+    def from_pretrained(cls, folder: str, scheduler: Any = None, device: str | None = None,
+                        compile: bool | None = None) -> "DiffusionPipeline":  # noqa: A002
         """The pipeline saved in ``folder`` (with ``scheduler`` instead of the stored one if given)."""
         parts = load_parts(folder, scheduler, device)
-        return cls._from_parts(folder, parts)
+        return cls._from_parts(folder, parts, compile)
 
     @classmethod
-    def _from_parts(cls, folder: str, parts: dict[str, Any]) -> "DiffusionPipeline":
+    def _from_parts(cls, folder: str, parts: dict[str, Any],
+                    compile: bool | None) -> "DiffusionPipeline":  # noqa: A002
         if parts["vae"] is not None:
             raise ValueError(f"DiffusionPipeline.from_pretrained: {folder!r} holds a latent pipeline (it has a "
                              f"VAE); load it with LatentDiffusionPipeline.from_pretrained")
-        return cls(parts["unet"], parts["scheduler"], parts["null_class_label"])
+        return cls(parts["unet"], parts["scheduler"], parts["null_class_label"], compile=compile)
 
 
 def _step_options(scheduler: Any) -> frozenset[str]:

@@ -8,7 +8,9 @@ The stages, one module each: ``trace`` records the backend calls of a call into 
 ``graph``; ``passes`` rewrite the graph (dead-code elimination); ``plan`` lowers it to
 init calls, replayed steps and a static memory plan; ``replay`` binds the plan to
 memory and runs it (a loop of pre-bound calls on the CPU, one CUDA graph on the GPU);
-``cache`` holds keys, the LRU and the disk cache; ``host`` is the compiled callable.
+``cache`` holds keys, the LRU and the disk cache; ``host`` is the compiled callable;
+``asynchronous`` runs its ``call_async`` off the event loop; ``chaining`` runs compiled
+stages in sequence.
 See docs/compile.md.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from .chaining import Chain, chain
 from .host import CacheInfo, Compiled, CompileWarning
 from .trace import TraceError, guard, host_effect, is_tracing
 
@@ -44,5 +47,5 @@ compile.TraceError = TraceError  # type: ignore[attr-defined]
 compile.CompileWarning = CompileWarning  # type: ignore[attr-defined]
 compile.CacheInfo = CacheInfo  # type: ignore[attr-defined]
 
-__all__ = ["compile", "Compiled", "CacheInfo", "CompileWarning", "TraceError", "guard", "host_effect",
-           "is_tracing"]
+__all__ = ["compile", "chain", "Chain", "Compiled", "CacheInfo", "CompileWarning", "TraceError", "guard",
+           "host_effect", "is_tracing"]

@@ -31,7 +31,7 @@ from .. import settings
 from ..backends import backend_for, default_device_name
 from ..random import _default, _generators
 from ..tensor import Tensor
-from . import cache, passes as passes_module, plan as plan_module, replay, trace
+from . import asynchronous, cache, passes as passes_module, plan as plan_module, replay, trace
 from .graph import Ref, leaves, tree_map
 from .trace import TraceError, owner
 from .trace import _state as _TRACE_STATE
@@ -367,6 +367,14 @@ class Compiled:
 
     def _identity(self, roots: list[tuple[str, Any]]) -> str:
         return cache.identity(self.fn, roots)
+
+    async def call_async(self, *args: Any, **kwargs: Any) -> Any:
+        """``await compiled.call_async(...)``: the call's result, bit-identical to a plain
+        call, computed off the event loop (a CUDA stream polled by event on CuPy, this
+        callable's worker thread on the CPU); cancellation takes effect after the plan in
+        flight (see ``asynchronous``)."""
+        return await asynchronous.lane(self).run([functools.partial(self, **kwargs)], args,
+                                                 asynchronous.call_device(args, kwargs))
 
     # ----- public ----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:

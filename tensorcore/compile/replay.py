@@ -21,7 +21,9 @@ are reused by later kernels in stream order -- and it lives as long as the graph
 every buffer the graph touches stays valid.  A call copies the inputs
 into the input buffers on the caller's stream, launches the graph on the plan's stream
 ordered after those copies with events, and makes the caller's stream wait for it; the
-host never synchronizes.
+host never synchronizes.  A caller on another stream than the previous one first waits
+for that stream, so the previous caller's outputs are copied out before they are
+overwritten.
 
 Both take the external buffers as live root arrays (``roots``, by storage) and the
 opaque objects (random generators) by position, so a plan loaded from disk binds the
@@ -180,6 +182,7 @@ class CudaGraphReplay:
         self.pool = cupy.cuda.MemoryPool()
         self.ready = cupy.cuda.Event(disable_timing=True)
         self.done = cupy.cuda.Event(disable_timing=True)
+        self.handed_over = cupy.cuda.Event(disable_timing=True)  # the previous caller's stream, when it changes
         self.blocks: list[Any] = []
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
             self.memory = cupy.empty(plan.fixed_bytes + ALIGN["cuda"], dtype=np.uint8)
@@ -207,6 +210,7 @@ class CudaGraphReplay:
         self.inputs = [env[v] for v in graph.inputs]
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
         self.arena_bytes = int(self.pool.total_bytes())
+        self.last_user: Any = None  # the stream of the previous call
 
     def _array(self, pointer: Any, v: Value) -> Any:
         return self.cupy.ndarray(v.shape, v.dtype, memptr=pointer, strides=v.strides)
@@ -251,6 +255,12 @@ class CudaGraphReplay:
     def run(self, arrays: list[Any]) -> list[Any]:
         """Inputs in on the caller's stream, one graph launch, outputs ready on it."""
         user = self.cupy.cuda.get_current_stream()
+        if self.last_user is not None and self.last_user.ptr != user.ptr:
+            # the previous caller has copied its outputs out on its own stream (enqueued
+            # before this call could take the plan) before this launch overwrites them
+            self.handed_over.record(self.last_user)
+            user.wait_event(self.handed_over)
+        self.last_user = user
         user.wait_event(self.done)  # the previous launch has read its inputs
         for buf, a in zip(self.inputs, arrays):
             self.cupy.copyto(buf, a)
@@ -264,7 +274,7 @@ class CudaGraphReplay:
         return self.outputs
 
     def release(self) -> None:
-        self.graph = self.env = self.memory = None
+        self.graph = self.env = self.memory = self.last_user = None
         self.inputs, self.outputs, self.writeback, self.blocks = [], [], [], []
         self.pool.free_all_blocks()
 

@@ -5,11 +5,13 @@
 
 GPU part: ``UNet2D.reference()`` (57.6 M parameters) with random weights, saved as a
 diffusers folder and loaded by diffusers' ``UNet2DModel``, so both sides run the same
-config and weights.  ``DiffusionPipeline.generate`` (eager, sync and async) and the loop
+config and weights.  ``DiffusionPipeline.generate`` (eager, sync and async; compiled --
+one CUDA graph per step for the UNet and the guidance combine --, sync and async) and the loop
 of diffusers' ``DDIMPipeline`` (``scheduler.step(unet(x, t).sample, t, x)``, PyTorch
 eager) each sample [1, 4, 128, 128] latents over 10 and 50 DDIM steps from the same
 starting noise, TF32 allowed on both sides.  Each figure is the median of several
-runs after a warm-up; the two results are compared (max |difference|).
+runs after a warm-up; the results are compared (max |difference| against PyTorch's, and
+compiled against eager).
 
 ``--cpu-train`` times ``python -m diffusion train`` (all defaults, Numba backend, a
 fresh output folder) in a subprocess: the README's first command.
@@ -60,17 +62,18 @@ def gpu_rows(steps_list: list[int], repeats: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         ours.save_pretrained(folder)
         theirs = UNet2DModel.from_pretrained(folder).to("cuda").eval()
-    pipe = DiffusionPipeline(ours, DDIMScheduler())
+    pipe = DiffusionPipeline(ours, DDIMScheduler(), compile=False)
+    compiled = DiffusionPipeline(ours, DDIMScheduler(), compile=True)
     reference_scheduler = TorchDDIM()
     noise = np.random.default_rng(0).standard_normal((1, 4, 128, 128)).astype(np.float32)
     latents, torch_latents = tc.tensor(noise, device="cuda"), torch.tensor(noise, device="cuda")
 
-    def ours_sync(steps: int):
+    def ours_sync(steps: int, pipe=pipe):
         images = pipe.generate(num_inference_steps=steps, latents=latents, progress=False).images
         tc.cuda.synchronize()
         return images
 
-    def ours_async(steps: int):
+    def ours_async(steps: int, pipe=pipe):
         return asyncio.run(pipe.generate_async(num_inference_steps=steps, latents=latents, progress=False)).images
 
     def torch_loop(steps: int):
@@ -83,17 +86,22 @@ def gpu_rows(steps_list: list[int], repeats: int) -> None:
         torch.cuda.synchronize()
         return images
 
-    print(f"reference UNet DDIM generate [1,4,128,128], eager, TF32 allowed ({repeats} runs, median)")
-    print(f"{'steps':>5} | {'tensorcore ms':>13} | {'async ms':>9} | {'torch ms':>9} | {'ratio':>6} | "
-          f"{'ms/step':>8} | {'torch ms/step':>13} | max |diff|")
+    print(f"reference UNet DDIM generate [1,4,128,128], TF32 allowed ({repeats} runs, median)")
+    print(f"{'steps':>5} | {'eager ms':>9} | {'async ms':>9} | {'compiled ms':>11} | {'c. async ms':>11} | "
+          f"{'torch ms':>9} | {'compiled/torch':>14} | {'c. ms/step':>10} | max |diff| torch | compiled-eager")
     for steps in steps_list:
         ours_ms, ours_images = median_ms(lambda: ours_sync(steps), repeats)
         async_ms, async_images = median_ms(lambda: ours_async(steps), repeats)
+        compiled_ms, compiled_images = median_ms(lambda: ours_sync(steps, compiled), repeats)
+        compiled_async_ms, compiled_async_images = median_ms(lambda: ours_async(steps, compiled), repeats)
         torch_ms, torch_images = median_ms(lambda: torch_loop(steps), repeats)
         assert np.array_equal(ours_images.numpy(), async_images.numpy()), "async differs from sync"
+        assert np.array_equal(compiled_images.numpy(), compiled_async_images.numpy()), "compiled async differs"
         diff = float(np.abs(ours_images.numpy() - torch_images.cpu().numpy()).max())
-        print(f"{steps:>5} | {ours_ms:>13.1f} | {async_ms:>9.1f} | {torch_ms:>9.1f} | {ours_ms / torch_ms:>5.2f}x | "
-              f"{ours_ms / steps:>8.2f} | {torch_ms / steps:>13.2f} | {diff:.2e}")
+        compiled_diff = float(np.abs(ours_images.numpy() - compiled_images.numpy()).max())
+        print(f"{steps:>5} | {ours_ms:>9.1f} | {async_ms:>9.1f} | {compiled_ms:>11.1f} | {compiled_async_ms:>11.1f} | "
+              f"{torch_ms:>9.1f} | {compiled_ms / torch_ms:>13.2f}x | {compiled_ms / steps:>10.2f} | "
+              f"{diff:.2e} | {compiled_diff:.2e}")
 
 
 def cpu_train_seconds() -> float:
