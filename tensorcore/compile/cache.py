@@ -183,9 +183,10 @@ def _class_digest(cls: type) -> str:
     return h.hexdigest()
 
 
-def identity(fn: Any, roots: list[tuple[str, Any]]) -> str:
-    """The model identity: code and structure of the function and its modules."""
-    h = hashlib.sha256(f"{FORMAT}/{__version__}/{sources_digest()}".encode())
+def identity(fn: Any, roots: list[tuple[str, Any]], passes: str = "") -> str:
+    """The model identity: code and structure of the function and its modules, and the
+    graph passes that made the plan (``passes.signature``)."""
+    h = hashlib.sha256(f"{FORMAT}/{__version__}/{sources_digest()}/{passes}".encode())
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     if code is not None:
         h.update(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}".encode())

@@ -366,7 +366,7 @@ class Compiled:
         return named
 
     def _identity(self, roots: list[tuple[str, Any]]) -> str:
-        return cache.identity(self.fn, roots)
+        return cache.identity(self.fn, roots, passes_module.signature(self._passes))
 
     # ----- public ----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:
