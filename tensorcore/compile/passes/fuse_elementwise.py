@@ -3,7 +3,7 @@
 Fusable calls: ``unary``, ``binary``, ``where`` and ``bias_act`` (a bias add along an
 axis, then an activation) on float32 / float64 / bool arrays, Python scalars becoming
 constants in the dtype NumPy would use; each call's result is a C-contiguous block of
-its own.  A call joins the group of the call that produced one of its operands when
+its own (its result is C-contiguous and fills its block).  A call joins the group of the call that produced one of its operands when
 that result has the same shape as its own (inputs broadcast; the group has one output
 shape) and nothing else reads it -- no other call, no view, not the returned value --
 and no call in between writes memory the group reads.  Each group of two or more calls
@@ -85,16 +85,18 @@ def fuse_elementwise(graph: Graph) -> Graph:
     members = set()
     for g in fused.values():
         members |= _member_indices(g)
-    nodes = []
+    nodes, storages = [], list(graph.storages)
     for node in graph.nodes:
         if node.index in fused:
             nodes.append(_fused_node(fused[node.index], values))
+            out = values[node.out.value]  # the kernel's result is the whole block, C-contiguous
+            storages[out.storage] = dataclasses.replace(storages[out.storage], root=(out.shape, out.strides, out.dtype))
         elif node.index not in members:
             nodes.append(node)
     stats = dict(graph.stats)
     stats["fused_elementwise"] = stats.get("fused_elementwise", 0) + len(fused)
     stats["fused_ops"] = stats.get("fused_ops", 0) + sum(g.size for g in fused.values())
-    return dataclasses.replace(graph, values=values, nodes=nodes, stats=stats)
+    return dataclasses.replace(graph, storages=storages, values=values, nodes=nodes, stats=stats)
 
 
 def _operands(ins: tuple) -> list[int]:
@@ -174,8 +176,8 @@ def _describe(graph: Graph, node: Node, values: list[Value], view: Any) -> list[
     out = values[node.out.value]
     storage = graph.storages[out.storage]
     if (out.dtype.name not in fused_program.DTYPES or storage.written or made_by(graph, node) != {out.storage}
-            or out.offset != 0 or storage.root != (out.shape, _c_strides(out), out.dtype)
-            or storage.origin != 0 or out.nbytes != storage.nbytes):
+            or out.offset != 0 or out.strides != _c_strides(out) or storage.origin != 0
+            or out.nbytes != storage.nbytes):
         return None
     args = node.args
     if node.op == "unary" and len(args) == 2 and args[0] in fused_program.UNARY:
