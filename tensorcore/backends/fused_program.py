@@ -119,3 +119,20 @@ def literal(number: float) -> str:
     if math.isfinite(number):
         return repr(float(number))
     return f"float({repr(float(number))!r})"
+
+
+def collapse(shape: tuple, strides: list[tuple]) -> tuple[tuple, list[tuple]]:
+    """(dims, strides per array) of a loop over ``shape`` with the dimensions that are
+    contiguous in every stride set merged and size-1 ones dropped (at least one left)."""
+    merged: list[tuple[int, list[int]]] = []
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        st = [s[d] for s in strides]
+        if merged and all(p == q * size for p, q in zip(merged[-1][1], st)):
+            merged[-1] = (merged[-1][0] * size, st)
+        else:
+            merged.append((size, st))
+    if not merged:
+        merged = [(1, [0] * len(strides))]
+    return tuple(m[0] for m in merged), [tuple(m[1][k] for m in merged) for k in range(len(strides))]

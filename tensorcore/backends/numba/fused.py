@@ -150,29 +150,13 @@ def bind(program: tuple, inputs: Sequence[Array], out: Array) -> Callable[[], An
     if out.size == 0:
         return lambda: None
     broadcast = [np.broadcast_to(a, out.shape) for a in inputs]
-    dims, strides = _collapse(out.shape, [out.strides] + [a.strides for a in broadcast])
+    dims, strides = fused_program.collapse(out.shape, [out.strides] + [a.strides for a in broadcast])
     views = [as_strided(out, dims, strides[0])]
     views += [as_strided(a, dims, st, writeable=False) for a, st in zip(broadcast, strides[1:])]
     serial, parallel = kernels(program, len(dims))
     if out.size < threads.SERIAL_BELOW:
         return functools.partial(serial, *views)
     return functools.partial(threads.SizedKernel(parallel), *views)
-
-
-def _collapse(shape: tuple, strides: list[tuple]) -> tuple[tuple, list[tuple]]:
-    """Merge the dimensions that are contiguous in every stride set; drop size-1 ones."""
-    merged: list[tuple[int, list[int]]] = []
-    for d, size in enumerate(shape):
-        if size == 1:
-            continue
-        st = [s[d] for s in strides]
-        if merged and all(p == q * size for p, q in zip(merged[-1][1], st)):
-            merged[-1] = (merged[-1][0] * size, st)
-        else:
-            merged.append((size, st))
-    if not merged:
-        merged = [(1, [0] * len(strides))]
-    return tuple(m[0] for m in merged), [tuple(m[1][k] for m in merged) for k in range(len(strides))]
 
 
 class NumbaFusedKernels:

@@ -1,0 +1,41 @@
+"""``fused_elementwise`` on CuPy: one generated RawKernel per program and loop rank
+(``fused_source.py``), compiled by NVRTC once and kept in CuPy's on-disk kernel cache,
+which is keyed by a hash of the source."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import cupy
+import numpy
+
+from .. import fused_program
+from . import fused_source, loader
+
+_INT32_LIMIT = 1 << 31
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel(program: tuple, rank: int) -> Any:
+    module = cupy.RawModule(code=fused_source.source(program, rank), options=loader.OPTIONS)
+    return module.get_function(fused_source.NAME)
+
+
+class CupyFusedKernels:
+    """A fused elementwise chain as one kernel launch (capturable in a CUDA graph)."""
+
+    def fused_elementwise(self, program: tuple, inputs: Sequence[Any]):
+        kinds = fused_program.check(program, [a.dtype.name for a in inputs])
+        if any(type(a) is not cupy.ndarray for a in inputs):
+            return super().fused_elementwise(program, inputs)
+        shape = numpy.broadcast_shapes(*[a.shape for a in inputs])
+        out = cupy.empty(shape, kinds[-1])
+        if out.size == 0:
+            return out
+        strides = [tuple(s // a.dtype.itemsize for s in cupy.broadcast_to(a, shape).strides) for a in inputs]
+        dims, merged = fused_program.collapse(shape, [tuple(s // out.dtype.itemsize for s in out.strides)] + strides)
+        args = [*inputs, out, numpy.int64(out.size), *[numpy.int64(d) for d in dims[1:]]]
+        args += [numpy.int64(s) for st in merged[1:] for s in st]
+        _kernel(program, len(dims))((loader.grid_for(out.size),), (loader.THREADS,), tuple(args))
+        return out
