@@ -1,6 +1,6 @@
-"""``fused_elementwise`` on CuPy: one generated RawKernel per program and loop rank
-(``fused_source.py``), compiled by NVRTC once and kept in CuPy's on-disk kernel cache,
-which is keyed by a hash of the source."""
+"""``fused_elementwise`` on CuPy: one generated RawKernel per program and output ndim
+(``fused_source.py``), compiled by NVRTC once and kept in CuPy's on-disk kernel cache
+(``CUPY_CACHE_DIR``), which is keyed by a hash of the source."""
 
 from __future__ import annotations
 
@@ -35,7 +35,14 @@ class CupyFusedKernels:
             return out
         strides = [tuple(s // a.dtype.itemsize for s in cupy.broadcast_to(a, shape).strides) for a in inputs]
         dims, merged = fused_program.collapse(shape, [tuple(s // out.dtype.itemsize for s in out.strides)] + strides)
-        args = [*inputs, out, numpy.int64(out.size), *[numpy.int64(d) for d in dims[1:]]]
-        args += [numpy.int64(s) for st in merged[1:] for s in st]
-        _kernel(program, len(dims))((loader.grid_for(out.size),), (loader.THREADS,), tuple(args))
+        rank = max(1, len(shape))  # merged dims padded back: one kernel per program and ndim
+        pad = rank - len(dims)
+        args = [*inputs, out, numpy.int64(out.size), *[numpy.int64(d) for d in ((1,) * pad + dims)[1:]]]
+        args += [numpy.int64(s) for st in merged[1:] for s in (0,) * pad + st]
+        self.warm_fused(program, rank)((loader.grid_for(out.size),), (loader.THREADS,), tuple(args))
         return out
+
+    def warm_fused(self, program: tuple, ndim: int) -> Any:
+        """The kernel of ``program`` for ``ndim``-dimensional outputs, compiled now
+        (compiled replay calls this before a CUDA graph capture begins)."""
+        return _kernel(program, max(1, ndim))
