@@ -194,10 +194,10 @@ def check_program(program, backend: str, config: str) -> None:
     fn = lambda a, b: run_program(steps, [a, b])  # noqa: E731
     compiled, got = compiled_twice(fn, *inputs, passes=CONFIGS[config])
     want = fn(*inputs).numpy()
-    if backend == "numpy":  # the reference runs a fused program with the same ufuncs
-        np.testing.assert_array_equal(got.numpy(), want)
-    else:  # libm vs NumPy's vectorised exp/tanh/sin may differ in the last bit
+    if backend == "cupy":  # the compiler may contract a multiply-add across two ops' device functions
         np.testing.assert_allclose(got.numpy(), want, rtol=2e-6, atol=2e-6)
+    else:  # the CPU backends fuse only what they compute exactly as eager
+        np.testing.assert_array_equal(got.numpy(), want)
 
 
 @pytest.mark.parametrize("config", ["cse", "fuse", "all"])

@@ -8,11 +8,13 @@ in each register's dtype.  The source is generated from the program's op names a
 numbers alone (through the fixed tables below), once per program and loop rank.
 
 Numerics: the body is compiled without fast-math, so ``+ - * /``, comparisons,
-``where``, ``maximum``/``minimum``, ``neg``/``abs``/``sign``, ``floor``/``ceil``/``round``
-and the activations (the same ``act_value`` the eager kernels call, with their
-options) give the eager results bit for bit; ``exp``, ``log``, ``tanh``, ``erf``,
-``pow`` and the other libm functions may differ from NumPy's vectorised versions in
-the last float32 bit.
+``where``, ``maximum``/``minimum``, ``neg``/``abs``/``sign``, ``sqrt``/``rsqrt``,
+``floor``/``ceil``/``round`` and the activations (the same ``act_value`` the eager
+kernels call, with their options) give the eager results bit for bit.  ``exp``,
+``log``, ``tanh``, ``erf``, ``pow`` and the other libm functions may differ from
+NumPy's vectorised versions in the last float32 bit, so the fusion pass leaves them
+out on this backend (``fused_unary`` / ``fused_binary``); a program that has them
+still runs, within a float32 ulp or two.
 
 Cache: the source is written to ``<TENSORCORE_CACHE_DIR>/kernels/numba/fused_<hash of
 the source>.py`` (checked against the expected text before it is imported) and compiled
@@ -160,7 +162,12 @@ def bind(program: tuple, inputs: Sequence[Array], out: Array) -> Callable[[], An
 
 
 class NumbaFusedKernels:
-    """``fused_elementwise`` as a generated loop (NumPy reference for other dtypes)."""
+    """``fused_elementwise`` as a generated loop.  ``fused_unary`` / ``fused_binary``
+    are the ops the fusion pass may hand it: those it computes bit for bit as the eager
+    calls (not the libm functions, whose last bit may differ from NumPy's)."""
+
+    fused_unary = frozenset(fused_program.UNARY) - {"exp", "log", "log1p", "sin", "cos", "tanh", "erf", "softplus"}
+    fused_binary = frozenset(fused_program.BINARY) - {"pow"}
 
     def fused_elementwise(self, program: tuple, inputs: Sequence[Array]) -> Array:
         kinds = fused_program.check(program, [a.dtype.name for a in inputs])

@@ -2,7 +2,9 @@
 
 Fusable calls: ``unary``, ``binary``, ``where`` and ``bias_act`` (a bias add along an
 axis, then an activation) on float32 / float64 / bool arrays, Python scalars becoming
-constants in the dtype NumPy would use; each call's result is a C-contiguous block of
+constants in the dtype NumPy would use, and only the ops the backend's fused kernels
+compute bit for bit as its eager calls (``fused_unary`` / ``fused_binary`` of the
+backend; the Numba backend leaves out the libm functions); each call's result is a C-contiguous block of
 its own (its result is C-contiguous and fills its block).  A call joins the group of the call that produced one of its operands when
 that result has the same shape as its own (inputs broadcast; the group has one output
 shape) and nothing else reads it -- no other call, no view, not the returned value --
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import backends
 from ...backends import fused_program
 from ..graph import Graph, Node, Ref, Value, node_refs, refs
 from ..plan import made_by
@@ -48,6 +51,8 @@ def fuse_elementwise(graph: Graph) -> Graph:
             values.append(Value(len(values), *key))
         return views[key]
 
+    backend = backends.load(graph.backend)
+    exact = (getattr(backend, "fused_unary", fused_program.UNARY), getattr(backend, "fused_binary", fused_program.BINARY))
     readers: dict[int, set[int]] = {}
     writes: dict[int, list[int]] = {}
     for position, node in enumerate(graph.nodes):
@@ -59,7 +64,7 @@ def fuse_elementwise(graph: Graph) -> Graph:
     open_groups: dict[int, _Group] = {}  # result value -> group, while its result is unread
     groups: list[_Group] = []
     for position, node in enumerate(graph.nodes):
-        code = _describe(graph, node, values, view)
+        code = _describe(graph, node, values, view, exact)
         if code is None:
             continue
         out = node.out.value
@@ -168,9 +173,10 @@ def _fused_node(group: _Group, values: list[Value]) -> Node:
     return Node(root.index, "fused_elementwise", (program, [Ref(v) for v in inputs]), {}, root.out)
 
 
-def _describe(graph: Graph, node: Node, values: list[Value], view: Any) -> list[tuple] | None:
+def _describe(graph: Graph, node: Node, values: list[Value], view: Any, exact: tuple) -> list[tuple] | None:
     """The call as program instructions (operands ("in", value) or ("tmp", k)), or None
-    when it is not fusable."""
+    when it is not fusable (``exact``: the unary and binary ops the backend's fused
+    kernels compute exactly as its eager calls do)."""
     if node.writes or node.effect or node.kwargs or type(node.out) is not Ref:
         return None
     out = values[node.out.value]
@@ -180,9 +186,9 @@ def _describe(graph: Graph, node: Node, values: list[Value], view: Any) -> list[
             or out.nbytes != storage.nbytes):
         return None
     args = node.args
-    if node.op == "unary" and len(args) == 2 and args[0] in fused_program.UNARY:
+    if node.op == "unary" and len(args) == 2 and args[0] in exact[0]:
         code = _call("unary", args[0], [args[1]], values)
-    elif node.op == "binary" and len(args) == 3 and args[0] in fused_program.BINARY:
+    elif node.op == "binary" and len(args) == 3 and args[0] in exact[1]:
         code = _call("binary", args[0], list(args[1:]), values)
     elif node.op == "where" and len(args) == 3 and type(args[0]) is Ref:
         code = _call("where", None, list(args), values)
@@ -241,24 +247,19 @@ def _call(kind: str, op: str | None, operands: list[Any], values: list[Value]) -
 def _bias_act(args: tuple, values: list[Value], view: Any) -> list[tuple] | None:
     """bias_act(x, bias, act, axis): x + bias viewed along ``axis``, then the activation."""
     x, bias, act, axis = args
-    if type(x) is not Ref or type(axis) is not int or act not in ("none",) + fused_program.ACTS:
+    if type(x) is not Ref or type(bias) is not Ref or type(axis) is not int \
+            or act not in ("none",) + fused_program.ACTS:
         return None
-    xv = values[x.value]
-    code: list[tuple] = []
-    if bias is not None:
-        if type(bias) is not Ref:
-            return None
-        bv = values[bias.value]
-        if bv.dtype != xv.dtype or len(bv.shape) != 1 or not -len(xv.shape) <= axis < len(xv.shape) \
-                or bv.shape[0] != xv.shape[axis]:
-            return None
-        axis %= len(xv.shape)
-        trailing = len(xv.shape) - axis - 1
-        along = view(bv.storage, bv.offset, bv.shape + (1,) * trailing, bv.strides + (0,) * trailing, bv.dtype)
-        code.append(("binary", "add", ("in", x.value), ("in", along)))
+    xv, bv = values[x.value], values[bias.value]
+    if bv.dtype != xv.dtype or len(bv.shape) != 1 or not -len(xv.shape) <= axis < len(xv.shape) \
+            or bv.shape[0] != xv.shape[axis]:
+        return None
+    trailing = len(xv.shape) - axis % len(xv.shape) - 1
+    along = view(bv.storage, bv.offset, bv.shape + (1,) * trailing, bv.strides + (0,) * trailing, bv.dtype)
+    code = [("binary", "add", ("in", x.value), ("in", along))]
     if act != "none":
-        code.append(("act", act, ("tmp", 0) if code else ("in", x.value)))
-    return code or None
+        code.append(("act", act, ("tmp", 0)))
+    return code
 
 
 def _c_strides(v: Value) -> tuple[int, ...]:
