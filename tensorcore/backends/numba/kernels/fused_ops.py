@@ -1,8 +1,9 @@
-"""Scalar activations the generated fused elementwise kernels call (``numba/fused.py``).
+"""The scalar activation the generated fused elementwise kernels call (``numba/fused.py``).
 
-Each wraps ``act_value``, the expression the eager Numba activation kernels use,
-compiled with the same options (so with the same contractions), so a fused chain
-computes what the separate calls compute.
+It wraps ``act_value``, the expression the eager Numba activation kernels use, compiled
+with the same options (so with the same contractions), so a fused chain computes what
+the separate calls compute.  The activation is a constant code at every call site, so
+LLVM inlines the helper and keeps only that activation's branch.
 """
 
 from __future__ import annotations
@@ -10,35 +11,9 @@ from __future__ import annotations
 from .activations import ACT_CODES, act_value
 from .jit import helper
 
-
-@helper
-def act_relu(v):
-    return act_value(1, v)
+__all__ = ["ACT_CODES", "activation"]
 
 
 @helper
-def act_gelu(v):
-    return act_value(2, v)
-
-
-@helper
-def act_gelu_tanh(v):
-    return act_value(3, v)
-
-
-@helper
-def act_silu(v):
-    return act_value(4, v)
-
-
-@helper
-def act_sigmoid(v):
-    return act_value(5, v)
-
-
-@helper
-def act_tanh(v):
-    return act_value(6, v)
-
-
-ACTIVATION_HELPERS = {name: f"act_{name}" for name in ACT_CODES if name != "none"}
+def activation(code, v):
+    return act_value(code, v)
