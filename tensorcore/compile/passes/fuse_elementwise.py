@@ -33,6 +33,7 @@ _SCALARS = (bool, int, float)
 @dataclasses.dataclass(eq=False)
 class _Group:
     root: Node
+    position: int  # the root's
     code: list[tuple]  # the root's own instructions; operands ("in", value) or ("tmp", k)
     first: int  # position of the earliest member
     inputs: set[int]  # values read from outside the group
@@ -62,13 +63,13 @@ def fuse_elementwise(graph: Graph) -> Graph:
             writes.setdefault(s, []).append(position)
     returned = {values[r.value].storage for r in graph.output_refs()}
     open_groups: dict[int, _Group] = {}  # result value -> group, while its result is unread
-    groups: list[_Group] = []
+    groups: dict[int, _Group] = {}  # by root position
     for position, node in enumerate(graph.nodes):
         code = _describe(graph, node, values, view, exact)
         if code is None:
             continue
         out = node.out.value
-        group = _Group(node, code, position, {v for ins in code for v in _operands(ins)})
+        group = _Group(node, position, code, position, {v for ins in code for v in _operands(ins)})
         for v in sorted(group.inputs):
             producer = open_groups.get(v)
             if producer is None or not _may_join(graph, values, producer, node, position, v,
@@ -80,11 +81,11 @@ def fuse_elementwise(graph: Graph) -> Graph:
             group.inputs, group.first = joined, min(group.first, producer.first)
             group.merged[v] = producer
             group.size += producer.size
-            groups.remove(producer)
+            del groups[producer.position]
             del open_groups[v]
         open_groups[out] = group
-        groups.append(group)
-    fused = {g.root.index: g for g in groups if g.size > 1}
+        groups[position] = group
+    fused = {g.root.index: g for g in groups.values() if g.size > 1}
     if not fused:
         return graph
     members = set()
