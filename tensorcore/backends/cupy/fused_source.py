@@ -11,8 +11,10 @@ written as bit patterns; nothing else enters it.
 
 Bound: memory.  Launch: 1-D, 256 threads per block, grid capped at a few blocks per SM.
 Numerics: ``+ - *`` are written with the round-to-nearest intrinsics, which the compiler
-never contracts into a multiply-add, so a chain rounds after each op as the separate
-eager kernels do; the other ops call the eager kernels' own device functions.
+never contracts into a multiply-add, and the other ops call the eager kernels' own
+device functions, each result passed through an empty ``asm`` so no multiply-add is
+contracted across two ops either: a chain rounds after each op as the separate eager
+kernels do.
 """
 
 from __future__ import annotations
@@ -80,7 +82,13 @@ def kernel_source(program: tuple, rank: int) -> str:
                 expr = f"binary_op({_BINARY_CODES[op]}, {regs[0]}, {regs[1]})"
             else:
                 expr = f"({regs[0]} {_COMPARE[op]} {regs[1]})"
-        body.append(f"const {C_TYPES[kinds[reg]]} r{reg} = {expr};")
+        ctype = C_TYPES[kinds[reg]]
+        if ctype != "bool" and expr.startswith(("unary_op", "act_fwd", "binary_op")):
+            # an opaque move: the compiler cannot contract a multiply-add across two ops
+            body.append(f"{ctype} r{reg} = {expr};")
+            body.append(f'asm volatile("" : "+{ctype[0]}"(r{reg}));')
+        else:
+            body.append(f"const {ctype} r{reg} = {expr};")
     body.append(f"out[i] = r{len(kinds) - 1};")
     inner = "\n".join("        " + line for line in body)
     return (f'extern "C" __global__ void {NAME}(\n    ' + ",\n    ".join(params) + ") {\n"
