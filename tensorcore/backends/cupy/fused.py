@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import cupy
 import numpy
 
+from ... import settings
 from .. import fused_program
 from . import fused_source, loader
 
@@ -18,6 +19,8 @@ _INT32_LIMIT = 1 << 31
 
 @functools.lru_cache(maxsize=256)
 def _kernel(program: tuple, rank: int) -> Any:
+    if settings.debug_level >= 2:
+        print(f"[tensorcore] generated fused kernel\n{fused_source.kernel_source(program, rank)}")
     module = cupy.RawModule(code=fused_source.source(program, rank), options=loader.OPTIONS)
     return module.get_function(fused_source.NAME)
 

@@ -114,6 +114,8 @@ def kernels(program: tuple, rank: int) -> tuple[Callable, Callable]:
     """(serial, parallel) compiled kernels of ``program`` for ``rank`` loop dimensions."""
     text = source(program, rank)
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    if settings.debug_level >= 2:
+        print(f"[tensorcore] generated fused kernel {digest}\n{text}")
     module = _load(Path(settings.cache_dir()) / "kernels" / "numba" / f"fused_{digest}.py",
                    text.replace("{cache}", "True"), digest)
     if module is None:
