@@ -215,6 +215,16 @@ def test_fused_arithmetic_is_bit_identical_on_numba():
         np.testing.assert_array_equal(got.numpy(), f(x).numpy())
 
 
+def test_large_outputs_run_the_parallel_numba_kernel():
+    with tc.use_backend("numba"):
+        b, c = tc.randn(256), tc.randn(300, 1)
+        f = lambda x, y: tc.where(x > 0, F.silu(x + b) * y.transpose(1, 0), x * c)  # noqa: E731
+        x, y = tc.randn(300, 256), tc.randn(256, 300)  # 76800 elements: above SERIAL_BELOW
+        compiled, got = compiled_twice(f, x, y)
+        assert fused_count(compiled) == 1
+        np.testing.assert_array_equal(got.numpy(), f(x, y).numpy())
+
+
 def test_fused_kernel_handles_strided_and_broadcast_inputs(backend):
     f = lambda x, y: F.relu(x.transpose(1, 0) * 2.0 + y) - y  # noqa: E731
     x, y = tc.randn(5, 3), tc.randn(3, 1)
