@@ -35,7 +35,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .. import __version__, autograd, backends, dtypes, settings
+from ..atomic import write_atomic
 from ..backends.base import Backend
 from ..random import default_generator
 from ..tensor import Tensor
@@ -503,10 +503,6 @@ class DiskCache:
             return
         path = self.path(stable, model)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-            os.replace(tmp, path)
+            write_atomic(path, payload)
         except OSError as exc:
             _report(path, f"cannot write: {exc}")

@@ -19,9 +19,9 @@ out on this backend (``fused_unary`` / ``fused_binary``); a program that has the
 still runs, within a float32 ulp or two.
 
 Cache: the source is written to ``<TENSORCORE_CACHE_DIR>/kernels/numba/fused_<hash of
-the source>.py`` (checked against the expected text before it is imported) and compiled
-with ``cache=True``, so Numba keeps the machine code beside it and a new process
-loads it.  Where that directory cannot be written, the kernel is compiled in memory.
+the source>.py`` and compiled, under that file name, with ``cache=True``, so Numba
+keeps the machine code beside it and a new process loads it (the text that runs is
+always the generated one, never the file's).  Where that directory cannot be written, the kernel is compiled in memory.
 A loop over fewer than ``SERIAL_BELOW`` elements runs serially, larger ones in parallel.
 """
 
@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import logging
-import os
 import sys
-import tempfile
+import types
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -41,6 +39,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ... import settings
+from ...atomic import write_atomic
 from .. import fused_program
 from . import threads
 from .kernels.fused_ops import ACT_CODES
@@ -159,26 +158,20 @@ def kernels(program: tuple, layout: str) -> tuple[Callable, Callable]:
 
 
 def _load(path: Path, text: str, digest: str) -> Any:
-    """The module of ``text`` imported from ``path`` (written atomically when missing or
-    different), or None when the directory cannot be used."""
+    """A module running ``text`` as if imported from ``path``, so Numba's cache lives
+    beside it (the file is written atomically when missing or different; what runs
+    is ``text`` itself, never the file's content), or None when ``path`` cannot be used."""
     try:
         if not path.exists() or path.read_text() != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        name = f"tensorcore_fused_{digest}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if Path(module.__file__).read_text() != text:  # replaced under us
-            return None
-        sys.modules[name] = module
-        return module
+            write_atomic(path, text.encode())
     except OSError as exc:
         log.debug("fused kernel compiled in memory (%s)", exc)
         return None
+    module = types.ModuleType(f"tensorcore_fused_{digest}")
+    module.__file__ = str(path)
+    sys.modules[module.__name__] = module
+    exec(compile(text, str(path), "exec"), module.__dict__)  # noqa: S102  (generated from op names and numbers)
+    return module
 
 
 def bind(program: tuple, inputs: Sequence[Array], out: Array) -> Callable[[], Any]:
