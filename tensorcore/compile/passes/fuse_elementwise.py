@@ -24,7 +24,7 @@ import numpy as np
 
 from ... import backends
 from ...backends import fused_program
-from ..graph import Graph, Node, Ref, Value, node_refs, refs
+from ..graph import Graph, Node, Ref, Value, node_refs
 from ..plan import made_by
 
 _SCALARS = (bool, int, float)
