@@ -2,9 +2,10 @@
 
 ``TENSORCORE_BACKEND``   numpy | numba | cupy (default: numba if it imports, else numpy)
 ``DEBUG``                1 or more: print each op with backend, shapes and time; 2 also
-                         the graph and plan of each compiled call
-``TENSORCORE_CACHE_DIR`` where ``tc.compile`` keeps plans on disk (default ~/.cache/tensorcore);
-                         read when a compiled callable is created
+                         the graph and plan of each compiled call and each generated kernel
+``TENSORCORE_CACHE_DIR`` where ``tc.compile`` keeps plans and generated Numba kernels on disk
+                         (default ~/.cache/tensorcore); read when a compiled callable is
+                         created or a kernel generated
 Matmul precision ("highest" | "high") is a runtime setting, as in PyTorch, and so is the
 CPU thread count (``tc.set_num_threads``, owned by the Numba backend's
 ``backends/numba/threads.py``, which also sizes the BLAS): thread pools are set up at run

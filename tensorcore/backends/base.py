@@ -87,6 +87,9 @@ class Backend(Protocol):
     def leaky_relu(self, a: Array, slope: float) -> Array: ...
     def activation_grad(self, act: str, x: Array, grad: Array) -> Array:
         """d act(x)/dx * grad for the activations listed in the module doc."""
+    def fused_elementwise(self, program: tuple, inputs: Sequence[Array]) -> Array:
+        """A chain of elementwise ops as one call (``backends/fused_program.py``):
+        C-contiguous, of the inputs' broadcast shape; what the chain's calls compute."""
 
     # ----- reductions --------------------------------------------------------------
     def reduce(self, op: str, a: Array, axes: Axes, keepdims: bool) -> Array:

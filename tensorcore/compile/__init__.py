@@ -5,7 +5,8 @@
     y = step(x2)                      # same key: the plan is replayed
 
 The stages, one module each: ``trace`` records the backend calls of a call into a
-``graph``; ``passes`` rewrite the graph (dead-code elimination); ``plan`` lowers it to
+``graph``; ``passes`` rewrite the graph (dead-code elimination, common-subexpression
+elimination, elementwise fusion); ``plan`` lowers it to
 init calls, replayed steps and a static memory plan; ``replay`` binds the plan to
 memory and runs it (a loop of pre-bound calls on the CPU, one CUDA graph on the GPU);
 ``cache`` holds keys, the LRU and the disk cache; ``host`` is the compiled callable;
@@ -27,7 +28,9 @@ def compile(fn: Callable | None = None, *, passes: Iterable | None = None, cache
             max_plans: int = 16, fallback: str = "raise", reuse_outputs: bool = False) -> Any:
     """Compile a function or a Module; usable as ``@tc.compile`` and ``@tc.compile(...)``.
 
-    passes: graph passes to run (None: the default pipeline, see ``passes.DEFAULT``).
+    passes: graph passes to run: a list of names / callables, a dict of switches over
+        the default pipeline (``{"fuse_elementwise": False}``), or None for the default
+        pipeline (``passes.DEFAULT``).
     cache_dir: directory of the disk cache (None: ``TENSORCORE_CACHE_DIR`` or
         ``~/.cache/tensorcore``; False: no disk cache).
     max_plans: plans kept in memory (least recently used go first).

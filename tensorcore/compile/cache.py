@@ -36,7 +36,6 @@ import logging
 import math
 import operator
 import os
-import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .. import __version__, autograd, backends, dtypes, settings
+from ..atomic import write_atomic
 from ..backends.base import Backend
 from ..random import default_generator
 from ..tensor import Tensor
@@ -187,9 +187,10 @@ def _class_digest(cls: type) -> str:
     return h.hexdigest()
 
 
-def identity(fn: Any, roots: list[tuple[str, Any]]) -> str:
-    """The model identity: code and structure of the function and its modules."""
-    h = hashlib.sha256(f"{FORMAT}/{__version__}/{sources_digest()}".encode())
+def identity(fn: Any, roots: list[tuple[str, Any]], passes: str = "") -> str:
+    """The model identity: code and structure of the function and its modules, and the
+    graph passes that made the plan (``passes.signature``)."""
+    h = hashlib.sha256(f"{FORMAT}/{__version__}/{sources_digest()}/{passes}".encode())
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     if code is not None:
         h.update(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}".encode())
@@ -506,10 +507,6 @@ class DiskCache:
             return
         path = self.path(stable, model)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-            os.replace(tmp, path)
+            write_atomic(path, payload)
         except OSError as exc:
             _report(path, f"cannot write: {exc}")

@@ -103,6 +103,7 @@ class Graph:
     outputs: Any = None  # the returned structure, Tensors replaced by Ref
     effects: list[Callable[[], None]] = field(default_factory=list)  # host effects to repeat
     guards: list[Callable[[], bool]] = field(default_factory=list)  # host decisions to re-check
+    stats: dict[str, int] = field(default_factory=dict)  # what the passes did ("cse": calls merged)
 
     def storage_of(self, ref: Ref) -> Storage:
         return self.storages[self.values[ref.value].storage]

@@ -366,7 +366,7 @@ class Compiled:
         return named
 
     def _identity(self, roots: list[tuple[str, Any]]) -> str:
-        return cache.identity(self.fn, roots)
+        return cache.identity(self.fn, roots, passes_module.signature(self._passes))
 
     async def call_async(self, *args: Any, **kwargs: Any) -> Any:
         """``await compiled.call_async(...)``: the call's result, bit-identical to a plain

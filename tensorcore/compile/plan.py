@@ -42,10 +42,15 @@ class Plan:
     writeback: list[int] = field(default_factory=list)  # inputs written in place
 
     def info(self) -> dict:
-        """Sizes for ``cache_info``/``plan_info``: the arena against the intermediates."""
+        """Sizes for ``cache_info``/``plan_info``: the arena against the intermediates;
+        ``fused``: the replayed calls that are fused elementwise kernels; ``passes``:
+        what the graph passes did (of a traced plan; empty for one loaded from disk)."""
+        nodes = self.graph.nodes
         return {"steps": len(self.steps), "init": len(self.init), "arena_bytes": self.arena_bytes,
                 "intermediate_bytes": self.intermediate_bytes, "fixed_bytes": self.fixed_bytes,
-                "inputs": len(self.graph.inputs), "outputs": len(self.graph.output_refs())}
+                "inputs": len(self.graph.inputs), "outputs": len(self.graph.output_refs()),
+                "fused": sum(nodes[i].op == "fused_elementwise" for i in self.steps),
+                "passes": dict(self.graph.stats)}
 
 
 def made_by(graph: Graph, node: Node) -> set[int]:

@@ -199,6 +199,10 @@ class CudaGraphReplay:
             # No warm-up run: the trace already compiled every kernel and opened the cuBLAS
             # handle, and a run would repeat the plan's effects (an optimizer step, a draw).
             env, dynamic = dict(fixed), {}
+            for position in plan.steps:  # generated kernels are compiled before the capture
+                node = graph.nodes[position]
+                if node.op == "fused_elementwise":
+                    backend.warm_fused(node.args[0], len(graph.values[node.out.value].shape))
             self.stream.begin_capture()
             try:
                 for position in plan.steps:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import cupy
 
 from .elementwise import CupyElementwiseKernels
+from .fused import CupyFusedKernels
 from .linalg import CupyLinalgKernels
 from .nn import CupyNNKernels
 from .optim import CupyOptimKernels
@@ -21,7 +22,7 @@ from .util import DeviceBuffers
 from ..numpy.backend import NumpyBackend
 
 
-class CupyBackend(CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
+class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
                   CupyRandomKernels, CupyOptimKernels, NumpyBackend):
     """CuPy arrays on the current CUDA device."""
 

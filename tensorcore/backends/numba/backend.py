@@ -24,13 +24,14 @@ from typing import Any
 import numpy
 
 from . import threads
+from .fused import NumbaFusedKernels
 from .nn import NumbaNNKernels
 from .optim import NumbaOptimKernels
 from .spatial import NumbaSpatialKernels, Scratch
 from ..numpy.backend import NumpyBackend
 
 
-class NumbaBackend(NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumpyBackend):
+class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumpyBackend):
     """NumPy arrays on the CPU, with Numba kernels for the hot ops."""
 
     name = "numba"

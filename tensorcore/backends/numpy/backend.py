@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy
 
 from ...dtypes import ComputesBfloat16InFloat32, bfloat16
+from .. import fused_program
 from .nn import NumpyNNKernels
 from .optim import NumpyOptimKernels
 from .special import erf
@@ -33,6 +34,20 @@ _BINARY = {
     "floordiv": "floor_divide", "mod": "remainder",
 }
 _REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "prod", "any": "any", "all": "all"}
+
+
+def kind_has_name(ins: tuple) -> bool:
+    """Whether a fused-program instruction names its op after its kind."""
+    return ins[0] in ("unary", "act", "binary")
+
+
+def _copy_call(dest: Any, method: Callable, name: str, a: Any) -> None:
+    dest[...] = method(name, a)
+
+
+def _run_all(calls: tuple) -> None:
+    for call in calls:
+        call()
 
 
 def _into(out: Any, result: Any) -> Any:
@@ -125,6 +140,30 @@ class NumpyPrimitives:
     def leaky_relu(self, a, slope):
         return self.xp.where(a > 0, a, a * a.dtype.type(slope))
 
+    def fused_elementwise(self, program: tuple, inputs: Sequence[Any]):
+        """Run a fused elementwise program (``backends/fused_program.py``) one op at a
+        time with this backend's own methods: the reference, equal bit for bit to the
+        unfused calls (the Numba and CuPy backends generate one kernel instead)."""
+        fused_program.check(program, [a.dtype.name for a in inputs])
+        regs: list[Any] = list(inputs)
+        for ins in program[1]:
+            kind = ins[0]
+            if kind == "const":
+                regs.append(fused_program.const_value(ins[1], ins[2]))
+            elif kind == "unary":
+                regs.append(self.unary(ins[1], regs[ins[2]]))
+            elif kind == "act":
+                regs.append(self.bias_act(regs[ins[2]], None, ins[1], 0))
+            elif kind == "binary":
+                regs.append(self.binary(ins[1], regs[ins[2]], regs[ins[3]]))
+            else:
+                regs.append(self.where(regs[ins[1]], regs[ins[2]], regs[ins[3]]))
+        shape = numpy.broadcast_shapes(*[a.shape for a in inputs])
+        result = self.xp.asarray(regs[-1])
+        if result.shape != shape:
+            result = self.xp.broadcast_to(result, shape)
+        return self.xp.ascontiguousarray(result)
+
     # ----- reductions --------------------------------------------------------------
     def reduce(self, op: str, a, axes, keepdims: bool):
         if (op == "sum" and isinstance(axes, tuple) and len(axes) > 1 and min(axes) == 0
@@ -189,7 +228,38 @@ class NumpyPrimitives:
             return functools.partial(getattr(numpy, _UNARY[args[0]]), args[1], out=out)
         if op == "matmul" and all(getattr(a, "dtype", None) != bfloat16 for a in args):
             return functools.partial(numpy.matmul, *args, out=out)
+        if op == "fused_elementwise":
+            return self._prepare_fused(*args, out)
         return None
+
+    def _prepare_fused(self, program: tuple, inputs: Sequence[Any], out: Any) -> Callable[[], Any]:
+        """A fused program as a loop of calls writing into buffers made once (the last
+        one into ``out``): NumPy's ufuncs with ``out=``, other ops copied in."""
+        kinds = fused_program.check(program, [a.dtype.name for a in inputs])
+        regs: list[Any] = list(inputs)
+        calls: list[Callable[[], Any]] = []
+        code = program[1]
+        for i, ins in enumerate(code):
+            kind = ins[0]
+            if kind == "const":
+                regs.append(fused_program.const_value(ins[1], ins[2]))
+                continue
+            operands = [regs[r] for r in ins[2 if kind_has_name(ins) else 1:]]
+            shape = numpy.broadcast_shapes(*[numpy.shape(a) for a in operands])
+            dest = out if i == len(code) - 1 else numpy.empty(shape, kinds[len(inputs) + i])
+            if kind == "binary":
+                calls.append(functools.partial(getattr(numpy, _BINARY[ins[1]]), *operands, out=dest))
+            elif kind == "unary" and ins[1] in _UNARY:
+                calls.append(functools.partial(getattr(numpy, _UNARY[ins[1]]), *operands, out=dest))
+            elif kind == "where":
+                calls.append(functools.partial(self.where, *operands, out=dest))
+            else:
+                method = self.unary if kind == "unary" else (lambda act, x: self.bias_act(x, None, act, 0))
+                calls.append(functools.partial(_copy_call, dest, method, ins[1], operands[0]))
+            regs.append(dest)
+        if not calls:  # a program of constants: fill once per call all the same
+            return functools.partial(numpy.copyto, out, regs[-1])
+        return functools.partial(_run_all, tuple(calls))
 
     # ----- RNG ---------------------------------------------------------------------
     def rng(self, seed: int):

@@ -1,28 +1,37 @@
 """Graph passes: each is a pure function ``Graph -> Graph`` with its own tests.
 
-``tc.compile(..., passes=None)`` runs ``DEFAULT``; ``passes`` may list pass names (keys
-of ``PASSES``) and/or callables taking and returning a Graph, run in order.
+``tc.compile(..., passes=None)`` runs ``DEFAULT``.  ``passes`` may be a list of pass
+names (keys of ``PASSES``) and/or callables taking and returning a Graph, run in order,
+or a dict of switches over the default pipeline (``{"fuse_elementwise": False}``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import hashlib
+from typing import Callable, Iterable, Mapping
 
 from ..graph import Graph
+from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
+from .fuse_elementwise import fuse_elementwise
 
 Pass = Callable[[Graph], Graph]
 
-PASSES: dict[str, Pass] = {"dce": dead_code_elimination}
-DEFAULT: tuple[str, ...] = ("dce",)
+PASSES: dict[str, Pass] = {"dce": dead_code_elimination, "cse": common_subexpression_elimination,
+                           "fuse_elementwise": fuse_elementwise}
+DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_elementwise")
 
 
-def resolve(passes: Iterable[str | Pass] | None) -> tuple[Pass, ...]:
-    """The pass functions named or given by ``passes`` (None: the default pipeline)."""
+def resolve(passes: Iterable[str | Pass] | Mapping[str, bool] | None) -> tuple[Pass, ...]:
+    """The pass functions named or given by ``passes`` (None: the default pipeline; a
+    dict: the default pipeline with each named pass switched on or off)."""
     if passes is None:
         passes = DEFAULT
+    if isinstance(passes, Mapping):
+        passes = _switched(passes)
     if isinstance(passes, str) or not isinstance(passes, Iterable):
-        raise TypeError(f"compile: passes must be a list of pass names or callables, got {passes!r}")
+        raise TypeError(f"compile: passes must be a list of pass names or callables, or a dict of "
+                        f"switches, got {passes!r}")
     resolved = []
     for p in passes:
         if callable(p):
@@ -32,6 +41,33 @@ def resolve(passes: Iterable[str | Pass] | None) -> tuple[Pass, ...]:
         else:
             raise ValueError(f"compile: unknown pass {p!r}; known passes: {', '.join(sorted(PASSES))}")
     return tuple(resolved)
+
+
+def _switched(switches: Mapping[str, bool]) -> list[str]:
+    """The default pipeline with passes switched on (appended in ``PASSES`` order when
+    not in it) or off."""
+    for name, on in switches.items():
+        if name not in PASSES:
+            raise ValueError(f"compile: unknown pass {name!r} in passes; known passes: {', '.join(sorted(PASSES))}")
+        if not isinstance(on, bool):
+            raise TypeError(f"compile: passes[{name!r}] must be True or False, got {on!r}")
+    chosen = [name for name in DEFAULT if switches.get(name, True)]
+    return chosen + [name for name in PASSES if switches.get(name) and name not in chosen]
+
+
+def signature(passes: tuple[Pass, ...]) -> str:
+    """A name for the pipeline, part of the disk cache's model identity: a plan made by
+    other passes is another plan.  Callables are named by module, name and code."""
+    names = {fn: name for name, fn in PASSES.items()}
+    parts = []
+    for p in passes:
+        if p in names:
+            parts.append(names[p])
+        else:
+            code = getattr(p, "__code__", None)
+            digest = hashlib.sha256(code.co_code).hexdigest()[:16] if code is not None else "opaque"
+            parts.append(f"{getattr(p, '__module__', '?')}.{getattr(p, '__qualname__', type(p).__name__)}:{digest}")
+    return ",".join(parts)
 
 
 def run(graph: Graph, passes: tuple[Pass, ...]) -> Graph:
