@@ -75,6 +75,10 @@ class Backend(Protocol):
         """Free the buffers the backend keeps between calls (scratch space, counters);
         they are made again when next needed."""
 
+    def release_stream(self, stream: int) -> None:
+        """Free the buffers kept for the stream with handle ``stream`` (a released CUDA
+        graph's private stream: nothing will run on it again)."""
+
     # ----- elementwise -------------------------------------------------------------
     def unary(self, op: str, a: Array) -> Array:
         """op in: neg abs sign exp log log1p sqrt rsqrt sin cos tanh sigmoid relu

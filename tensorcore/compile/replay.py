@@ -280,6 +280,7 @@ class CudaGraphReplay:
     def release(self) -> None:
         self.graph = self.env = self.memory = self.last_user = None
         self.inputs, self.outputs, self.writeback, self.blocks = [], [], [], []
+        self.backend.release_stream(self.stream.ptr)  # the buffers the backend kept for the capture
         self.pool.free_all_blocks()
 
 

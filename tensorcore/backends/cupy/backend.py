@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import cupy
 
+from . import conv_igemm
 from .elementwise import CupyElementwiseKernels
 from .fused import CupyFusedKernels
 from .linalg import CupyLinalgKernels
@@ -37,6 +38,11 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
 
     def empty_cache(self) -> None:
         self.buffers.clear()
+        conv_igemm.clear_scratch()
+
+    def release_stream(self, stream: int) -> None:
+        self.buffers.forget_stream(stream)
+        conv_igemm.clear_scratch(stream)
 
     def to_numpy(self, a):
         return cupy.asnumpy(a)

@@ -120,6 +120,13 @@ def _scratch_arrays(*layout: tuple[tuple[int, ...], Any]) -> list[Any]:
     return arrays
 
 
+def clear_scratch(stream: int | None = None) -> None:
+    """Drop the scratch buffers of one stream (a handle), or of every stream."""
+    with _scratch_lock:
+        for key in [k for k in _scratch if stream is None or k[1] == stream]:
+            del _scratch[key]
+
+
 # ----- kernels ------------------------------------------------------------------------------
 def _strides(a: Any) -> tuple[int, ...]:
     return tuple(s // a.itemsize for s in a.strides)

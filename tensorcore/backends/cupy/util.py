@@ -108,6 +108,11 @@ class DeviceBuffers:
     def clear(self) -> None:
         self._buffers.clear()
 
+    def forget_stream(self, stream: int) -> None:
+        """Drop the buffers kept for one stream (keys ending in its handle)."""
+        for key in [k for k in self._buffers if k[-1] == stream]:
+            del self._buffers[key]
+
 
 def zeroed_counters(buffers: DeviceBuffers, count: int) -> Any:
     """A uint32 device array of at least ``count`` counters that are all zero whenever
