@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from PIL import Image
 
+from diffusion import DDIMScheduler, DDPMScheduler
 from diffusion.cli import build_parser, main
+from diffusion.cli.commands import with_sampler
 from diffusion.training import list_checkpoints, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,3 +128,16 @@ def test_every_option_has_a_default_and_help() -> None:
                 continue
             assert not action.required, (name, action.dest)
             assert action.help, (name, action.dest)
+
+
+@pytest.mark.parametrize("sampler", ["ddim", "ddpm", "dpm", "euler"])
+def test_a_sampler_swap_keeps_every_option_of_a_fresh_scheduler(sampler) -> None:
+    # the training command swaps the sampler on a scheduler built in the process, the
+    # sample command on one loaded from disk (every option explicit): both must agree
+    fresh = DDIMScheduler.from_config(DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=True).config)
+    loaded = DDIMScheduler.from_config({k: v for k, v in fresh.config.items() if not k.startswith("_")})
+    swapped = with_sampler(SimpleNamespace(scheduler=fresh), sampler).scheduler
+    expected = with_sampler(SimpleNamespace(scheduler=loaded), sampler).scheduler
+    assert swapped.config["timestep_spacing"] == "leading"
+    assert {k: v for k, v in swapped.config.items() if not k.startswith("_")} == \
+        {k: v for k, v in expected.config.items() if not k.startswith("_")}

@@ -87,8 +87,12 @@ def unwrapped_config(unet: Any) -> dict[str, Any]:
 
 
 def with_sampler(pipeline: DiffusionPipeline, name: str) -> DiffusionPipeline:
-    """``pipeline`` with its scheduler replaced by the sampler ``name`` (same noise schedule)."""
-    pipeline.scheduler = SCHEDULERS[SAMPLERS[name]].from_config(pipeline.scheduler.config)
+    """``pipeline`` with its scheduler replaced by the sampler ``name`` (same noise schedule).
+    Every option is passed on as set, defaults included: ``from_config`` would otherwise give
+    options left at their default (such as ``timestep_spacing``) the new class's default,
+    and a freshly built scheduler would sample differently from the same one saved and loaded."""
+    options = {k: v for k, v in pipeline.scheduler.config.items() if not k.startswith("_")}
+    pipeline.scheduler = SCHEDULERS[SAMPLERS[name]].from_config(options)
     return pipeline
 
 
