@@ -234,6 +234,7 @@ def test_ema_matches_diffusers_ema_model() -> None:
             np.testing.assert_allclose(mine.numpy(), expected.numpy(), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # no optimizer steps here
 def test_warmup_cosine_matches_torch_schedulers() -> None:
     torch = pytest.importorskip("torch")
     ours_opt = AdamW([tc.zeros(2, requires_grad=True)], lr=0.01)
