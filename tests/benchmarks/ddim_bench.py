@@ -1,17 +1,26 @@
 """DDIM sampling with the reference UNet, tensorcore against a diffusers-style loop on PyTorch.
 
-    TENSORCORE_BACKEND=cupy python tests/benchmarks/ddim_bench.py             # GPU (H200)
-    python tests/benchmarks/ddim_bench.py --cpu-train                         # + CPU `train` wall time
+    TENSORCORE_BACKEND=cupy python tests/benchmarks/ddim_bench.py             # GPU (H200), TF32
+    TENSORCORE_BACKEND=cupy python tests/benchmarks/ddim_bench.py --precision tf32 fp32 --torch-compile
+    python tests/benchmarks/ddim_bench.py --cpu-train --no-gpu                # CPU `train` wall time
 
 GPU part: ``UNet2D.reference()`` (57.6 M parameters) with random weights, saved as a
 diffusers folder and loaded by diffusers' ``UNet2DModel``, so both sides run the same
-config and weights.  ``DiffusionPipeline.generate`` (eager, sync and async; compiled --
-one CUDA graph per step for the UNet and the guidance combine --, sync and async) and the loop
-of diffusers' ``DDIMPipeline`` (``scheduler.step(unet(x, t).sample, t, x)``, PyTorch
-eager) each sample [1, 4, 128, 128] latents over 10 and 50 DDIM steps from the same
-starting noise, TF32 allowed on both sides.  Each figure is the median of several
-runs after a warm-up; the results are compared (max |difference| against PyTorch's, and
-compiled against eager).
+config and weights.  For each precision (``tf32``: TF32 allowed on both sides; ``fp32``:
+full float32 matmuls and convolutions on both sides):
+
+* the UNet forward at [1, 4, 128, 128]: ours eager and as a compiled CUDA-graph replay,
+  PyTorch eager, PyTorch's own CUDA-graph replay, and with ``--torch-compile``
+  ``torch.compile(mode="reduce-overhead")`` (inductor + CUDA graphs; its first call
+  compiles for a minute or more);
+* DDIM sampling over 10 and 50 steps from the same starting noise:
+  ``DiffusionPipeline.generate`` eager and compiled (one CUDA graph per step for the
+  UNet and the guidance combine), each sync and async, next to the loop of diffusers'
+  ``DDIMPipeline`` (``scheduler.step(unet(x, t).sample, t, x)``) with the UNet called
+  as PyTorch eager, as a replayed CUDA graph and (opt-in) compiled.
+
+Each figure is the median of several runs after a warm-up; results are compared (max
+|difference| against PyTorch eager's images, and compiled against eager).
 
 ``--cpu-train`` times ``python -m diffusion train`` (all defaults, Numba backend, a
 fresh output folder) in a subprocess: the README's first command.
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import subprocess
@@ -45,28 +55,89 @@ def median_ms(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
-def gpu_rows(steps_list: list[int], repeats: int) -> None:
+def torch_unet_calls(theirs, torch, use_compile: bool) -> dict:
+    """The diffusers UNet as ``fn(x, t) -> noise prediction``: PyTorch eager, a captured
+    CUDA graph replayed with x and t copied into its static inputs, and (opt-in)
+    ``torch.compile(mode="reduce-overhead")``."""
+    def eager(x, t):
+        return theirs(x, t).sample
+
+    static_x = torch.zeros(1, 4, 128, 128, device="cuda")
+    static_t = torch.zeros((), dtype=torch.int64, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(3):  # warm-up on a side stream, as torch.cuda.graphs asks
+            eager(static_x, static_t)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_out = eager(static_x, static_t)
+
+    def graphed(x, t):
+        static_x.copy_(x)
+        static_t.copy_(t)
+        graph.replay()
+        return static_out
+
+    calls = {"torch eager": eager, "torch graph": graphed}
+    if use_compile:
+        compiled = torch.compile(theirs, mode="reduce-overhead")
+        calls["torch.compile"] = lambda x, t: compiled(x, t.to("cuda")).sample
+    return calls
+
+
+def gpu_rows(steps_list: list[int], repeats: int, precisions: list[str], use_torch_compile: bool) -> None:
     import torch
     from diffusers import DDIMScheduler as TorchDDIM
     from diffusers import UNet2DModel
+    from gpu_timing import queued_ms  # tests/benchmarks/gpu_timing.py
 
     import tensorcore as tc
     from diffusion import DDIMScheduler, UNet2D
     from diffusion.pipelines import DiffusionPipeline
 
-    tc.set_matmul_precision("high")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
     tc.manual_seed(0)
     ours = UNet2D.reference().to("cuda").eval()
     with tempfile.TemporaryDirectory() as folder:
         ours.save_pretrained(folder)
         theirs = UNet2DModel.from_pretrained(folder).to("cuda").eval()
+    noise = np.random.default_rng(0).standard_normal((1, 4, 128, 128)).astype(np.float32)
+    latents, torch_latents = tc.tensor(noise, device="cuda"), torch.tensor(noise, device="cuda")
+    for precision in precisions:
+        tf32 = precision == "tf32"
+        tc.set_matmul_precision("high" if tf32 else "highest")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+        print(f"\n== {precision}: {'TF32 allowed' if tf32 else 'full float32'} on both sides ({repeats} runs, median)")
+        forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, use_torch_compile)
+        ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats, use_torch_compile,
+                  DiffusionPipeline, DDIMScheduler, TorchDDIM)
+
+
+def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, use_torch_compile: bool) -> None:
+    """One UNet forward, CUDA-event time per call, five ways."""
+    t, torch_t = tc.tensor([500.0], device="cuda"), torch.tensor(500, device="cuda")
+    compiled = tc.compile(ours, cache_dir=False)
+    with tc.no_grad(), torch.no_grad():
+        timed = functools.partial(queued_ms, calls=5, reps=5)
+        rows = {"ours eager": timed(lambda: ours(latents, t)), "ours compiled": timed(lambda: compiled(latents, t))}
+        for name, call in torch_unet_calls(theirs, torch, use_torch_compile).items():
+            rows[name] = timed(lambda call=call: call(torch_latents, torch_t))
+        difference = float(np.abs(compiled(latents, t).numpy() - theirs(torch_latents, torch_t).sample.cpu().numpy()).max())
+    compiled.release()
+    print("UNet forward [1,4,128,128], ms per call: " + ", ".join(f"{k} {v:.2f}" for k, v in rows.items()))
+    torch_rows = {k: v for k, v in rows.items() if k.startswith("torch")}
+    print("ours compiled against: " + ", ".join(f"{k} {v / rows['ours compiled']:.2f}x" for k, v in torch_rows.items())
+          + f" (> 1: ours faster); max |ours compiled - torch eager| {difference:.2e}")
+
+
+def ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats, use_torch_compile,
+              DiffusionPipeline, DDIMScheduler, TorchDDIM) -> None:
+    """DDIM generate at each step count: ours eager/compiled (sync, async), PyTorch's loop."""
     pipe = DiffusionPipeline(ours, DDIMScheduler(), compile=False)
     compiled = DiffusionPipeline(ours, DDIMScheduler(), compile=True)
     reference_scheduler = TorchDDIM()
-    noise = np.random.default_rng(0).standard_normal((1, 4, 128, 128)).astype(np.float32)
-    latents, torch_latents = tc.tensor(noise, device="cuda"), torch.tensor(noise, device="cuda")
+    torch_calls = torch_unet_calls(theirs, torch, use_torch_compile)
 
     def ours_sync(steps: int, pipe=pipe):
         images = pipe.generate(num_inference_steps=steps, latents=latents, progress=False).images
@@ -76,32 +147,35 @@ def gpu_rows(steps_list: list[int], repeats: int) -> None:
     def ours_async(steps: int, pipe=pipe):
         return asyncio.run(pipe.generate_async(num_inference_steps=steps, latents=latents, progress=False)).images
 
-    def torch_loop(steps: int):
+    def torch_loop(steps: int, unet_call):
         reference_scheduler.set_timesteps(steps)
         x = torch_latents
         with torch.no_grad():
             for t in reference_scheduler.timesteps:
-                x = reference_scheduler.step(theirs(x, t).sample, t, x, eta=0.0).prev_sample
+                x = reference_scheduler.step(unet_call(x, t), t, x, eta=0.0).prev_sample
             images = (x / 2 + 0.5).clamp(0, 1)
         torch.cuda.synchronize()
         return images
 
-    print(f"reference UNet DDIM generate [1,4,128,128], TF32 allowed ({repeats} runs, median)")
-    print(f"{'steps':>5} | {'eager ms':>9} | {'async ms':>9} | {'compiled ms':>11} | {'c. async ms':>11} | "
-          f"{'torch ms':>9} | {'compiled/torch':>14} | {'c. ms/step':>10} | max |diff| torch | compiled-eager")
+    names = ["eager", "async", "compiled", "c. async", *torch_calls]
+    print("DDIM generate [1,4,128,128], ms: " + " | ".join(names))
     for steps in steps_list:
-        ours_ms, ours_images = median_ms(lambda: ours_sync(steps), repeats)
-        async_ms, async_images = median_ms(lambda: ours_async(steps), repeats)
-        compiled_ms, compiled_images = median_ms(lambda: ours_sync(steps, compiled), repeats)
-        compiled_async_ms, compiled_async_images = median_ms(lambda: ours_async(steps, compiled), repeats)
-        torch_ms, torch_images = median_ms(lambda: torch_loop(steps), repeats)
-        assert np.array_equal(ours_images.numpy(), async_images.numpy()), "async differs from sync"
-        assert np.array_equal(compiled_images.numpy(), compiled_async_images.numpy()), "compiled async differs"
-        diff = float(np.abs(ours_images.numpy() - torch_images.cpu().numpy()).max())
-        compiled_diff = float(np.abs(ours_images.numpy() - compiled_images.numpy()).max())
-        print(f"{steps:>5} | {ours_ms:>9.1f} | {async_ms:>9.1f} | {compiled_ms:>11.1f} | {compiled_async_ms:>11.1f} | "
-              f"{torch_ms:>9.1f} | {compiled_ms / torch_ms:>13.2f}x | {compiled_ms / steps:>10.2f} | "
-              f"{diff:.2e} | {compiled_diff:.2e}")
+        times, images = {}, {}
+        times["eager"], images["eager"] = median_ms(lambda: ours_sync(steps), repeats)
+        times["async"], images["async"] = median_ms(lambda: ours_async(steps), repeats)
+        times["compiled"], images["compiled"] = median_ms(lambda: ours_sync(steps, compiled), repeats)
+        times["c. async"], images["c. async"] = median_ms(lambda: ours_async(steps, compiled), repeats)
+        for name, call in torch_calls.items():
+            times[name], images[name] = median_ms(lambda call=call: torch_loop(steps, call), repeats)
+        assert np.array_equal(images["eager"].numpy(), images["async"].numpy()), "async differs from sync"
+        assert np.array_equal(images["compiled"].numpy(), images["c. async"].numpy()), "compiled async differs"
+        diff = float(np.abs(images["eager"].numpy() - images["torch eager"].cpu().numpy()).max())
+        compiled_diff = float(np.abs(images["eager"].numpy() - images["compiled"].numpy()).max())
+        print(f"{steps:>3} steps: " + " | ".join(f"{times[n]:.1f}" for n in names)
+              + f"; compiled {times['compiled'] / steps:.2f} ms/step, {times['eager'] / times['compiled']:.2f}x our "
+              f"eager, {times['torch eager'] / times['compiled']:.2f}x torch eager, "
+              f"{times['torch graph'] / times['compiled']:.2f}x torch graph; max |diff| torch {diff:.2e}, "
+              f"compiled-eager {compiled_diff:.2e}")
 
 
 def cpu_train_seconds() -> float:
@@ -119,9 +193,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per figure")
     parser.add_argument("--cpu-train", action="store_true", help="also time `python -m diffusion train` on the CPU")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU rows")
+    parser.add_argument("--precision", nargs="+", choices=("tf32", "fp32"), default=["tf32"],
+                        help="matmul/convolution precisions to run, each on both sides")
+    parser.add_argument("--torch-compile", action="store_true",
+                        help='add torch.compile(mode="reduce-overhead") rows (compiles for minutes)')
     args = parser.parse_args()
     if not args.no_gpu:
-        gpu_rows(args.steps, args.repeats)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        gpu_rows(args.steps, args.repeats, args.precision, args.torch_compile)
     if args.cpu_train:
         seconds = cpu_train_seconds()
         print(f"python -m diffusion train (defaults, numba backend, {os.cpu_count()} CPU cores): "
