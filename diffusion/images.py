@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from layers.serialization import write_atomic
+from tensorcore.atomic import write_atomic
 
 
 def to_uint8(images: Any) -> np.ndarray:

@@ -1,27 +1,19 @@
 """Reading and writing weights as safetensors files.
 
-Writes are atomic and durable: the bytes go to a temporary file beside the target,
-named after it (``.NAME.<pid>.<random>.tmp``), which is flushed to disk and renamed
-over the target, and the rename itself is flushed by syncing the directory.  A crash
-or an error part-way leaves any previous file untouched.  A process killed mid-save
-cannot remove its temporary file, so each save first removes the temporaries of
-that target whose writing process is gone.
-
-A new file gets the mode the umask gives (as ``open()`` would); an overwritten file
-keeps its mode.
+Writes are atomic and durable (``tensorcore.atomic.write_atomic``): a crash or an error
+part-way leaves any previous file untouched.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import secrets
 from typing import Mapping
 
 import numpy as np
 from safetensors import SafetensorError, deserialize
 from safetensors.numpy import save as _encode
 
+from tensorcore.atomic import write_atomic
 from tensorcore.dtypes import bfloat16
 
 # safetensors' dtype tags -> NumPy dtypes (``safetensors.numpy`` knows no BF16)
@@ -34,96 +26,6 @@ def save_file(arrays: Mapping[str, np.ndarray], path: str | os.PathLike) -> None
     """Write ``arrays`` (name -> host array) to ``path`` atomically."""
     payload = _encode({key: a if a.flags.c_contiguous else np.copy(a, order="C") for key, a in arrays.items()})
     write_atomic(path, payload)
-
-
-def write_atomic(path: str | os.PathLike, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` through a synced temporary file renamed over it."""
-    path = os.path.abspath(os.fspath(path))
-    directory, name = os.path.split(path)
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"save: cannot write {path!r}: the directory {directory!r} does not exist")
-    remove_stale_temporaries(path)
-    fd, tmp = _create_temporary(directory, name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _keep_mode(f.fileno(), path)
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _sync_directory(directory)
-
-
-def _create_temporary(directory: str, name: str) -> tuple[int, str]:
-    """A new file ``.NAME.<pid>.<random>.tmp`` beside the target, created with mode
-    0o666 so the umask applies as it would to the target itself."""
-    while True:
-        tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
-        except FileExistsError:
-            continue
-
-
-def _keep_mode(fd: int, path: str) -> None:
-    """Give the temporary file the mode of the file it will replace, if there is one."""
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        return
-    if hasattr(os, "fchmod"):
-        os.fchmod(fd, mode)
-
-
-def _sync_directory(directory: str) -> None:
-    """Flush the directory entry of the rename to disk (POSIX; a no-op elsewhere)."""
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
-    """Delete the temporary files of saves of ``path`` whose process no longer runs.
-
-    Returns the removed paths.  Temporaries of running processes (a save in progress,
-    in this process or another) are left alone.
-    """
-    path = os.path.abspath(os.fspath(path))
-    directory, name = os.path.split(path)
-    pattern = re.compile(rf"\.{re.escape(name)}\.(\d+)\.[0-9a-f]+\.tmp")
-    removed = []
-    for entry in os.listdir(directory):
-        match = pattern.fullmatch(entry)
-        if match is None or _process_alive(int(match.group(1))):
-            continue
-        stale = os.path.join(directory, entry)
-        try:
-            os.unlink(stale)
-        except FileNotFoundError:  # another save removed it first
-            continue
-        removed.append(stale)
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether a process with id ``pid`` exists (signal 0 checks without signalling)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists but belongs to another user (EPERM), or we cannot tell
-        return True
-    return True
 
 
 def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:

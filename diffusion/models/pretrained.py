@@ -16,7 +16,8 @@ from typing import Any, Mapping, TypeVar
 import numpy as np
 
 from layers import Module
-from layers.serialization import load_file, save_file, write_atomic
+from layers.serialization import load_file, save_file
+from tensorcore.atomic import write_atomic
 
 from .config import init_kwargs
 

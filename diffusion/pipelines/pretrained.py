@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any
 
-from layers.serialization import write_atomic
+from tensorcore.atomic import write_atomic
 
 from ..models import AutoencoderKL, UNet2D
 from ..schedulers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler

@@ -26,7 +26,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as encode
 
-from layers.serialization import load_file, remove_stale_temporaries, write_atomic
+from layers.serialization import load_file
+from tensorcore.atomic import remove_stale_temporaries, write_atomic
 
 FORMAT = "tensorcore-training-checkpoint"
 _NAME = re.compile(r"^step-(\d+)\.safetensors$")

@@ -507,6 +507,7 @@ class DiskCache:
             return
         path = self.path(stable, model)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, payload)
         except OSError as exc:
             _report(path, f"cannot write: {exc}")

@@ -163,6 +163,7 @@ def _load(path: Path, text: str, digest: str) -> Any:
     is ``text`` itself, never the file's content), or None when ``path`` cannot be used."""
     try:
         if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, text.encode())
     except OSError as exc:
         log.debug("fused kernel compiled in memory (%s)", exc)
