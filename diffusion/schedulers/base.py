@@ -15,6 +15,7 @@ import numpy as np
 
 import tensorcore as tc
 from tensorcore import dtypes
+from tensorcore.compile import is_tracing
 
 from .betas import beta_schedule, cumprod, rescale_zero_terminal_snr
 from .config import ConfigMixin
@@ -224,8 +225,8 @@ def timestep_tensor(timesteps: Any, x: tc.Tensor, op: str, num_train_timesteps: 
         raise TypeError(f"{op}: timesteps must be integer or float, got {t.dtype}")
     if t.shape[0] not in (1, x.shape[0] if x.ndim else 1):
         raise ValueError(f"{op}: got {t.shape[0]} timesteps for a batch of {x.shape[0] if x.ndim else 1}")
-    if t.device == "cpu" and num_train_timesteps is not None:
-        values = t.numpy()
+    if t.device == "cpu" and num_train_timesteps is not None and not is_tracing():
+        values = t.numpy()  # a traced call cannot read values: its timesteps are checked eagerly
         if np.any(values < 0) or np.any(values > num_train_timesteps - 1):
             raise ValueError(f"{op}: timesteps must lie in [0, {num_train_timesteps - 1}], got {values.tolist()}")
     return t if t.device == x.device else t.to(x.device)
