@@ -32,6 +32,15 @@ def _next_version() -> int:
         return next(_version_counter)
 
 
+_mode_changes = 0  # train()/eval() calls and `training` assignments, on any module
+
+
+def _note_mode_change() -> None:
+    global _mode_changes
+    with _version_lock:
+        _mode_changes += 1
+
+
 class IncompatibleKeys(NamedTuple):
     """What ``load_state_dict(strict=False)`` skipped."""
 
@@ -78,6 +87,12 @@ class Module:
 
     # ----- structure version -----------------------------------------------------------
     @property
+    def mode_version(self) -> int:
+        """Changes whenever any module's ``training`` flag is set (``train()``, ``eval()``,
+        assignment): what was read of the flags since the last change still holds."""
+        return _mode_changes
+
+    @property
     def structure_version(self) -> int:
         """Changes whenever a parameter, buffer or submodule anywhere in this tree is
         added, removed or replaced (values changing in place do not count)."""
@@ -114,6 +129,8 @@ class Module:
             self._register("_parameters" if name in self._parameters else "_modules", name, None)
         else:
             object.__setattr__(self, name, value)
+            if name == "training":
+                _note_mode_change()
 
     def __getattr__(self, name: str) -> Any:
         for store in ("_parameters", "_buffers", "_modules"):
@@ -236,6 +253,7 @@ class Module:
     def train(self, mode: bool = True) -> "Module":
         for module in self.modules():
             object.__setattr__(module, "training", bool(mode))
+        _note_mode_change()
         return self
 
     def eval(self, auto_compile: bool | None = None) -> "Module":

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from tensorcore import Tensor
+from tensorcore.tensor import note_rebind
 
 _STORAGE = Tensor.__dict__["data"]  # the slot holding a tensor's backend array
+_REQUIRES_GRAD = Tensor.__dict__["requires_grad"]  # the slot of the requires_grad flag
 
 
 class Parameter(Tensor):
@@ -17,8 +19,12 @@ class Parameter(Tensor):
 
     ``p.data = t`` replaces the values with those of a tensor (or backend array) of the
     same shape, dtype and device, checked at assignment; ``Module.to`` changes dtype
-    and device.
+    and device.  Every such change is announced (``tensorcore.tensor.note_rebind``), so a
+    compiled plan bound to the old storage notices it without checking every parameter
+    on every call.
     """
+
+    announces_rebinds = True
 
     def __init__(self, data: Any, requires_grad: bool = True, bounds: tuple[float | None, float | None] | None = None) -> None:
         if isinstance(data, Tensor):
@@ -40,11 +46,22 @@ class Parameter(Tensor):
             _STORAGE.__set__(self, value)
             return
         _STORAGE.__set__(self, _checked_storage(current, self.device, value))
+        note_rebind()
+
+    @property
+    def requires_grad(self) -> bool:
+        return _REQUIRES_GRAD.__get__(self)
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        _REQUIRES_GRAD.__set__(self, value)
+        note_rebind()
 
     def _set_storage(self, data: Any, device: str) -> None:
         """Swap in an array of another dtype or device (``Module.to``), keeping identity."""
         _STORAGE.__set__(self, data)
         self.device = device
+        note_rebind()
 
     def __repr__(self) -> str:
         return "Parameter containing:\n" + super().__repr__()

@@ -7,6 +7,7 @@ an op: ``Tensor.method`` -> ``ops`` Function -> ``backend`` kernel.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -17,12 +18,30 @@ from .devices import canonical, is_device
 
 _ARRAY_TYPES: tuple[type, ...] = (np.ndarray,)
 
+_rebind_lock = threading.Lock()
+_rebinds = 0
+
+
+def note_rebind() -> None:
+    """Count a rebinding of a tensor whose class announces them (``announces_rebinds``,
+    as Parameter does): new storage or a new ``requires_grad``.  A compiled plan checks
+    the bindings of such tensors only when this count has moved since its last check."""
+    global _rebinds
+    with _rebind_lock:
+        _rebinds += 1
+
+
+def rebinds() -> int:
+    """How many announced rebindings there have been (see ``note_rebind``)."""
+    return _rebinds
+
 
 class Tensor:
     """An n-dimensional array on a device, optionally tracking gradients."""
 
     __slots__ = ("data", "device", "requires_grad", "grad", "_ctx", "_retains_grad", "__weakref__")
     __array_priority__ = 1000  # NumPy defers ``ndarray op Tensor`` to the Tensor
+    announces_rebinds = False  # True where every change of .data / .requires_grad calls note_rebind()
 
     def __init__(self, data: Any, device: str = "cpu", requires_grad: bool = False) -> None:
         self.data = data

@@ -256,8 +256,8 @@ def test_parameter_values_change_without_retrace(backend):
     assert compiled.cache_info().traces == 1
 
 
-@pytest.mark.parametrize("change", ["add_layer", "replace_parameter", "rebind_data", "train_mode", "precision",
-                                    "requires_grad", "lora_merge"])
+@pytest.mark.parametrize("change", ["add_layer", "replace_parameter", "rebind_data", "train_mode", "training_attribute",
+                                    "precision", "requires_grad", "requires_grad_attribute", "lora_merge"])
 def test_program_changes_retrace(backend, change):
     tc.manual_seed(0)
     lora = layers.LoRALinear(layers.Linear(4, 4), rank=2)
@@ -276,10 +276,14 @@ def test_program_changes_retrace(backend, change):
         model[0].weight.data = model[0].weight.data * 2
     elif change == "train_mode":
         model[1].train()
+    elif change == "training_attribute":
+        model[1].training = True
     elif change == "precision":
         tc.set_matmul_precision("high")
     elif change == "requires_grad":
         model[0].weight.requires_grad_(False)
+    elif change == "requires_grad_attribute":
+        model[0].weight.requires_grad = False
     else:
         lora.merge()
     try:
@@ -289,6 +293,29 @@ def test_program_changes_retrace(backend, change):
         assert _same(got, model(x))
     finally:
         tc.set_matmul_precision("highest")
+    assert compiled.cache_info().traces == 2
+
+
+def test_a_mode_round_trip_replays_the_first_plan(backend):
+    model = layers.Sequential(layers.Linear(4, 4), layers.Dropout(0.5)).eval()
+    compiled = tc.compile(model, cache_dir=False)
+    x = tc.randn(3, 4)
+    compiled(x)
+    model.train()
+    model.eval()
+    model[1].training = True
+    model[1].training = False
+    assert _same(compiled(x), model(x))
+    assert compiled.cache_info().traces == 1
+
+
+def test_rebinding_a_buffer_is_noticed(backend):
+    model = layers.BatchNorm2d(3).eval()
+    compiled = tc.compile(model, cache_dir=False)
+    x = tc.randn(2, 3, 4, 4)
+    compiled(x), compiled(x)
+    model.running_mean.data = model.running_mean.data + 1.0  # a plain tensor: no announcement
+    assert _same(compiled(x), model(x))
     assert compiled.cache_info().traces == 2
 
 

@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import math
-import operator
 import os
 import threading
 from collections import OrderedDict
@@ -60,9 +59,9 @@ T = TypeVar("T")
 
 
 # ----- keys ------------------------------------------------------------------------------
-def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modules_of: Any) -> tuple[Any, list[Tensor], Any]:
+def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modes_of: Any) -> tuple[Any, list[Tensor], Any]:
     """(key, the tensor arguments in order, the stable part of the key or None);
-    ``modules_of(root, version)`` lists a root module's submodules."""
+    ``modes_of(root, version)`` is the tuple of a root's submodules' ``training`` flags."""
     if not kwargs and all(type(a) is Tensor for a in args):  # the common call: tensors only
         tensors, stable = list(args), [True]
         spec: Any = tuple([(a.data.shape, a.data.dtype, a.device, a.requires_grad) for a in args])
@@ -79,12 +78,9 @@ def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modules_of: Any
     for _, root in roots:
         version = root.structure_version
         versions.append(version)
-        trainings.append(tuple(map(_TRAINING, modules_of(root, version))))
+        trainings.append(modes_of(root, version))
     fixed = (spec, alias, state, tuple(trainings))
     return (fixed, tuple(versions)), tensors, (fixed if stable[0] else None)
-
-
-_TRAINING = operator.attrgetter("training")
 
 
 def _spec(obj: Any, tensors: list[Tensor], stable: list[bool]) -> Any:

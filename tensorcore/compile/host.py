@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 from .. import settings
 from ..backends import backend_for, default_device_name
 from ..random import _default, _generators
-from ..tensor import Tensor
+from ..tensor import Tensor, rebinds
 from . import asynchronous, cache, passes as passes_module, plan as plan_module, replay, trace
 from .graph import Ref, leaves, tree_map
 from .trace import TraceError, owner
@@ -84,12 +84,20 @@ class _Entry:
         self.effects = tuple(self.plan.graph.effects)
         self.guards = tuple(self.plan.graph.guards)
         self.single = type(self.plan.graph.outputs) is Ref  # the function returns one tensor
+        # Tensors that announce their rebindings (parameters) are checked only when some
+        # rebinding happened since the last check; the others (buffers) on every call.
+        self.checked_rebinds: int | None = None
+        plain = [i for i, t in enumerate(self.tensors) if not type(t).announces_rebinds]
+        self.plain = ([self.tensors[i] for i in plain], [self.datas[i] for i in plain], [self.flags[i] for i in plain])
 
     def holds(self) -> bool:
         """Whether the program still looks as it did when the plan was made."""
-        if not all(map(operator.is_, map(_DATA, self.tensors), self.datas)):
-            return False
-        if list(map(_REQUIRES_GRAD, self.tensors)) != self.flags:
+        count = rebinds()
+        if count != self.checked_rebinds:
+            if not _bound(self.tensors, self.datas, self.flags):
+                return False
+            self.checked_rebinds = count
+        elif self.plain[0] and not _bound(*self.plain):
             return False
         for generator, state in self.generators:
             if generator._state is not state:
@@ -100,8 +108,14 @@ class _Entry:
         return True
 
 
+def _bound(tensors: list[Tensor], datas: list[Any], flags: list[bool]) -> bool:
+    """Whether each tensor still holds its storage and requires_grad flag."""
+    return all(map(operator.is_, map(_DATA, tensors), datas)) and list(map(_REQUIRES_GRAD, tensors)) == flags
+
+
 _DATA = Tensor.__dict__["data"].__get__  # the storage slot itself, past Parameter's property
-_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+_TRAINING = operator.attrgetter("training")
+_REQUIRES_GRAD = Tensor.__dict__["requires_grad"].__get__  # the slot, past Parameter's property
 
 
 class Compiled:
@@ -130,6 +144,7 @@ class Compiled:
         self._tracing: set[Any] = set()
         self._counts = dict.fromkeys(CacheInfo._fields[:-3], 0)
         self._modules_cache: dict[tuple[int, int], list] = {}
+        self._modes_cache: dict[tuple[int, int, int], tuple[bool, ...]] = {}
         functools.update_wrapper(self, fn, updated=())
 
     # ----- the call ------------------------------------------------------------------
@@ -137,7 +152,7 @@ class Compiled:
         if _TRACE_STATE.tracer is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
         roots = self._roots(args)
-        key, tensors, stable = cache.key(args, kwargs, roots, self._modules)
+        key, tensors, stable = cache.key(args, kwargs, roots, self._modes)
         with self._lock:
             entry = self._plans.get(key)
             if entry is None or not entry.holds():
@@ -356,6 +371,20 @@ class Compiled:
                 self._modules_cache.clear()
             modules = self._modules_cache[cached_key] = [m for _, m in root.named_modules()]
         return modules
+
+    def _modes(self, root: Any, version: int) -> tuple[bool, ...]:
+        """The ``training`` flags of every submodule of ``root``, read again only after a
+        module's mode changed (``mode_version``) or the structure did."""
+        changes = getattr(root, "mode_version", None)
+        cached_key = (id(root), version, changes)
+        found = self._modes_cache.get(cached_key) if changes is not None else None
+        if found is None:
+            found = tuple(map(_TRAINING, self._modules(root, version)))
+            if changes is not None:
+                if len(self._modes_cache) > 64:
+                    self._modes_cache.clear()
+                self._modes_cache[cached_key] = found
+        return found
 
     def _named(self, roots: list[tuple[str, Any]]) -> list[tuple[str, Tensor]]:
         """(stable name, tensor) of every parameter and buffer of the roots."""

@@ -19,9 +19,9 @@ separate warm-up run would repeat the plan's effects), with every allocation ser
 a private memory pool: the pool is the plan's arena -- blocks freed during the capture
 are reused by later kernels in stream order -- and it lives as long as the graph, so
 every buffer the graph touches stays valid.  A call copies the inputs
-into the input buffers on the caller's stream, launches the graph on the plan's stream
-ordered after those copies with events, and makes the caller's stream wait for it; the
-host never synchronizes.  A caller on another stream than the previous one first waits
+into the input buffers and launches the graph, both on the caller's stream (a graph
+runs on whichever stream launches it), so stream order alone puts the launch after the
+copies and the caller's next work after the launch; the host never synchronizes.  A caller on another stream than the previous one first waits
 for that stream, so the previous caller's outputs are copied out before they are
 overwritten.
 
@@ -180,8 +180,6 @@ class CudaGraphReplay:
         graph = plan.graph
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
-        self.ready = cupy.cuda.Event(disable_timing=True)
-        self.done = cupy.cuda.Event(disable_timing=True)
         self.handed_over = cupy.cuda.Event(disable_timing=True)  # the previous caller's stream, when it changes
         self.blocks: list[Any] = []
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
@@ -257,22 +255,19 @@ class CudaGraphReplay:
             env[v] = array
 
     def run(self, arrays: list[Any]) -> list[Any]:
-        """Inputs in on the caller's stream, one graph launch, outputs ready on it."""
+        """Inputs in, one graph launch, outputs ready: all on the caller's stream, so the
+        call is ordered after what the caller queued before it and before what it queues
+        next, with no event of its own."""
         user = self.cupy.cuda.get_current_stream()
         if self.last_user is not None and self.last_user.ptr != user.ptr:
-            # the previous caller has copied its outputs out on its own stream (enqueued
-            # before this call could take the plan) before this launch overwrites them
+            # the previous caller's launch and its copies of the outputs (enqueued before
+            # this call could take the plan) come before this launch overwrites them
             self.handed_over.record(self.last_user)
             user.wait_event(self.handed_over)
         self.last_user = user
-        user.wait_event(self.done)  # the previous launch has read its inputs
         for buf, a in zip(self.inputs, arrays):
             self.cupy.copyto(buf, a)
-        user.record(self.ready)
-        self.stream.wait_event(self.ready)
-        self.graph.launch(self.stream)
-        self.stream.record(self.done)
-        user.wait_event(self.done)
+        self.graph.launch(user)
         for i, buf in self.writeback:
             self.cupy.copyto(arrays[i], buf)
         return self.outputs

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import tensorcore as tc  # first: its settings tune BLAS thread waits before NumPy loads
 import tensorcore.functional as F
@@ -170,7 +170,7 @@ def gpu_section() -> None:
         host = host_us(lambda: compiled(x, t), sync)
     print_rows("GPU reference UNet forward (CUDA-event time per call)",
                [("UNet forward [1,4,128,128] fp32", eager_ms, replay_ms)], unit="ms")
-    print(f"host time per forward replay: {host:.1f} us", flush=True)
+    print(f"host time per forward replay: {host:.1f} us ({host_parts(compiled, (x, t), sync)})", flush=True)
     opt = optim.AdamW(unet.parameters(), lr=1e-5)
     noise = tc.randn(1, 4, 128, 128, device="cuda")
     unet.train()
@@ -192,6 +192,20 @@ def gpu_section() -> None:
                [("UNet AdamW train step", eager_step, replay_step)], unit="ms")
     print(f"host time per train-step replay: {host_step:.1f} us "
           f"(forward plans: {compiled.cache_info().plans}, train step {step_compiled.cache_info()})")
+
+
+def host_parts(compiled: Any, args: tuple, sync: Callable[[], None]) -> str:
+    """The host time of one replay split by stage (us each): the cache key, the guards,
+    the input copies + graph launch, the copies of the outputs."""
+    from tensorcore.compile import cache
+
+    roots = compiled._roots(args)
+    entry = next(iter(compiled._plans.values()))
+    arrays = [a.data for a in args]
+    parts = {"key": lambda: cache.key(args, {}, roots, compiled._modes), "guards": entry.holds,
+             "inputs + launch": lambda: entry.executor.run(arrays),
+             "outputs copied": lambda: [entry.copy(a) for a in entry.executor.outputs]}
+    return ", ".join(f"{name} {host_us(fn, sync):.1f}" for name, fn in parts.items())
 
 
 def host_us(fn: Callable[[], object], sync: Callable[[], None], number: int = 20) -> float:
