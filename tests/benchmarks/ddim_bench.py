@@ -1,13 +1,14 @@
 """DDIM sampling with the reference UNet, tensorcore against a diffusers-style loop on PyTorch.
 
     TENSORCORE_BACKEND=cupy python tests/benchmarks/ddim_bench.py             # GPU (H200), TF32
-    TENSORCORE_BACKEND=cupy python tests/benchmarks/ddim_bench.py --precision tf32 fp32 --torch-compile
+    TENSORCORE_BACKEND=cupy python tests/benchmarks/ddim_bench.py --precision tf32 fp32 bf16 --torch-compile
     python tests/benchmarks/ddim_bench.py --cpu-train --no-gpu                # CPU `train` wall time
 
 GPU part: ``UNet2D.reference()`` (57.6 M parameters) with random weights, saved as a
 diffusers folder and loaded by diffusers' ``UNet2DModel``, so both sides run the same
 config and weights.  For each precision (``tf32``: TF32 allowed on both sides; ``fp32``:
-full float32 matmuls and convolutions on both sides):
+full float32 matmuls and convolutions on both sides; ``bf16``: both models and the
+noise cast to bfloat16, run last):
 
 * the UNet forward at [1, 4, 128, 128]: ours eager and as a compiled CUDA-graph replay,
   PyTorch eager, PyTorch's own CUDA-graph replay, and with ``--torch-compile``
@@ -45,6 +46,11 @@ import numpy as np  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+PRECISIONS = ["tf32", "fp32", "bf16"]
+PRECISION_NOTES = {"tf32": "float32 weights, TF32 allowed", "fp32": "full float32",
+                   "bf16": "bfloat16 weights and activations"}
+
+
 def median_ms(fn, repeats: int) -> tuple[float, object]:
     fn()  # warm-up: kernel compilation, memory pools, cuBLAS handles
     times, result = [], None
@@ -62,7 +68,7 @@ def torch_unet_calls(theirs, torch, use_compile: bool) -> dict:
     def eager(x, t):
         return theirs(x, t).sample
 
-    static_x = torch.zeros(1, 4, 128, 128, device="cuda")
+    static_x = torch.zeros(1, 4, 128, 128, device="cuda", dtype=next(theirs.parameters()).dtype)
     static_t = torch.zeros((), dtype=torch.int64, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -104,11 +110,15 @@ def gpu_rows(steps_list: list[int], repeats: int, precisions: list[str], use_tor
         theirs = UNet2DModel.from_pretrained(folder).to("cuda").eval()
     noise = np.random.default_rng(0).standard_normal((1, 4, 128, 128)).astype(np.float32)
     latents, torch_latents = tc.tensor(noise, device="cuda"), torch.tensor(noise, device="cuda")
-    for precision in precisions:
-        tf32 = precision == "tf32"
+    for precision in sorted(precisions, key=PRECISIONS.index):  # bf16 last: it casts the weights
+        tf32 = precision != "fp32"
         tc.set_matmul_precision("high" if tf32 else "highest")
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-        print(f"\n== {precision}: {'TF32 allowed' if tf32 else 'full float32'} on both sides ({repeats} runs, median)")
+        if precision == "bf16":
+            ours.to(dtype=tc.bfloat16)
+            theirs.to(torch.bfloat16)
+            latents, torch_latents = latents.to(dtype=tc.bfloat16), torch_latents.to(torch.bfloat16)
+        print(f"\n== {precision}: {PRECISION_NOTES[precision]} on both sides ({repeats} runs, median)")
         forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, use_torch_compile)
         ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats, use_torch_compile,
                   DiffusionPipeline, DDIMScheduler, TorchDDIM)
@@ -123,7 +133,8 @@ def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, use
         rows = {"ours eager": timed(lambda: ours(latents, t)), "ours compiled": timed(lambda: compiled(latents, t))}
         for name, call in torch_unet_calls(theirs, torch, use_torch_compile).items():
             rows[name] = timed(lambda call=call: call(torch_latents, torch_t))
-        difference = float(np.abs(compiled(latents, t).numpy() - theirs(torch_latents, torch_t).sample.cpu().numpy()).max())
+        difference = float(np.abs(compiled(latents, t).numpy().astype(np.float32)
+                                - theirs(torch_latents, torch_t).sample.float().cpu().numpy()).max())
     compiled.release()
     print("UNet forward [1,4,128,128], ms per call: " + ", ".join(f"{k} {v:.2f}" for k, v in rows.items()))
     torch_rows = {k: v for k, v in rows.items() if k.startswith("torch")}
@@ -169,7 +180,7 @@ def ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repea
             times[name], images[name] = median_ms(lambda call=call: torch_loop(steps, call), repeats)
         assert np.array_equal(images["eager"].numpy(), images["async"].numpy()), "async differs from sync"
         assert np.array_equal(images["compiled"].numpy(), images["c. async"].numpy()), "compiled async differs"
-        diff = float(np.abs(images["eager"].numpy() - images["torch eager"].cpu().numpy()).max())
+        diff = float(np.abs(images["eager"].numpy() - images["torch eager"].float().cpu().numpy()).max())
         compiled_diff = float(np.abs(images["eager"].numpy() - images["compiled"].numpy()).max())
         print(f"{steps:>3} steps: " + " | ".join(f"{times[n]:.1f}" for n in names)
               + f"; compiled {times['compiled'] / steps:.2f} ms/step, {times['eager'] / times['compiled']:.2f}x our "
@@ -193,7 +204,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per figure")
     parser.add_argument("--cpu-train", action="store_true", help="also time `python -m diffusion train` on the CPU")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU rows")
-    parser.add_argument("--precision", nargs="+", choices=("tf32", "fp32"), default=["tf32"],
+    parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["tf32"],
                         help="matmul/convolution precisions to run, each on both sides")
     parser.add_argument("--torch-compile", action="store_true",
                         help='add torch.compile(mode="reduce-overhead") rows (compiles for minutes)')
