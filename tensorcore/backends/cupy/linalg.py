@@ -103,6 +103,13 @@ class CupyLinalgKernels:
         return tuple(w_shape[2:]) == (1, 1) and tuple(stride) == (1, 1) and \
             tuple(padding) == (0, 0) and tuple(dilation) == (1, 1)
 
+    def _as_gemm(self, x_shape, w_shape, stride, padding, dilation, groups, *arrays) -> bool:
+        """Whether a convolution goes to cuBLAS rather than the implicit-GEMM kernels: a
+        1x1 convolution of one group is one plain GEMM per image, reading NCHW as it
+        lies, where the kernels would first repack the whole input to NHWC."""
+        return groups == 1 and self._is_pointwise(w_shape, stride, padding, dilation) and \
+            self._conv_ok(x_shape, w_shape, *arrays)
+
     def _im2col_gpu(self, x, w_shape, out_hw, stride, padding, dilation):
         """col [N, Cin*kh*kw, Ho*Wo] of contiguous x (x itself for a 1x1 conv)."""
         n, c, h, w = x.shape
@@ -123,8 +130,10 @@ class CupyLinalgKernels:
         fused = all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype)
                     for a in (bias, residual))
         kernel_epilogue = (bias, act, residual, residual_scale) if fused else ()
-        y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups,
-                               *kernel_epilogue)
+        y = None
+        if not self._as_gemm(x.shape, w.shape, stride, padding, dilation, groups, x, w):
+            y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups,
+                                   *kernel_epilogue)
         if y is None:
             y = self._conv2d_gemm(x, w, (ho, wo), stride, padding, dilation, groups)
         elif fused:
@@ -150,7 +159,9 @@ class CupyLinalgKernels:
     def conv2d_grad_input(self, grad, w, x_shape, stride, padding, dilation, groups):
         ho, wo = self._conv_grad_geometry("conv2d_grad_input", grad, x_shape, w.shape, stride,
                                           padding, dilation, groups)
-        dx = conv_igemm.input_grad(grad, w, x_shape, stride, padding, dilation, groups)
+        dx = None
+        if not self._as_gemm(x_shape, w.shape, stride, padding, dilation, groups, grad, w):
+            dx = conv_igemm.input_grad(grad, w, x_shape, stride, padding, dilation, groups)
         if dx is not None:
             return dx
         if not self._conv_ok(x_shape, w.shape, grad, w):
@@ -174,7 +185,9 @@ class CupyLinalgKernels:
     def conv2d_grad_weight(self, grad, x, w_shape, stride, padding, dilation, groups):
         ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
                                           padding, dilation, groups)
-        dw = conv_igemm.weight_grad(grad, x, w_shape, stride, padding, dilation, groups)
+        dw = None
+        if not self._as_gemm(x.shape, w_shape, stride, padding, dilation, groups, grad, x):
+            dw = conv_igemm.weight_grad(grad, x, w_shape, stride, padding, dilation, groups)
         if dw is not None:
             return dw
         if not self._conv_ok(x.shape, w_shape, grad, x):
