@@ -177,6 +177,7 @@ class CudaGraphReplay:
         import cupy
 
         self.cupy, self.plan, self.backend, self.objects = cupy, plan, backend, objects
+        self.copy_ = _method(backend, "copy_")
         graph = plan.graph
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
@@ -265,11 +266,12 @@ class CudaGraphReplay:
             self.handed_over.record(self.last_user)
             user.wait_event(self.handed_over)
         self.last_user = user
+        copy_ = self.copy_
         for buf, a in zip(self.inputs, arrays):
-            self.cupy.copyto(buf, a)
+            copy_(buf, a)
         self.graph.launch(user)
         for i, buf in self.writeback:
-            self.cupy.copyto(arrays[i], buf)
+            copy_(arrays[i], buf)
         return self.outputs
 
     def release(self) -> None:
