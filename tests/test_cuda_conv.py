@@ -146,7 +146,11 @@ def check_passes(geometry, mode: str, channels_last: bool = False, passes=PASSES
 def test_forward_and_gradients_match_float64(mode, geometry, channels_last):
     conv_plan.reset_stats()
     check_passes(geometry, mode, channels_last)
-    assert all(ran_implicit_gemm(op) for op in PASSES)
+    _, ws, stride, padding, dilation = geometry
+    if ws[2:] == (1, 1) and (stride, padding, dilation) == ((1, 1), (0, 0), (1, 1)):
+        assert not any(ran_implicit_gemm(op) for op in PASSES)  # a plain GEMM per image: cuBLAS
+    else:
+        assert all(ran_implicit_gemm(op) for op in PASSES)
 
 
 def every_plan(kernel: str):
