@@ -30,6 +30,7 @@ class SchedulerBase(ConfigMixin, abc.ABC):
     """Config, ᾱ tables and the parts of diffusers' scheduler API that all four share."""
 
     order: ClassVar[int] = 1
+    solver_history: ClassVar[bool] = False  # steps read earlier steps' x̂₀ (``run.finish_step`` keeps them)
     timestep_dtype: ClassVar[Any] = np.int64
 
     def __init__(self) -> None:

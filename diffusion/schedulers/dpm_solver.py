@@ -35,6 +35,7 @@ class DPMSolverMultistepScheduler(SchedulerBase):
     return_dict=True)``; the noise is used by ``sde-dpmsolver++`` only.
     """
 
+    solver_history = True
     _choices = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2"),
                 "prediction_type": PREDICTION_TYPES, "timestep_spacing": SPACINGS, "solver_order": (1, 2, 3),
                 "algorithm_type": ("dpmsolver++", "sde-dpmsolver++", *_ALGORITHM_ALIASES),

@@ -44,12 +44,13 @@ class StepArgs:
     noise: tc.Generator | tc.Tensor | None = None
     noise_dtype: Any = None
 
-    def with_noise_drawn(self, like: tc.Tensor) -> "StepArgs":
+    def with_noise_drawn(self, like: tc.Tensor, dtype: Any) -> "StepArgs":
         """These arguments with a generator's noise drawn now, as a tensor on ``like``'s device
-        (shape of ``like``, in ``noise_dtype`` or ``like``'s dtype)."""
+        shaped like it, in ``noise_dtype`` or else ``dtype`` (the model output's)."""
         if not isinstance(self.noise, tc.Generator):
             return self
-        return dataclasses.replace(self, noise=draw_noise(self.noise, like, self.noise_dtype))
+        drawn = draw_noise(self.noise, like, self.noise_dtype if self.noise_dtype is not None else dtype)
+        return dataclasses.replace(self, noise=drawn)
 
 
 def draw_noise(source: tc.Generator | tc.Tensor, like: tc.Tensor, dtype: Any = None) -> tc.Tensor:
@@ -137,8 +138,9 @@ class SchedulerRun:
         when given, is checked against the run's as ``step`` checks it."""
         return self.scheduler._prepare(self, self._position(timestep, "prepare_step"), sample, **kwargs)
 
-    def finish_step(self, original: tc.Tensor) -> None:
-        """Move on after a step whose x̂₀ was ``original`` (kept where the solver has history)."""
+    def finish_step(self, original: tc.Tensor | None) -> None:
+        """Move on after a step whose x̂₀ was ``original`` (kept where the solver has history:
+        ``scheduler.solver_history``; None is fine for the others)."""
         self._advance(self.scheduler._history_after(self, original))
 
     def step_values(self, position: int, device: str) -> tc.Tensor:
