@@ -106,6 +106,18 @@ def test_new_seeds_replay_the_same_plan(backend):
     assert compiled.denoiser.cache_info().traces == 2  # a seed's generator is not bound into the plan
 
 
+def test_concurrent_compiled_generations_keep_their_own_history():
+    eager, compiled = pipelines(DPMSolverMultistepScheduler(solver_order=3))
+
+    async def both():
+        return await asyncio.gather(*(compiled.generate_async(**options(2.5, seed=seed)) for seed in (0, 1)))
+
+    results = asyncio.run(both())  # the two runs' steps interleave on one set of plans
+    for seed, result in zip((0, 1), results):
+        assert same(result.images, eager.generate(**options(2.5, seed=seed)).images)
+    assert compiled.denoiser.cache_info().traces == 3
+
+
 def test_the_guard_inside_the_plan_counts_as_eager(backend):
     unet = tiny_unet()
     with tc.no_grad():

@@ -54,8 +54,8 @@ class DiffusionPipeline:
         module = unwrapped(unet)
         if not callable(unet) or not hasattr(module, "config"):
             raise TypeError(f"{name}: unet must be a UNet2D (or a compiled one), got {type(unet).__name__}")
-        if not callable(getattr(scheduler, "start", None)):
-            raise TypeError(f"{name}: scheduler must be a diffusion scheduler (with start()), "
+        if not all(callable(getattr(scheduler, method, None)) for method in ("start", "step_update")):
+            raise TypeError(f"{name}: scheduler must be a diffusion scheduler (with start() and step_update()), "
                             f"got {type(scheduler).__name__}")
         classes = module.config.get("num_class_embeds")
         if null_class_label is not None:
