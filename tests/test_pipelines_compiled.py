@@ -1,5 +1,5 @@
 """Pipelines with ``compile=True``: the same images as eager pipelines for the same seed,
-sync and async; one plan per step's model part; new weight values replay, structural
+sync and async; one plan for the whole denoising step; new weight values replay, structural
 changes retrace; the VAE's compiled encode / decode follow its tiling and slicing."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_compiled_pipeline_equals_eager_sync_and_async(backend, case):
     assert same(compiled.generate(**options(**case)).images, expected.images)
     assert same(asyncio.run(compiled.generate_async(**options(**case))).images, expected.images)
     info = compiled.denoiser.cache_info()
-    assert (info.traces, info.hits, info.fallbacks) == (1, 2 * STEPS - 1, 0)  # the UNet and the combine: one plan
+    assert (info.traces, info.hits, info.fallbacks) == (1, 2 * STEPS - 1, 0)  # the whole step: one plan
 
 
 def test_compiled_latent_pipeline_equals_eager_and_decodes_through_a_plan(backend):

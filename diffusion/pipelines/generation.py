@@ -71,16 +71,21 @@ class Generation:
             self.sample = x * sigma if sigma != 1.0 else x
 
     def step(self, index: int) -> None:
-        """Denoising step ``index``: one UNet call (batched [uncond, cond] when guiding),
-        the guidance combine, the scheduler step and the non-finite guard."""
-        r, x = self.request, self.sample
-        t = self.run.timesteps[index]
+        """Denoising step ``index``: one ``denoise_step`` (the UNet call, batched [uncond, cond]
+        when guiding, the guidance combine, the scheduler update and the non-finite guard),
+        compiled or eager as the pipeline says; the run moves on on the host."""
+        r, run = self.request, self.run
+        args = run.prepare_step(self.sample, **r.step_kwargs)
+        if isinstance(args.noise, tc.Generator) and (r.owns_generator or args.noise.device != self.device):
+            # a generator made for this call (or on another device) is not bound into a plan:
+            # its noise is drawn here, the step takes it as an input
+            args = args.with_noise_drawn(self.sample, self.pipeline.dtype)
         with tc.no_grad():
-            model_input = self.run.scale_model_input(x, t)
-            prediction = self.pipeline.predict_noise(model_input, t, self.labels, self.context,
-                                                     r.guidance_scale if r.guided else None)
-            x = self.run.step(prediction, t, x, **r.step_kwargs).prev_sample
-            self.sample = self.guard(x)
+            out = self.pipeline.denoise(self.sample, run.timesteps[index], args, self.labels, self.context,
+                                        r.guidance_scale if r.guided else None,
+                                        self.guard.running_total(self.device))
+        self.sample, self.guard.total = out[0], out[1]
+        run.finish_step(out[2] if len(out) > 2 else None)
         self.steps_run = index + 1
 
     def timestep(self, index: int) -> int | float:

@@ -3,7 +3,8 @@
 NaN becomes 0 and ±Inf the largest finite value of the dtype with its sign (what
 ``numpy.nan_to_num`` does).  The count of replaced values accumulates in a device
 scalar, so guarding a step costs no host round trip; the pipeline reads it once, when
-the generation ends.
+the generation ends.  ``replace_nonfinite`` is the device part alone (tensors in,
+tensors out), so a compiled denoise step carries the guard inside its plan.
 """
 
 from __future__ import annotations
@@ -14,27 +15,43 @@ from tensorcore import Tensor
 from tensorcore.backends import backend_for
 
 
+def replace_nonfinite(sample: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
+    """(``sample`` with NaN -> 0 and ±Inf -> ±largest finite, ``total`` + how many were replaced);
+    ``total`` is an int64 0-d tensor on the sample's device."""
+    backend = backend_for(sample.device)
+    x = sample.data
+    nan = backend.unary("isnan", x)
+    bad = backend.binary("logical_or", nan, backend.unary("isinf", x))
+    found = backend.reduce("sum", backend.astype(bad, np.int64), None, False)
+    finite = np.finfo(x.dtype)
+    clipped = backend.clip(x, float(finite.min), float(finite.max))
+    clean = backend.where(nan, backend.zeros((), x.dtype), clipped)
+    return Tensor(clean, sample.device), Tensor(backend.binary("add", total.data, found), sample.device)
+
+
 class NonFiniteGuard:
-    """Call it on each sample of one generation; ``count()`` reads the total once."""
+    """Call it on each sample of one generation; ``count()`` reads the total once.
+
+    ``total`` is the running count on the device (None before the first sample), for
+    callers that guard through ``replace_nonfinite`` themselves and hand it back.
+    """
 
     def __init__(self) -> None:
-        self._count = None
-        self._backend = None
+        self.total: Tensor | None = None
 
     def __call__(self, sample: Tensor) -> Tensor:
-        backend = backend_for(sample.device)
-        x = sample.data
-        nan = backend.unary("isnan", x)
-        bad = backend.binary("logical_or", nan, backend.unary("isinf", x))
-        found = backend.reduce("sum", backend.astype(bad, np.int64), None, False)
-        self._count = found if self._count is None else backend.binary("add", self._count, found)
-        self._backend = backend
-        finite = np.finfo(x.dtype)
-        clipped = backend.clip(x, float(finite.min), float(finite.max))
-        return Tensor(backend.where(nan, backend.zeros((), x.dtype), clipped), sample.device)
+        clean, self.total = replace_nonfinite(sample, self.running_total(sample.device))
+        return clean
+
+    def running_total(self, device: str) -> Tensor:
+        """The device counter (a zero made on ``device`` on first use)."""
+        if self.total is None:
+            backend = backend_for(device)
+            self.total = Tensor(backend.zeros((), np.int64), device)
+        return self.total
 
     def count(self) -> int:
         """How many values were replaced so far (reads the device counter)."""
-        if self._count is None:
+        if self.total is None:
             return 0
-        return int(self._backend.to_numpy(self._count))
+        return int(self.total.numpy())

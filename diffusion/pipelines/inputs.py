@@ -28,6 +28,7 @@ class Request:
     batch_size: int
     num_inference_steps: int
     generator: tc.Generator
+    owns_generator: bool  # the generator was made for this call (from its seed)
     step_kwargs: dict[str, Any]
     guidance_scale: float
     class_labels: Tensor | None
@@ -96,8 +97,8 @@ def check_request(facts: ModelFacts, batch_size: Any, num_inference_steps: Any, 
         raise ValueError(f"{name}: output must be one of {OUTPUT_TYPES}, got {output!r}")
     if callback is not None and not callable(callback):
         raise TypeError(f"{name}: callback must be callable(step, t, sample), got {type(callback).__name__}")
-    return Request(batch, steps, gen, step_kwargs, float(guidance_scale), labels, context, negative_context,
-                   _latents(facts, latents, batch), output, bool(progress), callback)
+    return Request(batch, steps, gen, seed is not None, step_kwargs, float(guidance_scale), labels, context,
+                   negative_context, _latents(facts, latents, batch), output, bool(progress), callback)
 
 
 def _positive_int(name: str, argument: str, value: Any) -> int:

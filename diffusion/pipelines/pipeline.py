@@ -9,8 +9,10 @@
 Classifier-free guidance runs one UNet call per step on the batch [uncond, cond]
 (the null class label, or ``negative_context`` / zeros, for the unconditional half)
 and combines ``uncond + scale * (cond - uncond)``; it is on when ``guidance_scale > 1``.
-With ``compile`` on (the default on the GPU) that call and the combine are one
-``tc.compile`` plan per step (``prediction.py``) and the VAE decode is compiled too.
+With ``compile`` on (the default on the GPU) each whole step -- that call, the combine,
+the scheduler update and the non-finite guard -- is one call of one ``tc.compile`` plan
+(``prediction.py``; a few plans per run, each serving many steps) and the VAE decode is
+compiled too.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from typing import Any, Callable, Sequence
 import tensorcore as tc
 from tensorcore import Tensor
 
+from ..schedulers.run import StepArgs
 from .drivers import run_async, run_sync
 from .generation import Generation
 from .inputs import ModelFacts, Request, check_request, step_parameters
 from .modules import model_device, unwrapped
 from .output import ImagePipelineOutput
-from .prediction import compiled_prediction, guided_prediction
+from .prediction import compiled_denoise_step, denoise_step
 from .pretrained import load_parts, save_pipeline
 
 Callback = Callable[[int, Any, Tensor], Any]
@@ -38,8 +41,9 @@ class DiffusionPipeline:
     ``null_class_label``: the class label the UNet was trained with for "no class"
     (label dropout); needed for guidance with class labels, and used for unconditional
     samples of a class-conditioned model.
-    ``compile``: run each step's UNet call and guidance combine as one ``tc.compile`` plan
-    (``denoiser``), and the VAE decode as a compiled plan; same images as eager.  None:
+    ``compile``: run each denoising step (UNet call, guidance combine, scheduler update,
+    non-finite guard) as one call of a ``tc.compile`` plan (``denoiser``), and the VAE
+    decode as a compiled plan; same images as eager.  None:
     on when the UNet is a plain module on the GPU.  A wrapped UNet (``tc.compile``d or
     other) is called as given unless ``compile=True``, which compiles the module behind it.
     """
@@ -50,8 +54,8 @@ class DiffusionPipeline:
         module = unwrapped(unet)
         if not callable(unet) or not hasattr(module, "config"):
             raise TypeError(f"{name}: unet must be a UNet2D (or a compiled one), got {type(unet).__name__}")
-        if not callable(getattr(scheduler, "start", None)):
-            raise TypeError(f"{name}: scheduler must be a diffusion scheduler (with start()), "
+        if not all(callable(getattr(scheduler, method, None)) for method in ("start", "step_update")):
+            raise TypeError(f"{name}: scheduler must be a diffusion scheduler (with start() and step_update()), "
                             f"got {type(scheduler).__name__}")
         classes = module.config.get("num_class_embeds")
         if null_class_label is not None:
@@ -66,15 +70,17 @@ class DiffusionPipeline:
         if compile is None:  # compiled by default on the GPU, unless the caller wrapped the UNet already
             compile = model_device(module).startswith("cuda") and module is unet
         self.compile = compile
-        self.denoiser = compiled_prediction() if compile else None
+        self.denoiser = compiled_denoise_step() if compile else None
 
-    def predict_noise(self, sample: Tensor, timestep: Tensor, class_labels: Tensor | None, context: Tensor | None,
-                      guidance_scale: float | None) -> Tensor:
-        """The (guided) noise prediction of one step: the compiled plan when ``compile`` is on
-        (on the UNet module itself), else the UNet as given."""
+    def denoise(self, sample: Tensor, timestep: Tensor, args: StepArgs, class_labels: Tensor | None,
+                context: Tensor | None, guidance_scale: float | None, total: Tensor) -> tuple[Tensor, ...]:
+        """One denoising step (``denoise_step``): one compiled call when ``compile`` is on (on the
+        UNet module itself), else the UNet as given; (next sample, guard count[, x̂₀])."""
+        step_args = (self.scheduler, sample, timestep, args.values, args.history, total, class_labels, context,
+                     guidance_scale, args.variant, args.noise, args.noise_dtype, self.scheduler.solver_history)
         if self.denoiser is not None:
-            return self.denoiser(unwrapped(self.unet), sample, timestep, class_labels, context, guidance_scale)
-        return guided_prediction(self.unet, sample, timestep, class_labels, context, guidance_scale)
+            return self.denoiser(unwrapped(self.unet), *step_args)
+        return denoise_step(self.unet, *step_args)
 
     # ----- what the generation needs to know ------------------------------------------
     @property

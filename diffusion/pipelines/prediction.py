@@ -1,11 +1,15 @@
-"""The model part of one denoising step: the UNet's noise prediction, guided, eager or compiled.
+"""One denoising step, eager or compiled: UNet, guidance, scheduler update and non-finite guard.
 
-``guided_prediction`` is one function for both paths, so a compiled pipeline computes
-what an eager one does: with classifier-free guidance it runs the UNet once on the
-batch [sample, sample] with the [uncond, cond] conditioning and combines
-``uncond + (cond - uncond) * scale`` -- compiled, that is one plan (one CUDA graph)
-per step.  The guidance scale is a static argument of the compiled call: one plan per
-scale used.
+``denoise_step`` is one function for both paths, so a compiled pipeline computes what an
+eager one does.  With classifier-free guidance it runs the UNet once on the batch
+[sample, sample] with the [uncond, cond] conditioning and combines
+``uncond + (cond - uncond) * scale``; the scheduler's device part
+(``scheduler.step_update``) then makes the next sample and ``replace_nonfinite`` guards
+it.  Compiled, the whole step is one plan -- one CUDA graph on the GPU -- and that plan
+serves every step of a run: the step's numbers come in as device tensors (a row of the
+run's step table, the timestep), the solver history and the guard's running count go in
+and come out as tensors.  Static arguments -- the guidance scale, the step's variant (a
+DPM-Solver order, whether noise is added) -- select among a few plans per run.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import Any, Callable
 
 import tensorcore as tc
 from tensorcore import Tensor
+
+from ..schedulers.run import StepArgs
+from .guard import replace_nonfinite
 
 
 def guided_prediction(unet: Any, sample: Tensor, timestep: Tensor, class_labels: Tensor | None,
@@ -27,7 +34,24 @@ def guided_prediction(unet: Any, sample: Tensor, timestep: Tensor, class_labels:
     return uncond + (cond - uncond) * guidance_scale
 
 
-def compiled_prediction() -> Callable[..., Tensor]:
-    """``guided_prediction`` as a ``tc.compile`` callable (the UNet module is an argument, so its
-    structure version is part of the key; a model that cannot be traced runs eagerly)."""
-    return tc.compile(guided_prediction, fallback="eager")
+def denoise_step(unet: Any, scheduler: Any, sample: Tensor, timestep: Tensor, values: Tensor,
+                 history: tuple[Tensor, ...], total: Tensor, class_labels: Tensor | None, context: Tensor | None,
+                 guidance_scale: float | None, variant: tuple, noise: tc.Generator | Tensor | None,
+                 noise_dtype: Any, keep_original: bool) -> tuple[Tensor, ...]:
+    """One step: (next sample, guard count) and, with ``keep_original``, the step's x̂₀ (a
+    solver's history).  The step's ``StepArgs`` come in as their parts (``variant``,
+    ``values``, ``history``, ``noise``, ``noise_dtype``), so tensors are inputs of a
+    compiled call and the rest its static arguments."""
+    args = StepArgs(variant, values, history, noise, noise_dtype)
+    model_input = scheduler.step_input(args, sample)
+    prediction = guided_prediction(unet, model_input, timestep, class_labels, context, guidance_scale)
+    prev_sample, original = scheduler.step_update(args, prediction, sample)
+    prev_sample, total = replace_nonfinite(prev_sample, total)
+    return (prev_sample, total, original) if keep_original else (prev_sample, total)
+
+
+def compiled_denoise_step() -> Callable[..., tuple[Tensor, ...]]:
+    """``denoise_step`` as a ``tc.compile`` callable (the UNet module is an argument, so its
+    structure version is part of the key; a step that cannot be traced -- dynamic
+    thresholding's quantile -- runs eagerly)."""
+    return tc.compile(denoise_step, fallback="eager")

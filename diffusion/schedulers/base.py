@@ -16,11 +16,12 @@ import numpy as np
 import tensorcore as tc
 from tensorcore import dtypes
 from tensorcore.compile import is_tracing
+from tensorcore.random import default_generator
 
 from .betas import beta_schedule, cumprod, rescale_zero_terminal_snr
 from .config import ConfigMixin
 from .output import SchedulerOutput
-from .run import SchedulerRun
+from .run import SchedulerRun, StepArgs
 from .spacing import spaced_timesteps
 from .tables import DeviceTables
 
@@ -29,6 +30,7 @@ class SchedulerBase(ConfigMixin, abc.ABC):
     """Config, ᾱ tables and the parts of diffusers' scheduler API that all four share."""
 
     order: ClassVar[int] = 1
+    solver_history: ClassVar[bool] = False  # steps read earlier steps' x̂₀ (``run.finish_step`` keeps them)
     timestep_dtype: ClassVar[Any] = np.int64
 
     def __init__(self) -> None:
@@ -68,7 +70,9 @@ class SchedulerBase(ConfigMixin, abc.ABC):
             schedule, tables = self._schedule(len(custom), custom)
         else:
             schedule, tables = self._schedule(self._checked_steps(num_inference_steps, name), None)
-        return SchedulerRun(self, schedule.astype(self.timestep_dtype), device or "cpu", tables)
+        schedule = schedule.astype(self.timestep_dtype)
+        tables["steps"] = np.ascontiguousarray(self._step_table(schedule, tables), dtype=np.float32)
+        return SchedulerRun(self, schedule, device or "cpu", tables)
 
     def _checked_steps(self, num_inference_steps: Any, name: str) -> int:
         T = self._config["num_train_timesteps"]
@@ -103,9 +107,40 @@ class SchedulerBase(ConfigMixin, abc.ABC):
         return timesteps, {}
 
     @abc.abstractmethod
+    def _step_table(self, schedule: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
+        """A run's per-step numbers, one row per timestep (``StepArgs.values``), from its
+        timesteps and its own tables: the step's arithmetic reads them on the device."""
+
+    @abc.abstractmethod
     def _step(self, run: SchedulerRun, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               *args: Any, **kwargs: Any) -> SchedulerOutput | tuple:
         """One step of ``run``: what ``step`` does, with the scheduler's own arguments."""
+
+    @abc.abstractmethod
+    def _prepare(self, run: SchedulerRun, position: int, sample: tc.Tensor, **kwargs: Any) -> StepArgs:
+        """The host part of step ``position``: its checks and decisions, and its device numbers."""
+
+    @abc.abstractmethod
+    def step_update(self, args: StepArgs, model_output: tc.Tensor,
+                    sample: tc.Tensor) -> tuple[tc.Tensor, tc.Tensor]:
+        """The device part of a step: (previous sample, x̂₀), tensor ops only, so a traced step
+        replays for every step of a run (``run.prepare_step`` gives ``args``)."""
+
+    def step_input(self, args: StepArgs, sample: tc.Tensor) -> tc.Tensor:
+        """The model input of the step ``args`` describes (only Euler scales it); device only."""
+        return sample
+
+    def _history_after(self, run: SchedulerRun, original: tc.Tensor) -> list[tc.Tensor] | None:
+        """The solver history to keep after a step with x̂₀ ``original`` (None: none kept)."""
+        return None
+
+    def _run_step(self, run: SchedulerRun, position: int, model_output: tc.Tensor, sample: tc.Tensor,
+                  return_dict: bool, **kwargs: Any) -> SchedulerOutput | tuple:
+        """``step``'s common part after the checks: prepare, update, move on."""
+        prev_sample, original = self.step_update(self._prepare(run, position, sample, **kwargs), model_output, sample)
+        run.finish_step(original)
+        out = SchedulerOutput(prev_sample, original)
+        return out if return_dict else out.to_tuple()
 
     def _scale_model_input(self, run: SchedulerRun | None, sample: tc.Tensor, timestep: Any) -> tc.Tensor:
         return sample
@@ -243,17 +278,13 @@ def check_pair(op: str, x: tc.Tensor, other: tc.Tensor, name: str) -> None:
         raise ValueError(f"{op}: {name} is on {other.device}, the sample on {x.device}")
 
 
-def step_noise(op: str, like: tc.Tensor, generator: tc.Generator | None, variance_noise: tc.Tensor | None,
-               dtype: Any = None) -> tc.Tensor:
-    """The step's standard-normal noise: ``variance_noise`` if given, else drawn from ``generator``
-
-    (on the generator's device, then moved to the sample's, as diffusers' ``randn_tensor``).
-    """
-    dtype = like.dtype if dtype is None else dtype
+def noise_source(op: str, like: tc.Tensor, generator: tc.Generator | None,
+                 variance_noise: tc.Tensor | None) -> tc.Generator | tc.Tensor:
+    """Where a stochastic step's noise comes from (checked): ``variance_noise`` if given, else
+    ``generator`` (the device's default generator when None); ``draw_noise`` draws it."""
     if variance_noise is not None:
         if generator is not None:
             raise ValueError(f"{op}: pass either generator or variance_noise, not both")
         check_pair(op, like, variance_noise, "variance_noise")
-        return variance_noise.to(dtype=dtype)
-    device = like.device if generator is None else generator.device
-    return tc.randn(*like.shape, dtype=dtype, device=device, generator=generator).to(like.device)
+        return variance_noise
+    return generator if generator is not None else default_generator(like.device)

@@ -9,11 +9,11 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import SchedulerBase, check_pair, step_noise
+from .base import SchedulerBase, check_pair, noise_source
 from .config import register_to_config
 from .output import SchedulerOutput
 from .prediction import PREDICTION_TYPES, bound_original, like, predict_epsilon, predict_original
-from .run import SchedulerRun
+from .run import SchedulerRun, StepArgs, draw_noise
 from .spacing import SPACINGS
 
 
@@ -50,11 +50,21 @@ class DDIMScheduler(SchedulerBase):
     def final_alpha_cumprod(self) -> tc.Tensor:
         return tc.tensor(self._host["final_alpha_cumprod"])
 
-    def _prev_timestep(self, run: SchedulerRun, position: int, t: int) -> int:
-        """The timestep this step goes to (negative: past the end, to ``final_alpha_cumprod``)."""
+    def _prev_timestep(self, schedule: np.ndarray, position: int) -> int:
+        """The timestep step ``position`` goes to (negative: past the end, to ``final_alpha_cumprod``)."""
+        n = len(schedule)
         if self._config["prev_timestep_from_schedule"]:
-            return run.timestep_at(position + 1) if position + 1 < run.num_inference_steps else -1
-        return t - self._config["num_train_timesteps"] // run.num_inference_steps
+            return int(schedule[position + 1]) if position + 1 < n else -1
+        return int(schedule[position]) - self._config["num_train_timesteps"] // n
+
+    def _step_table(self, schedule: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
+        """Per step: ᾱ at its timestep and at the one it goes to."""
+        alpha_bar, final = self._host["alphas_cumprod"], self._host["final_alpha_cumprod"]
+        rows = []
+        for position, t in enumerate(schedule):
+            prev = self._prev_timestep(schedule, position)
+            rows.append((alpha_bar[int(t)], alpha_bar[prev] if prev >= 0 else final))
+        return np.array(rows, dtype=np.float32).reshape(-1, 2)
 
     def _alpha_bars(self, device: str, t: int, prev: int) -> tuple[tc.Tensor, tc.Tensor]:
         """ᾱ at ``t`` and at ``prev`` as float32 0-d tensors on ``device``."""
@@ -73,13 +83,24 @@ class DDIMScheduler(SchedulerBase):
     def _step(self, run: SchedulerRun, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               eta: float = 0.0, use_clipped_model_output: bool = False, generator: tc.Generator | None = None,
               variance_noise: tc.Tensor | None = None, return_dict: bool = True) -> SchedulerOutput | tuple:
+        check_pair("DDIMScheduler.step", sample, model_output, "model_output")
+        return self._run_step(run, run._position(timestep, "DDIMScheduler.step"), model_output, sample,
+                              return_dict, eta=eta, use_clipped_model_output=use_clipped_model_output,
+                              generator=generator, variance_noise=variance_noise)
+
+    def _prepare(self, run: SchedulerRun, position: int, sample: tc.Tensor, eta: float = 0.0,
+                 use_clipped_model_output: bool = False, generator: tc.Generator | None = None,
+                 variance_noise: tc.Tensor | None = None) -> StepArgs:
         op = "DDIMScheduler.step"
-        check_pair(op, sample, model_output, "model_output")
         if not isinstance(eta, numbers.Real) or not eta >= 0:
             raise ValueError(f"{op}: eta must be a float >= 0, got {eta!r}")
-        position = run._position(timestep, op)
-        t = run.timestep_at(position)
-        alpha_prod_t, alpha_prod_prev = self._alpha_bars(sample.device, t, self._prev_timestep(run, position, t))
+        noise = noise_source(op, sample, generator, variance_noise) if eta > 0 else None
+        return StepArgs((float(eta), bool(use_clipped_model_output)), run.step_values(position, sample.device),
+                        noise=noise)
+
+    def step_update(self, args: StepArgs, model_output: tc.Tensor, sample: tc.Tensor) -> tuple[tc.Tensor, tc.Tensor]:
+        eta, use_clipped_model_output = args.variant
+        alpha_prod_t, alpha_prod_prev = args.values[0], args.values[1]
         beta_prod_t = 1 - alpha_prod_t
         std_dev_t = eta * self._variance(alpha_prod_t, alpha_prod_prev).sqrt()
         alpha, sigma = like(alpha_prod_t.sqrt(), sample), like(beta_prod_t.sqrt(), sample)
@@ -95,8 +116,6 @@ class DDIMScheduler(SchedulerBase):
         direction = like((1 - alpha_prod_prev - std_dev_t * std_dev_t).sqrt(), sample) * epsilon
         prev_sample = like(alpha_prod_prev.sqrt(), sample) * original + direction
         if eta > 0:
-            noise = step_noise(op, model_output, generator, variance_noise)
+            noise = draw_noise(args.noise, model_output, args.noise_dtype)
             prev_sample = prev_sample + like(std_dev_t, noise) * noise
-        run._advance()
-        out = SchedulerOutput(prev_sample, original)
-        return out if return_dict else out.to_tuple()
+        return prev_sample, original

@@ -8,11 +8,11 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import SchedulerBase, check_pair, step_noise
+from .base import SchedulerBase, check_pair, noise_source
 from .config import register_to_config
 from .output import SchedulerOutput
 from .prediction import PREDICTION_TYPES, bound_original, like, predict_original
-from .run import SchedulerRun, host_value
+from .run import SchedulerRun, StepArgs, draw_noise, host_value
 from .spacing import SPACINGS
 
 VARIANCE_TYPES = ("fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log", "learned", "learned_range")
@@ -55,11 +55,21 @@ class DDPMScheduler(SchedulerBase):
         alpha_bar = self.tables.get("alphas_cumprod", device)
         return alpha_bar[t], alpha_bar[prev] if prev >= 0 else self.tables.get("one", device)
 
+    def _step_table(self, schedule: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
+        """Per step: ᾱ at its timestep and at the next one of the run (1 after the last)."""
+        alpha_bar = self._host["alphas_cumprod"]
+        prev = [alpha_bar[int(t)] for t in schedule[1:]] + [self._host["one"]]
+        return np.array([(alpha_bar[int(t)], p) for t, p in zip(schedule, prev)], dtype=np.float32).reshape(-1, 2)
+
     def _get_variance(self, t: int, prev_t: int | None = None, predicted_variance: tc.Tensor | None = None,
                       device: str = "cpu") -> tc.Tensor:
         """The posterior's variance at ``t`` as ``variance_type`` says (a std for the ``*_log`` /
         ``learned_range`` types, a log for ``fixed_large_log``), as diffusers' ``_get_variance``."""
-        alpha_prod_t, alpha_prod_prev = self._alpha_bars(device, t, t - 1 if prev_t is None else prev_t)
+        return self._variance(*self._alpha_bars(device, t, t - 1 if prev_t is None else prev_t), predicted_variance)
+
+    def _variance(self, alpha_prod_t: tc.Tensor, alpha_prod_prev: tc.Tensor,
+                  predicted_variance: tc.Tensor | None) -> tc.Tensor:
+        """``_get_variance`` between the noise levels ᾱ_t and ᾱ_prev."""
         current_beta_t = 1 - alpha_prod_t / alpha_prod_prev
         # β̃_t = (1 - ᾱ_{t-1}) / (1 - ᾱ_t) β_t (DDPM eq. 7), kept from 0 so its log is finite
         variance = ((1 - alpha_prod_prev) / (1 - alpha_prod_t) * current_beta_t).clip(1e-20, None)
@@ -77,9 +87,10 @@ class DDPMScheduler(SchedulerBase):
             return fraction * like(current_beta_t.log(), fraction) + (1 - fraction) * like(variance.log(), fraction)
         return variance
 
-    def _noise_scale(self, t: int, prev_t: int, predicted_variance: tc.Tensor | None, device: str) -> tc.Tensor:
-        """The standard deviation of the noise added at ``t``."""
-        variance = self._get_variance(t, prev_t, predicted_variance, device)
+    def _noise_scale(self, alpha_prod_t: tc.Tensor, alpha_prod_prev: tc.Tensor,
+                     predicted_variance: tc.Tensor | None) -> tc.Tensor:
+        """The standard deviation of the noise added at ᾱ_t."""
+        variance = self._variance(alpha_prod_t, alpha_prod_prev, predicted_variance)
         kind = self._config["variance_type"]
         if kind == "fixed_small_log":
             return variance
@@ -96,28 +107,49 @@ class DDPMScheduler(SchedulerBase):
             raise ValueError(f"{op}: timestep must be a whole number in [0, {len(self)}), got {value}")
         return int(value)
 
+    def _split(self, model_output: tc.Tensor, sample: tc.Tensor) -> tuple[tc.Tensor, tc.Tensor | None]:
+        """(the prediction, the predicted variance): a learned variance is the second half of
+        the model output's channels."""
+        learned = self._config["variance_type"] in ("learned", "learned_range")
+        channels = sample.shape[1] if isinstance(sample, tc.Tensor) and sample.ndim > 1 else None
+        if learned and isinstance(model_output, tc.Tensor) and channels and model_output.shape[1] == 2 * channels:
+            return model_output[:, :channels], model_output[:, channels:]
+        return model_output, None
+
     def _step(self, run: SchedulerRun | None, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               generator: tc.Generator | None = None, variance_noise: tc.Tensor | None = None,
               return_dict: bool = True) -> SchedulerOutput | tuple:
         op = "DDPMScheduler.step"
-        predicted_variance = None
-        learned = self._config["variance_type"] in ("learned", "learned_range")
-        channels = sample.shape[1] if isinstance(sample, tc.Tensor) and sample.ndim > 1 else None
-        if learned and isinstance(model_output, tc.Tensor) and channels and model_output.shape[1] == 2 * channels:
-            model_output, predicted_variance = model_output[:, :channels], model_output[:, channels:]
-        check_pair(op, sample, model_output, "model_output")
-        if learned and predicted_variance is None:
+        output, predicted_variance = self._split(model_output, sample)
+        check_pair(op, sample, output, "model_output")
+        if self._config["variance_type"] in ("learned", "learned_range") and predicted_variance is None:
             raise ValueError(f"{op}: variance_type {self._config['variance_type']!r} needs a model output of "
-                             f"2 x {channels} channels (the variance second), got shape {model_output.shape}")
-        if run is None:  # no timesteps set: every training timestep, t -> t - 1
-            t = self._training_timestep(timestep, op)
-            prev_t = t - 1
-        else:
-            position = run._position(timestep, op)
-            t = run.timestep_at(position)
-            prev_t = run.timestep_at(position + 1) if position + 1 < run.num_inference_steps else -1
+                             f"2 x {sample.shape[1]} channels (the variance second), got shape {model_output.shape}")
+        if run is not None:
+            return self._run_step(run, run._position(timestep, op), model_output, sample, return_dict,
+                                  generator=generator, variance_noise=variance_noise)
+        # no timesteps set: every training timestep, t -> t - 1
+        t = self._training_timestep(timestep, op)
+        values = tc.stack(list(self._alpha_bars(sample.device, t, t - 1)))
+        prev_sample, original = self.step_update(self._args(t > 0, values, sample, generator, variance_noise),
+                                                 model_output, sample)
+        out = SchedulerOutput(prev_sample, original)
+        return out if return_dict else out.to_tuple()
 
-        alpha_prod_t, alpha_prod_prev = self._alpha_bars(sample.device, t, prev_t)
+    def _prepare(self, run: SchedulerRun, position: int, sample: tc.Tensor, generator: tc.Generator | None = None,
+                 variance_noise: tc.Tensor | None = None) -> StepArgs:
+        return self._args(run.timestep_at(position) > 0, run.step_values(position, sample.device), sample,
+                          generator, variance_noise)
+
+    def _args(self, noisy: bool, values: tc.Tensor, sample: tc.Tensor, generator: tc.Generator | None,
+              variance_noise: tc.Tensor | None) -> StepArgs:
+        """A step's arguments: noise is added at every timestep but 0."""
+        noise = noise_source("DDPMScheduler.step", sample, generator, variance_noise) if noisy else None
+        return StepArgs((bool(noisy),), values, noise=noise)
+
+    def step_update(self, args: StepArgs, model_output: tc.Tensor, sample: tc.Tensor) -> tuple[tc.Tensor, tc.Tensor]:
+        model_output, predicted_variance = self._split(model_output, sample)
+        alpha_prod_t, alpha_prod_prev = args.values[0], args.values[1]
         beta_prod_t, beta_prod_prev = 1 - alpha_prod_t, 1 - alpha_prod_prev
         current_alpha_t = alpha_prod_t / alpha_prod_prev
         current_beta_t = 1 - current_alpha_t
@@ -129,11 +161,8 @@ class DDPMScheduler(SchedulerBase):
         original_coeff = alpha_prod_prev.sqrt() * current_beta_t / beta_prod_t
         sample_coeff = current_alpha_t.sqrt() * beta_prod_prev / beta_prod_t
         prev_sample = like(original_coeff, sample) * original + like(sample_coeff, sample) * sample
-        if t > 0:
-            noise = step_noise(op, model_output, generator, variance_noise)
-            scale = self._noise_scale(t, prev_t, predicted_variance, sample.device)
+        if args.variant[0]:
+            noise = draw_noise(args.noise, model_output, args.noise_dtype)
+            scale = self._noise_scale(alpha_prod_t, alpha_prod_prev, predicted_variance)
             prev_sample = prev_sample + like(scale, noise) * noise
-        if run is not None:
-            run._advance()
-        out = SchedulerOutput(prev_sample, original)
-        return out if return_dict else out.to_tuple()
+        return prev_sample, original

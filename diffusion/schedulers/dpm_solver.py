@@ -9,11 +9,11 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import SchedulerBase, check_pair, step_noise
+from .base import SchedulerBase, check_pair, noise_source
 from .config import register_to_config
 from .output import SchedulerOutput
 from .prediction import PREDICTION_TYPES, dynamic_threshold, like, predict_original, upcast
-from .run import SchedulerRun
+from .run import SchedulerRun, StepArgs, draw_noise
 from .sigmas import exponential_sigmas, karras_sigmas, sigma_to_t, train_sigmas
 from .spacing import SPACINGS
 
@@ -35,6 +35,7 @@ class DPMSolverMultistepScheduler(SchedulerBase):
     return_dict=True)``; the noise is used by ``sde-dpmsolver++`` only.
     """
 
+    solver_history = True
     _choices = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2"),
                 "prediction_type": PREDICTION_TYPES, "timestep_spacing": SPACINGS, "solver_order": (1, 2, 3),
                 "algorithm_type": ("dpmsolver++", "sde-dpmsolver++", *_ALGORITHM_ALIASES),
@@ -127,16 +128,35 @@ class DPMSolverMultistepScheduler(SchedulerBase):
         alpha, sigma = run.tables.get("alpha_t", device, dtype)[i], run.tables.get("sigma_t", device, dtype)[i]
         return alpha * original_samples + sigma * noise
 
+    def _step_table(self, schedule: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
+        """Per step i: α_t and σ_t at σ[i] and σ[i + 1], and λ at i - 2 .. i + 1 (those before
+        the first step are never read: 0)."""
+        alpha, sigma, lam = tables["alpha_t"], tables["sigma_t"], tables["lambda_t"]
+        rows = []
+        for i in range(len(schedule)):
+            earlier = [lam[k] if k >= 0 else np.float32(0) for k in (i - 2, i - 1)]
+            rows.append((alpha[i], sigma[i], alpha[i + 1], sigma[i + 1], *earlier, lam[i], lam[i + 1]))
+        return np.array(rows, dtype=np.float32).reshape(-1, 8)
+
     def _step(self, run: SchedulerRun, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               generator: tc.Generator | None = None, variance_noise: tc.Tensor | None = None,
               return_dict: bool = True) -> SchedulerOutput | tuple:
         op = "DPMSolverMultistepScheduler.step"
+        check_pair(op, sample, self._prediction(model_output, sample), "model_output")
+        return self._run_step(run, run._position(timestep, op), model_output, sample, return_dict,
+                              generator=generator, variance_noise=variance_noise)
+
+    def _prediction(self, model_output: tc.Tensor, sample: tc.Tensor) -> tc.Tensor:
+        """The model output without a learned variance (its channels after the sample's)."""
         c = self._config
         if (c["variance_type"] in ("learned", "learned_range") and c["prediction_type"] == "epsilon"
                 and isinstance(model_output, tc.Tensor) and isinstance(sample, tc.Tensor) and sample.ndim > 1):
-            model_output = model_output[:, :sample.shape[1]]  # drop the predicted variance
-        check_pair(op, sample, model_output, "model_output")
-        i = run._position(timestep, op)
+            return model_output[:, :sample.shape[1]]  # drop the predicted variance
+        return model_output
+
+    def _prepare(self, run: SchedulerRun, position: int, sample: tc.Tensor, generator: tc.Generator | None = None,
+                 variance_noise: tc.Tensor | None = None) -> StepArgs:
+        c, i = self._config, position
         n, order = run.num_inference_steps, c["solver_order"]
         short = c["lower_order_final"] and n < 15  # few steps: lower orders at the end are steadier
         first_at_end = i == n - 1 and (c["euler_at_final"] or short or c["final_sigmas_type"] == "zero")
@@ -146,44 +166,48 @@ class DPMSolverMultistepScheduler(SchedulerBase):
             order = 1
         elif order == 2 or done < 2 or second_at_end:
             order = 2
-
-        alpha = run.tables.get("alpha_t", sample.device)
-        sigma = run.tables.get("sigma_t", sample.device)
-        original = predict_original(c["prediction_type"], model_output, sample, like(alpha[i], sample),
-                                    like(sigma[i], sample))
-        if c["thresholding"]:
-            original = dynamic_threshold(original, c["dynamic_thresholding_ratio"], c["sample_max_value"])
-        history = (run.history + [original])[-c["solver_order"]:]
         noise = None
         if c["algorithm_type"] == "sde-dpmsolver++":
-            noise = step_noise(op, model_output, generator, variance_noise, tc.float32)
-        prev_sample = self._update(run, i, order, history, upcast(sample), noise).to(model_output.dtype)
-        run._advance(history)
-        out = SchedulerOutput(prev_sample, original)
-        return out if return_dict else out.to_tuple()
+            noise = noise_source("DPMSolverMultistepScheduler.step", sample, generator, variance_noise)
+        history = tuple(run.history[len(run.history) - order + 1:]) if order > 1 else ()
+        return StepArgs((order,), run.step_values(i, sample.device), history, noise, tc.float32)
 
-    def _update(self, run: SchedulerRun, i: int, order: int, history: list[tc.Tensor], sample: tc.Tensor,
+    def _history_after(self, run: SchedulerRun, original: tc.Tensor) -> list[tc.Tensor]:
+        return (run.history + [original])[-self._config["solver_order"]:]
+
+    def step_update(self, args: StepArgs, model_output: tc.Tensor, sample: tc.Tensor) -> tuple[tc.Tensor, tc.Tensor]:
+        c = self._config
+        model_output = self._prediction(model_output, sample)
+        values = args.values
+        original = predict_original(c["prediction_type"], model_output, sample, like(values[0], sample),
+                                    like(values[1], sample))
+        if c["thresholding"]:
+            original = dynamic_threshold(original, c["dynamic_thresholding_ratio"], c["sample_max_value"])
+        noise = None if args.noise is None else draw_noise(args.noise, model_output, args.noise_dtype)
+        prev_sample = self._update(args.variant[0], values, (*args.history, original), upcast(sample), noise)
+        return prev_sample.to(model_output.dtype), original
+
+    def _update(self, order: int, values: tc.Tensor, history: tuple[tc.Tensor, ...], sample: tc.Tensor,
                 noise: tc.Tensor | None) -> tc.Tensor:
-        """x at σ[i + 1] from x at σ[i] with the last ``order`` x̂₀ (DPM-Solver++ eqs. 5, 8 and its 3M)."""
-        device = sample.device
-        alpha, sigma = run.tables.get("alpha_t", device), run.tables.get("sigma_t", device)
-        lam = run.tables.get("lambda_t", device)
-        alpha_t, sigma_t = alpha[i + 1], sigma[i + 1]
-        h = lam[i + 1] - lam[i]
+        """x at σ[i + 1] from x at σ[i] with the last ``order`` x̂₀ (DPM-Solver++ eqs. 5, 8 and its 3M);
+        ``values`` is the step's row of the step table."""
+        sigma_s, alpha_t, sigma_t = values[1], values[2], values[3]
+        lam_2, lam_1, lam_s, lam_t = values[4], values[5], values[6], values[7]
+        h = lam_t - lam_s
         # D0 = m0 and the divided differences D1, D2 of the x̂₀ history in λ
         m = history[::-1]
         derivatives = [m[0]]
         if order == 2:
-            r0 = (lam[i] - lam[i - 1]) / h
+            r0 = (lam_s - lam_1) / h
             derivatives.append((1.0 / r0) * (m[0] - m[1]))
         elif order == 3:
-            r0, r1 = (lam[i] - lam[i - 1]) / h, (lam[i - 1] - lam[i - 2]) / h
+            r0, r1 = (lam_s - lam_1) / h, (lam_1 - lam_2) / h
             d1_0, d1_1 = (1.0 / r0) * (m[0] - m[1]), (1.0 / r1) * (m[1] - m[2])
             derivatives += [d1_0 + (r0 / (r0 + r1)) * (d1_0 - d1_1), (1.0 / (r0 + r1)) * (d1_0 - d1_1)]
         midpoint = order == 2 and self._config["solver_type"] == "midpoint"
         if noise is None:  # dpmsolver++: the ODE
             expm1 = (-h).exp() - 1.0
-            out = (sigma_t / sigma[i]) * sample - (alpha_t * expm1) * derivatives[0]
+            out = (sigma_t / sigma_s) * sample - (alpha_t * expm1) * derivatives[0]
             if order > 1:
                 d1 = 0.5 * (alpha_t * expm1) if midpoint else -(alpha_t * (expm1 / h + 1.0))
                 out = out - d1 * derivatives[1]
@@ -192,7 +216,7 @@ class DPMSolverMultistepScheduler(SchedulerBase):
             return out
         # sde-dpmsolver++: the SDE, with fresh noise
         decay = 1 - (-2.0 * h).exp()
-        out = (sigma_t / sigma[i] * (-h).exp()) * sample + (alpha_t * decay) * derivatives[0]
+        out = (sigma_t / sigma_s * (-h).exp()) * sample + (alpha_t * decay) * derivatives[0]
         if order > 1:
             d1 = 0.5 * (alpha_t * decay) if midpoint else alpha_t * (decay / (-2.0 * h) + 1.0)
             out = out + d1 * derivatives[1]

@@ -10,11 +10,11 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import SchedulerBase, check_pair, step_noise, timestep_tensor
+from .base import SchedulerBase, check_pair, noise_source, timestep_tensor
 from .config import register_to_config
 from .output import SchedulerOutput
 from .prediction import PREDICTION_TYPES, upcast
-from .run import SchedulerRun
+from .run import SchedulerRun, StepArgs, draw_noise
 from .sigmas import exponential_sigmas, karras_sigmas, sigma_to_t, train_sigmas
 from .spacing import SPACINGS, spaced_timesteps
 
@@ -138,13 +138,20 @@ class EulerDiscreteScheduler(SchedulerBase):
         return original_samples + noise * sigma
 
     # ----- step ------------------------------------------------------------------------------
+    def _step_table(self, schedule: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
+        """Per step i: σ[i] and σ[i + 1]."""
+        sigmas = tables["sigmas"]
+        return np.stack([sigmas[:-1], sigmas[1:]], axis=1)
+
     def _scale_model_input(self, run: SchedulerRun | None, sample: tc.Tensor, timestep: Any) -> tc.Tensor:
         """sample / sqrt(σ² + 1): the model sees unit-variance input."""
         run = run if run is not None else self._run("scale_model_input")
         i = run._position(timestep, "EulerDiscreteScheduler.scale_model_input")
-        sigma = run.tables.get("sigmas", sample.device)[i]
         run.input_scaled = True
-        return sample / (sigma * sigma + 1).sqrt().to(sample.dtype)
+        return _scaled(sample, run.step_values(i, sample.device)[0])
+
+    def step_input(self, args: StepArgs, sample: tc.Tensor) -> tc.Tensor:
+        return _scaled(sample, args.values[0])
 
     def _step(self, run: SchedulerRun, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               s_churn: float = 0.0, s_tmin: float = 0.0, s_tmax: float = float("inf"), s_noise: float = 1.0,
@@ -152,21 +159,35 @@ class EulerDiscreteScheduler(SchedulerBase):
               return_dict: bool = True) -> SchedulerOutput | tuple:
         op = "EulerDiscreteScheduler.step"
         check_pair(op, sample, model_output, "model_output")
-        if not s_churn >= 0:
-            raise ValueError(f"{op}: s_churn must be >= 0, got {s_churn!r}")
         i = run._position(timestep, op)
         if not run.input_scaled:
             warnings.warn(f"{op}: call scale_model_input before step for a correct model input",
                           UserWarning, stacklevel=3)
+        return self._run_step(run, i, model_output, sample, return_dict, s_churn=s_churn, s_tmin=s_tmin,
+                              s_tmax=s_tmax, s_noise=s_noise, generator=generator, variance_noise=variance_noise)
+
+    def _prepare(self, run: SchedulerRun, position: int, sample: tc.Tensor, s_churn: float = 0.0,
+                 s_tmin: float = 0.0, s_tmax: float = float("inf"), s_noise: float = 1.0,
+                 generator: tc.Generator | None = None, variance_noise: tc.Tensor | None = None) -> StepArgs:
+        op = "EulerDiscreteScheduler.step"
+        if not s_churn >= 0:
+            raise ValueError(f"{op}: s_churn must be >= 0, got {s_churn!r}")
         host_sigmas = run.tables.host["sigmas"]
         # "churn": raise σ by a factor 1 + gamma with fresh noise (Karras et al. 2022, Algorithm 2)
-        gamma = min(s_churn / (len(host_sigmas) - 1), 2 ** 0.5 - 1) if s_tmin <= host_sigmas[i] <= s_tmax else 0.0
-        sigmas = run.tables.get("sigmas", sample.device)
-        sigma = sigmas[i]
+        gamma = 0.0
+        if s_tmin <= host_sigmas[position] <= s_tmax:
+            gamma = min(s_churn / (len(host_sigmas) - 1), 2 ** 0.5 - 1)
+        noise = noise_source(op, sample, generator, variance_noise) if gamma > 0 else None
+        return StepArgs((float(gamma), float(s_noise) if gamma > 0 else 1.0), run.step_values(position, sample.device),
+                        noise=noise)
+
+    def step_update(self, args: StepArgs, model_output: tc.Tensor, sample: tc.Tensor) -> tuple[tc.Tensor, tc.Tensor]:
+        gamma, s_noise = args.variant
+        sigma, sigma_next = args.values[0], args.values[1]
         sigma_hat = sigma * (gamma + 1)
         sample = upcast(sample)
         if gamma > 0:
-            eps = step_noise(op, model_output, generator, variance_noise) * s_noise
+            eps = draw_noise(args.noise, model_output, args.noise_dtype) * s_noise
             sample = sample + eps * (sigma_hat * sigma_hat - sigma * sigma).sqrt()
         kind = self._config["prediction_type"]
         if kind in ("sample", "original_sample"):
@@ -176,7 +197,10 @@ class EulerDiscreteScheduler(SchedulerBase):
         else:  # v_prediction
             original = model_output * (-sigma / (sigma * sigma + 1).sqrt()) + sample / (sigma * sigma + 1)
         derivative = (sample - original) / sigma_hat
-        prev_sample = (sample + derivative * (sigmas[i + 1] - sigma_hat)).to(model_output.dtype)
-        run._advance()
-        out = SchedulerOutput(prev_sample, original)
-        return out if return_dict else out.to_tuple()
+        prev_sample = (sample + derivative * (sigma_next - sigma_hat)).to(model_output.dtype)
+        return prev_sample, original
+
+
+def _scaled(sample: tc.Tensor, sigma: tc.Tensor) -> tc.Tensor:
+    """sample / sqrt(σ² + 1)."""
+    return sample / (sigma * sigma + 1).sqrt().to(sample.dtype)

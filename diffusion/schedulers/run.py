@@ -1,7 +1,16 @@
-"""One generation's pass over a schedule: its timesteps, where it is, its solver history."""
+"""One generation's pass over a schedule: its timesteps, where it is, its solver history.
+
+A step is split in two so that its device part can be traced once and replayed for
+every step of a run (``tc.compile``): ``run.prepare_step`` takes the host-side
+decisions (which step, which solver order, whether noise is added, the argument
+checks) and hands back a ``StepArgs`` whose per-step numbers are a device tensor;
+``scheduler.step_update(args, model_output, sample)`` is the arithmetic, tensors
+only; ``run.finish_step`` moves the run on.  ``run.step`` is the three in a row.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +23,44 @@ from .tables import DeviceTables
 if TYPE_CHECKING:
     from .base import SchedulerBase
     from .output import SchedulerOutput
+
+
+@dataclasses.dataclass(frozen=True)
+class StepArgs:
+    """What one step's device part needs, decided on the host.
+
+    ``variant``: the step's static choices (hashable: a solver order, whether noise is
+    added, eta...), a handful per run.  ``values``: the step's numbers (ᾱ, σ, λ at this
+    step and its neighbours), a row of the run's step table on the sample's device, so
+    one traced step serves every step of a run.  ``history``: the solver's previous x̂₀
+    this step reads (DPM-Solver).  ``noise``: where a stochastic step's noise comes
+    from -- a ``tc.Generator`` drawn from inside the step, or the noise itself -- and
+    ``noise_dtype`` the dtype it is drawn in (None: the model output's).
+    """
+
+    variant: tuple
+    values: tc.Tensor
+    history: tuple[tc.Tensor, ...] = ()
+    noise: tc.Generator | tc.Tensor | None = None
+    noise_dtype: Any = None
+
+    def with_noise_drawn(self, like: tc.Tensor, dtype: Any) -> "StepArgs":
+        """These arguments with a generator's noise drawn now, as a tensor on ``like``'s device
+        shaped like it, in ``noise_dtype`` or else ``dtype`` (the model output's)."""
+        if not isinstance(self.noise, tc.Generator):
+            return self
+        drawn = draw_noise(self.noise, like, self.noise_dtype if self.noise_dtype is not None else dtype)
+        return dataclasses.replace(self, noise=drawn)
+
+
+def draw_noise(source: tc.Generator | tc.Tensor, like: tc.Tensor, dtype: Any = None) -> tc.Tensor:
+    """Standard-normal noise shaped like ``like``: drawn from a generator (on its device, then
+    moved to ``like``'s, as diffusers' ``randn_tensor``), or ``source`` itself cast to ``dtype``."""
+    dtype = like.dtype if dtype is None else dtype
+    if isinstance(source, tc.Tensor):
+        return source.to(dtype=dtype)
+    noise = tc.randn(*like.shape, dtype=dtype, device=source.device, generator=source)
+    return noise if noise.device == like.device else noise.to(like.device)
 
 
 class SchedulerRun:
@@ -30,6 +77,8 @@ class SchedulerRun:
 
     def __init__(self, scheduler: SchedulerBase, timesteps: np.ndarray, device: str,
                  tables: dict[str, np.ndarray] | None = None) -> None:
+        """``tables``: the run's host tables; ``tables["steps"]`` holds one row of per-step
+        numbers per timestep (``StepArgs.values``)."""
         self.scheduler = scheduler
         self.schedule = timesteps
         self.timesteps = tc.tensor(timesteps, device=device)
@@ -82,6 +131,21 @@ class SchedulerRun:
              **kwargs: Any) -> SchedulerOutput | tuple:
         """One step from ``timestep`` to the next; the scheduler's ``step`` arguments."""
         return self.scheduler._step(self, model_output, timestep, sample, *args, **kwargs)
+
+    def prepare_step(self, sample: tc.Tensor, timestep: Any = None, **kwargs: Any) -> StepArgs:
+        """The current step's ``StepArgs`` (nothing moves on yet): ``kwargs`` are the
+        scheduler's ``step`` options (eta, generator, variance_noise, ...); ``timestep``,
+        when given, is checked against the run's as ``step`` checks it."""
+        return self.scheduler._prepare(self, self._position(timestep, "prepare_step"), sample, **kwargs)
+
+    def finish_step(self, original: tc.Tensor | None) -> None:
+        """Move on after a step whose x̂₀ was ``original`` (kept where the solver has history:
+        ``scheduler.solver_history``; None is fine for the others)."""
+        self._advance(self.scheduler._history_after(self, original))
+
+    def step_values(self, position: int, device: str) -> tc.Tensor:
+        """Row ``position`` of the run's step table on ``device`` (the table is uploaded once)."""
+        return self.tables.get("steps", device)[position]
 
     def scale_model_input(self, sample: tc.Tensor, timestep: Any = None) -> tc.Tensor:
         """The model input for the current step (scaled where the scheduler needs it)."""
