@@ -54,7 +54,10 @@ class Generator:
             if raw.size != 24:
                 raise ValueError(f"Generator.set_state: a {self.device} generator's state is 24 bytes, got {raw.size}")
             words = raw.view(np.uint64)
-            self._state.seed = np.uint64(words[0])
+            if int(words[0]) != int(self._state.seed):
+                # the kernels take the seed by value, so a captured CUDA graph holds it:
+                # a new seed gets a new state object, which compiled plans see and retrace
+                self._state = backend_for(self.device).rng(int(words[0]))
             self._state.state.set(words[1:].copy())
 
     def draw(self, kind: str, shape: tuple[int, ...], a: float, b: float, dtype: Any) -> Any:
