@@ -9,7 +9,8 @@ value; ``uses.Uses``), takes in, in that order and each at most once:
   bias (for bias_act), activation, residual or scale yet;
 * ``binary('add', y, r)`` or ``binary('add', r, y)`` with ``r`` of the result's shape
   and dtype -> ``residual=r``, while there is no scale yet;
-* ``binary('mul', y, s)``, ``binary('mul', s, y)`` with a Python number ``s`` ->
+* ``binary('mul', y, s)``, ``binary('mul', s, y)`` with a Python number ``s`` (or a
+  0-d ``full`` of y's dtype, as ``2 * y`` makes; the ``full`` goes too) ->
   ``residual_scale=s`` (as the array's dtype rounds it), and ``binary('div', y, s)``
   when ``1 / s`` is exact in that dtype (a power of two: ``y * (1 / s)`` then rounds
   exactly as ``y / s``), while the scale is 1.
@@ -58,6 +59,7 @@ def fuse_epilogue(graph: Graph) -> Graph:
     views = Views(graph.values)
     values = views.values
     uses = Uses.of(graph, values)
+    numbers = _Numbers(graph, values)
     open_calls: dict[int, _Open] = {}  # result value -> call
     placed: dict[int, Node | None] = {}  # position -> its new call (None: folded away)
     folded = 0
@@ -66,10 +68,13 @@ def fuse_epilogue(graph: Graph) -> Graph:
             call = open_calls[v]
             if not (uses.only_reader(values, v, node, position) and uses.unwritten(call.reads, call.first, position)):
                 continue
-            fused = _fold(graph, call.node, node, v, values)
+            fused = _fold(graph, call.node, node, v, values, numbers)
             if fused is None:
                 continue
             placed[call.position], placed[position] = None, fused
+            for r in set(node_refs(node)) - set(node_refs(fused)) - {Ref(v)}:  # a scale's `full` read only here
+                if uses.only_reader(values, r.value, node, position):
+                    placed[numbers.position(r)] = None
             del open_calls[v]
             if fused.op == "conv2d" or fused.args[3] == "none":  # a residual, scale or activation may follow
                 reads = call.reads | {values[r.value].storage for r in node_refs(fused)}
@@ -86,6 +91,33 @@ def fuse_epilogue(graph: Graph) -> Graph:
     nodes = [placed.get(p, node) for p, node in enumerate(graph.nodes)]
     stats = {**graph.stats, "fuse_epilogue": graph.stats.get("fuse_epilogue", 0) + folded}
     return dataclasses.replace(graph, values=values, nodes=[n for n in nodes if n is not None], stats=stats)
+
+
+class _Numbers:
+    """The numbers 0-d ``full`` calls made (``2 * y`` makes one for the 2)."""
+
+    def __init__(self, graph: Graph, values: list[Value]) -> None:
+        self.graph, self.values = graph, values
+        self.positions = {node.index: p for p, node in enumerate(graph.nodes)}
+
+    def position(self, ref: Ref) -> int | None:
+        """The position of the ``full`` call that made ``ref``, when one did."""
+        v = self.values[ref.value]
+        storage = self.graph.storages[v.storage]
+        position = self.positions.get(storage.producer) if storage.kind == "fresh" else None
+        if position is None or v.shape != () or storage.written:
+            return None
+        node = self.graph.nodes[position]
+        return position if node.op == "full" and len(node.args) == 3 and not node.kwargs else None
+
+    def value(self, operand: Any, dtype: np.dtype) -> Any:
+        """A Python number operand as it is, a 0-d ``full`` of ``dtype`` as its number."""
+        if type(operand) is not Ref:
+            return operand
+        position = self.position(operand)
+        if position is None or self.values[operand.value].dtype != dtype:
+            return None
+        return self.graph.nodes[position].args[1]
 
 
 def _start(graph: Graph, node: Node, values: list[Value]) -> Node | None:
@@ -108,7 +140,7 @@ def _start(graph: Graph, node: Node, values: list[Value]) -> Node | None:
     return dataclasses.replace(node, args=geometry, kwargs=epilogue)
 
 
-def _fold(graph: Graph, call: Node, node: Node, v: int, values: list[Value]) -> Node | None:
+def _fold(graph: Graph, call: Node, node: Node, v: int, values: list[Value], numbers: _Numbers) -> Node | None:
     """``call`` (conv2d or matmul, result value ``v``) with ``node`` folded in, or None."""
     if node.writes or node.effect or node.kwargs or type(node.out) is not Ref:
         return None
@@ -123,13 +155,14 @@ def _fold(graph: Graph, call: Node, node: Node, v: int, values: list[Value]) -> 
         if node.op != "unary" or node.args[1:] != (Ref(v),) or node.args[0] not in _ACTS or call.args[3] != "none":
             return None
         return Node(node.index, "matmul_bias_act", (*call.args[:3], node.args[0]), {}, node.out)
-    epilogue = _conv_epilogue(call.kwargs, node, v, y, values)
+    epilogue = _conv_epilogue(call.kwargs, node, v, y, values, numbers)
     if epilogue is None:
         return None
     return Node(node.index, "conv2d", call.args, epilogue, node.out)
 
 
-def _conv_epilogue(kwargs: dict, node: Node, v: int, y: Value, values: list[Value]) -> dict | None:
+def _conv_epilogue(kwargs: dict, node: Node, v: int, y: Value, values: list[Value],
+                   numbers: _Numbers) -> dict | None:
     """The conv's epilogue keywords with ``node`` folded in, or None when it does not
     continue the epilogue's order ``(act(y + bias) + residual) * residual_scale``."""
     plain = "act" not in kwargs and "residual" not in kwargs and "residual_scale" not in kwargs
@@ -149,9 +182,9 @@ def _conv_epilogue(kwargs: dict, node: Node, v: int, y: Value, values: list[Valu
         return None
     if op == "mul":
         scalar = b if a == Ref(v) else a if b == Ref(v) else None
-        scale = _scalar(scalar, y.dtype)
+        scale = _scalar(numbers.value(scalar, y.dtype), y.dtype)
     elif op == "div" and a == Ref(v):
-        scale = _exact_reciprocal(_scalar(b, y.dtype), y.dtype)
+        scale = _exact_reciprocal(_scalar(numbers.value(b, y.dtype), y.dtype), y.dtype)
     else:
         return None
     return None if scale is None else {**kwargs, "residual_scale": scale}
