@@ -36,7 +36,7 @@ import numpy as np
 
 from ...backends.base import ACTIVATIONS, Backend
 from ..graph import Graph, Node, Ref, Value, node_refs
-from .uses import Uses, Views, fresh_block
+from .uses import Uses, Views, fresh_block, rewritten
 
 _CONV = inspect.signature(Backend.conv2d)
 _EPILOGUE_DEFAULTS = {"bias": None, "act": "none", "residual": None, "residual_scale": 1.0}
@@ -73,8 +73,9 @@ def fuse_epilogue(graph: Graph) -> Graph:
                 continue
             placed[call.position], placed[position] = None, fused
             for r in set(node_refs(node)) - set(node_refs(fused)) - {Ref(v)}:  # a scale's `full` read only here
-                if uses.only_reader(values, r.value, node, position):
-                    placed[numbers.position(r)] = None
+                made_at = numbers.position(r)
+                if made_at is not None and uses.only_reader(values, r.value, node, position):
+                    placed[made_at] = None
             del open_calls[v]
             if fused.op == "conv2d" or fused.args[3] == "none":  # a residual, scale or activation may follow
                 reads = call.reads | {values[r.value].storage for r in node_refs(fused)}
@@ -88,9 +89,7 @@ def fuse_epilogue(graph: Graph) -> Graph:
                                                    position)
     if not folded:
         return graph
-    nodes = [placed.get(p, node) for p, node in enumerate(graph.nodes)]
-    stats = {**graph.stats, "fuse_epilogue": graph.stats.get("fuse_epilogue", 0) + folded}
-    return dataclasses.replace(graph, values=values, nodes=[n for n in nodes if n is not None], stats=stats)
+    return rewritten(graph, placed, "fuse_epilogue", folded, values=values)
 
 
 class _Numbers:

@@ -24,7 +24,7 @@ import inspect
 
 from ...backends.base import ACTIVATIONS, Backend
 from ..graph import Graph, Node, Ref, Value
-from .uses import Uses, Views, fresh_block
+from .uses import Uses, Views, fresh_block, rewritten
 
 _GROUP_NORM = inspect.signature(Backend.group_norm)
 _ACTS = frozenset(ACTIVATIONS) - {"none"}
@@ -77,10 +77,7 @@ def fuse_norm(graph: Graph) -> Graph:
             folded += 1
     if not folded:
         return graph
-    nodes = [placed.get(p, node) for p, node in enumerate(graph.nodes)]
-    stats = {**graph.stats, "fuse_norm": graph.stats.get("fuse_norm", 0) + folded}
-    return dataclasses.replace(graph, storages=storages, values=values, nodes=[n for n in nodes if n is not None],
-                               stats=stats)
+    return rewritten(graph, placed, "fuse_norm", folded, values=values, storages=storages)
 
 
 def _params(node: Node) -> dict | None:

@@ -7,13 +7,14 @@
 * ``Views``: the graph's values, extended with the new views a rewrite needs (a bias
   viewed along an axis, a shift viewed as [N, C]), one Value per distinct view;
 * ``fresh_block``: whether a call's result is a C-contiguous block of its own that
-  nothing writes later, so the fused call may produce it instead.
+  nothing writes later, so the fused call may produce it instead;
+* ``rewritten``: the graph with calls replaced or dropped by position.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -69,6 +70,15 @@ class Views:
             self._index[key] = len(self.values)
             self.values.append(Value(len(self.values), *key))
         return self._index[key]
+
+
+def rewritten(graph: Graph, placed: dict[int, Node | None], stat: str, count: int, **fields: Any) -> Graph:
+    """``graph`` with the call at each position of ``placed`` replaced by its new call
+    (None: dropped), ``count`` rewrites added to ``stats[stat]`` and ``fields`` (the
+    grown values, changed storages) set."""
+    nodes = [placed.get(p, node) for p, node in enumerate(graph.nodes)]
+    stats = {**graph.stats, stat: graph.stats.get(stat, 0) + count}
+    return dataclasses.replace(graph, nodes=[n for n in nodes if n is not None], stats=stats, **fields)
 
 
 def c_strides(v: Value) -> tuple[int, ...]:
