@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import diffusion
 import layers
+from diffusion.models.resnet import ResnetBlock2D
 import tensorcore as tc
 import tensorcore.functional as F
 from tensorcore.compile.passes import DEFAULT, PASSES
@@ -449,6 +450,20 @@ def test_unet_compiled_with_every_pass_equals_eager(backend):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
     else:
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("scale, folds", [(2.0, True), (1.5, False)])
+def test_resnet_block_with_an_output_scale(backend, scale, folds):
+    tc.manual_seed(3)
+    block = ResnetBlock2D(4, 8, temb_channels=6, groups=2, output_scale_factor=scale).eval()
+    x, temb = tc.randn(2, 4, 5, 5), tc.randn(2, 6)
+    with tc.no_grad():
+        compiled, got = compiled_twice(block, x, temb)
+        want = block(x, temb)
+    done = compiled.plan_info()[0]["passes"]
+    assert done["fuse_norm"] == 1  # the time embedding into norm2 (the block passes act='silu' itself)
+    assert done["fuse_epilogue"] == 2 + folds  # time_emb_proj's bias; the shortcut conv's residual (and scale)
+    assert_matches(got, want, backend)
 
 
 # ----- the GPU kernels ---------------------------------------------------------------------------
