@@ -36,7 +36,7 @@ import numpy as np
 
 from ...backends.base import ACTIVATIONS, Backend
 from ..graph import Graph, Node, Ref, Value, node_refs
-from .uses import Uses, Views, fresh_block, rewritten
+from .uses import Uses, fresh_block, rewritten
 
 _CONV = inspect.signature(Backend.conv2d)
 _EPILOGUE_DEFAULTS = {"bias": None, "act": "none", "residual": None, "residual_scale": 1.0}
@@ -56,8 +56,7 @@ class _Open:
 
 
 def fuse_epilogue(graph: Graph) -> Graph:
-    views = Views(graph.values)
-    values = views.values
+    values = graph.values
     uses = Uses.of(graph, values)
     numbers = _Numbers(graph, values)
     open_calls: dict[int, _Open] = {}  # result value -> call
@@ -89,7 +88,7 @@ def fuse_epilogue(graph: Graph) -> Graph:
                                                    position)
     if not folded:
         return graph
-    return rewritten(graph, placed, "fuse_epilogue", folded, values=values)
+    return rewritten(graph, placed, "fuse_epilogue", folded)
 
 
 class _Numbers:
