@@ -118,6 +118,10 @@ class Backend(Protocol):
     # ----- linear algebra ----------------------------------------------------------
     def matmul(self, a: Array, b: Array) -> Array:
         """Batched, broadcasting matrix product (NumPy ``@`` semantics)."""
+    def matmul_bias_act(self, a: Array, b: Array, bias: Array | None, act: str) -> Array:
+        """``bias_act(matmul(a, b), bias, act, axis=-1)`` in one call, bit for bit as
+        those two calls: the GEMM epilogue ``tc.compile``'s epilogue fusion rewrites a
+        product followed by a bias + activation into (never called by eager code)."""
 
     # ----- convolution (NCHW, weight [Cout, Cin/groups, kh, kw]) -------------------
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,
@@ -169,9 +173,13 @@ class Backend(Protocol):
                             mean: Array, rstd: Array, n_norm: int
                             ) -> tuple[Array, Array | None, Array | None]: ...
     def group_norm(self, x: Array, weight: Array | None, bias: Array | None,
-                   groups: int, eps: float, act: str = "none"
+                   groups: int, eps: float, act: str = "none", shift: Array | None = None
                    ) -> tuple[Array, Array, Array]:
-        """x [N, C, *]; returns (act(y), mean, rstd), mean/rstd shaped [N, groups]."""
+        """x [N, C, *]; returns (act(y), mean, rstd), mean/rstd shaped [N, groups].
+        ``shift`` [N, C] (optional) is added to x first, rounded to x's dtype as a
+        separate add would be, and the statistics are those of the sum: the time
+        embedding add of a ResBlock, fused by ``tc.compile`` (eager code never passes
+        it, and ``group_norm_backward`` does not take it)."""
     def group_norm_backward(self, grad: Array, x: Array, weight: Array | None,
                             bias: Array | None, mean: Array, rstd: Array, groups: int,
                             act: str = "none"

@@ -16,6 +16,7 @@ import cupy as cp
 import numpy as np
 
 from tensorcore.backends.cupy import loader
+from tensorcore.backends.cupy.util import NULL
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 N, C, H, W, GROUPS = 8, 256, 64, 64, 32
@@ -79,7 +80,7 @@ def main() -> None:
             if cluster == 1:  # a block per group needs no cluster: "no cluster" is exact
                 exchange, clustered, name = False, False, "block per group"
             fn = variant(cluster, packs, exchange, clustered, min_blocks)
-            args = (x, w, w, y, mean, rstd, stat_len, s, C, 1e-5, 0)
+            args = (x, NULL, w, w, y, mean, rstd, stat_len, s, C, 1e-5, 0)
             t = graph_ms(lambda: fn((stats * cluster,), (threads,), args))
             label = name + (f" lb{min_blocks}" if min_blocks else "")
             print(f"{cluster:7d} {packs:5d} {threads:7d} {label:>16s} {t * 1e3:7.1f} "
@@ -87,7 +88,7 @@ def main() -> None:
     for label, hints in (("ld.cs", (STREAMING_LOAD,)), ("st.cs", (STREAMING_STORE,)),
                          ("ld.cs + st.cs", (STREAMING_LOAD, STREAMING_STORE))):
         fn = variant(8, 4, min_blocks=3, hints=hints)
-        t = graph_ms(lambda: fn((stats * 8,), (256,), (x, w, w, y, mean, rstd, stat_len, s, C,
+        t = graph_ms(lambda: fn((stats * 8,), (256,), (x, NULL, w, w, y, mean, rstd, stat_len, s, C,
                                                       1e-5, 0)))
         print(f"{8:7d} {4:5d} {256:7d} {label:>16s} {t * 1e3:7.1f} {2 * x.nbytes / t / 1e6:6.0f}")
 

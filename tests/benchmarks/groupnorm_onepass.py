@@ -63,7 +63,7 @@ def main() -> None:
         n, c = shape[:2]
         s = x.size // (n * c)
         stat_len = c // groups * s
-        args = (x, w, b, (n, groups), stat_len, s, 1e-5, "none")
+        args = (x, None, w, b, (n, groups), stat_len, s, 1e-5, "none")
         copy = graph_ms(lambda: cp.cuda.runtime.memcpyAsync(
             y.data.ptr, x.data.ptr, x.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
             cp.cuda.get_current_stream().ptr)) * 1e3

@@ -14,6 +14,7 @@ import cupy as cp
 import numpy as np
 
 from tensorcore.backends.cupy import loader
+from tensorcore.backends.cupy.util import NULL
 from tensorcore.backends.cupy.groupnorm import RES_REG_PACKS, RES_SHARED_PACKS, RES_THREADS
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
@@ -75,7 +76,7 @@ def main() -> None:
         mean, rstd = cp.empty((2, n * groups), dtype=np.float32)
         partials = cp.empty(grid * 8, dtype=np.float32)
         for code in (*STAGES, 0):
-            args = (x, w, w, y, mean, rstd, partials,
+            args = (x, NULL, w, w, y, mean, rstd, partials,
                     *map(np.int32, (packs, chunk, stat_len, s, c)), 1e-5, np.int32(code))
 
             def run():

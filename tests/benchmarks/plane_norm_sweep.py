@@ -52,12 +52,12 @@ def main() -> None:
             grid = (N * C, chunks)
 
             def stats_pass(threads=threads, chunks=chunks, part=part, grid=grid, st=st):
-                st(grid, (threads,), (x, part, mean, rstd, NULL, NULL,
+                st(grid, (threads,), (x, NULL, part, mean, rstd, NULL, NULL,
                                       zeroed_counters(BUFFERS, stats), s, chunks, C, cpg, 0, N,
                                       1e-5, 0.0, 1))
 
             def apply_pass(threads=threads, chunks=chunks, grid=grid, ap=ap):
-                ap(grid, (threads,), (x, w, w, mean, rstd, y, NULL,
+                ap(grid, (threads,), (x, NULL, w, w, mean, rstd, y, NULL,
                                       NULL, s, chunks, C, cpg, 0, N, 1e-5, 0, 0, 1))
 
             t_stats, t_apply = graph_ms(stats_pass), graph_ms(apply_pass)

@@ -62,9 +62,10 @@ def _cluster_threads(share: int) -> int | None:
     return next((t for t in (256, 512) if share <= t * GN_PACKS), None)
 
 
-def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str):
+def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str, shift=None):
     """(y, mean, rstd) of GroupNorm in one read of x, or None where no one-pass kernel
-    applies.  x, weight and bias are checked by the caller."""
+    applies.  x, weight, bias and the contiguous [N, C] ``shift`` (added to x first,
+    None for none) are checked by the caller."""
     if loader.compute_capability() < 90:
         return None
     x = contiguous(x)
@@ -76,7 +77,7 @@ def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str):
     if s % pack or not aligned(x):
         return None
     stat_len = c // groups * s
-    args = (x, weight, bias, (n, groups), stat_len, s, eps, act)
+    args = (x, shift, weight, bias, (n, groups), stat_len, s, eps, act)
     for run in forward_kernels(n * groups, stat_len // pack):
         out = run(*args)
         if out is not None:
@@ -90,7 +91,7 @@ def _outputs(x, stats: tuple[int, int]):
     return y, mean, rstd
 
 
-def _resident(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
+def _resident(x, shift, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
     """groupnorm_resident.cu: the whole tensor on chip, or None when it does not fit
     (then it has far fewer than 2**31 elements: the kernel's indices are 32-bit)."""
     packs = x.size // pack_width(x.dtype)
@@ -111,7 +112,7 @@ def _resident(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: st
     partials = cupy.empty(grid * RES_STATS * 2, dtype=mean.dtype)
     _resident_kernel(x.dtype, cupy.cuda.runtime.getDevice())(
         (grid,), (RES_THREADS,),
-        (x, ptr(weight), ptr(bias), y, mean, rstd, partials,
+        (x, ptr(shift), ptr(weight), ptr(bias), y, mean, rstd, partials,
          *map(numpy.int32, (packs, chunk, stat_len, s, x.shape[1])), float(eps),
          numpy.int32(ACT_CODES[act])),
         shared_mem=smem_packs * RES_THREADS * PACK_BYTES, enable_cooperative_groups=True)
@@ -132,7 +133,7 @@ def _resident_kernel(dtype: Any, device: int) -> Any:
     return raw.kernel
 
 
-def _clustered(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
+def _clustered(x, shift, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
     """groupnorm_cluster.cu, or None for groups too large for a cluster's registers."""
     threads = _cluster_threads(-(-(stat_len // pack_width(x.dtype)) // CLUSTER))
     if threads is None:
@@ -140,6 +141,6 @@ def _clustered(x, weight, bias, stats, stat_len: int, s: int, eps: float, act: s
     y, mean, rstd = _outputs(x, stats)
     kernel(GN_CLUSTER, "group_norm_cluster_kernel", x.dtype)(
         (stats[0] * stats[1] * CLUSTER,), (threads,),
-        (x, ptr(weight), ptr(bias), y, mean, rstd, stat_len, s, x.shape[1], float(eps),
+        (x, ptr(shift), ptr(weight), ptr(bias), y, mean, rstd, stat_len, s, x.shape[1], float(eps),
          ACT_CODES[act]))
     return y, mean, rstd

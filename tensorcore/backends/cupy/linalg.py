@@ -18,6 +18,7 @@ import numpy
 from . import cublas
 from . import conv_igemm
 from .loader import kernel, launch
+from ..numpy.act import check_activation
 from .util import INT32_LIMIT, contiguous, empty_as, has_kernels, ptr, row_launch
 
 CONV = "im2col.cu"
@@ -87,6 +88,15 @@ class CupyLinalgKernels:
         if b.ndim == 1:
             out = out[..., 0]
         return out
+
+    def matmul_bias_act(self, a, b, bias, act: str):
+        """The cuBLAS product, then ``bias_act``'s kernel run in place on the product's
+        buffer: the two eager calls' arithmetic without the second array."""
+        check_activation("matmul_bias_act", act)
+        y = self.matmul(a, b)
+        if y.ndim == 0 or not has_kernels(y, *(() if bias is None else (bias,))) or not y.flags.c_contiguous:
+            return self.bias_act(y, bias, act, -1)
+        return self._affine_act_into("matmul_bias_act", y, None, bias, act, -1, y)
 
     # ----- convolution -------------------------------------------------------------
     def _conv_ok(self, x_shape, w_shape, *arrays) -> bool:

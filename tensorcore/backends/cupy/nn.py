@@ -191,8 +191,9 @@ class CupyNNKernels:
 
     def _plane_forward(self, x, weight, bias, stat_shape: tuple, cpg: int, bn: bool,
                        eps: float, act: str, running_mean=None, running_var=None,
-                       momentum: float = 0.0, use_running: bool = False):
-        """(y, mean, rstd), mean and rstd of shape ``stat_shape``."""
+                       momentum: float = 0.0, use_running: bool = False, shift=None):
+        """(y, mean, rstd), mean and rstd of shape ``stat_shape``; ``shift`` [N, C]
+        (contiguous, GroupNorm only) is added to x first."""
         x, weight, bias = contiguous(x), _contiguous_or_none(weight), _contiguous_or_none(bias)
         n, c, s, chunks, vec = self._plane_geometry(x)
         acc = acc_dtype(x.dtype)
@@ -202,12 +203,12 @@ class CupyNNKernels:
             arrived = zeroed_counters(self.buffers, mean.size)
             kernel(PLANE, "plane_stats_kernel", x.dtype)(
                 (n * c, chunks), (THREADS,),
-                (x, part, mean, rstd, ptr(running_mean), ptr(running_var), arrived, s, chunks,
+                (x, ptr(shift), part, mean, rstd, ptr(running_mean), ptr(running_var), arrived, s, chunks,
                  c, cpg, int(bn), n, float(eps), float(momentum), int(vec)))
         y = empty_as(x)
         kernel(PLANE, "plane_apply_kernel", x.dtype)(
             (n * c, chunks), (THREADS,),
-            (x, ptr(weight), ptr(bias), mean, rstd, y, ptr(running_mean), ptr(running_var), s,
+            (x, ptr(shift), ptr(weight), ptr(bias), mean, rstd, y, ptr(running_mean), ptr(running_var), s,
              chunks, c, cpg, int(bn), n, float(eps), ACT_CODES[act], int(use_running),
              int(vec and aligned(y))))
         return y, mean, rstd
@@ -235,18 +236,20 @@ class CupyNNKernels:
             (-(-c // THREADS),), (THREADS,), (sums, dw, db, n, c, chunks))
         return dx, dw, db
 
-    def group_norm(self, x, weight, bias, groups, eps, act="none"):
+    def group_norm(self, x, weight, bias, groups, eps, act="none", shift=None):
         self._check_groups("group_norm", x, groups)
         check_activation("group_norm", act)
-        if not has_kernels(x, *_opt(weight, bias)):
-            return super().group_norm(x, weight, bias, groups, eps, act)
+        if not has_kernels(x, *_opt(weight, bias, shift)):
+            return super().group_norm(x, weight, bias, groups, eps, act, shift)
         for name, p in (("weight", weight), ("bias", bias)):
             self._check_param("group_norm", name, p, x.shape[1:2])
-        one_pass = one_pass_group_norm(x, weight, bias, groups, eps, act)
+        if shift is not None:
+            shift = contiguous(self._shift_planes("group_norm", x, shift).reshape(x.shape[:2]))
+        one_pass = one_pass_group_norm(x, weight, bias, groups, eps, act, shift)
         if one_pass is not None:
             return one_pass
         return self._plane_forward(x, weight, bias, (x.shape[0], groups), x.shape[1] // groups,
-                                   False, eps, act)
+                                   False, eps, act, shift=shift)
 
     def group_norm_backward(self, grad, x, weight, bias, mean, rstd, groups, act="none"):
         self._check_groups("group_norm_backward", x, groups)

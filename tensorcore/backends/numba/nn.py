@@ -68,6 +68,24 @@ class NumbaNNKernels:
             return K.bias_act_rows(xc.reshape(outer, channels), bias, code).reshape(x.shape)
         return K.bias_act_planes(xc.reshape(outer * channels, inner), bias, code).reshape(x.shape)
 
+    def matmul_bias_act(self, a: Array, b: Array, bias: Array | None, act: str,
+                        out: Array | None = None) -> Array:
+        """The BLAS product, then the bias + activation kernel of ``bias_act`` run in
+        place on it (into ``out`` when given): no array besides the product."""
+        check_activation("matmul_bias_act", act)
+        if bias is None or not fast_path(a, b, bias) or a.ndim < 2 or b.ndim < 2:
+            y = super().matmul_bias_act(a, b, bias, act)
+            if out is None:
+                return y
+            out[...] = y
+            return out
+        from .kernels import activations as K
+
+        y = np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
+        self._bias_layout("matmul_bias_act", y, bias, -1)
+        K.bias_act_rows_(y.reshape(-1, y.shape[-1]), bias, K.ACT_CODES[act])
+        return y
+
     def bias_act_backward(self, grad: Array, x: Array, bias: Array | None, act: str,
                           axis: int) -> tuple[Array, Array | None]:
         check_activation("bias_act_backward", act)
@@ -216,18 +234,20 @@ class NumbaNNKernels:
         return np.ascontiguousarray(x).reshape(n, groups, c // groups, math.prod(x.shape[2:]))
 
     def group_norm(self, x: Array, weight: Array | None, bias: Array | None,
-                   groups: int, eps: float, act: str = "none"
+                   groups: int, eps: float, act: str = "none", shift: Array | None = None
                    ) -> tuple[Array, Array, Array]:
         check_activation("group_norm", act)
-        if not fast_path(x, weight, bias) or x.size == 0:
-            return super().group_norm(x, weight, bias, groups, eps, act)
+        if not fast_path(x, weight, bias, shift) or x.size == 0:
+            return super().group_norm(x, weight, bias, groups, eps, act, shift)
         from .kernels import activations, norms as K
 
         blocks = self._group_blocks("group_norm", x, groups)
         for name, p in (("weight", weight), ("bias", bias)):
             self._check_param("group_norm", name, p, x.shape[1:2])
+        if shift is not None:
+            shift = np.ascontiguousarray(self._shift_planes("group_norm", x, shift)).reshape(x.shape[:2])
         w, b = self._affine_params(weight, bias, x.shape[1], x.dtype)
-        y, mean, rstd = K.group_norm_groups(blocks, w, b, float(eps), activations.ACT_CODES[act])
+        y, mean, rstd = K.group_norm_groups(blocks, w, b, float(eps), activations.ACT_CODES[act], shift)
         return y.reshape(x.shape), mean, rstd
 
     def group_norm_backward(self, grad: Array, x: Array, weight: Array | None,

@@ -16,6 +16,7 @@ import numpy
 
 from ...dtypes import ComputesBfloat16InFloat32, bfloat16
 from .. import fused_program
+from .act import check_activation
 from .nn import NumpyNNKernels
 from .optim import NumpyOptimKernels
 from .special import erf
@@ -215,6 +216,11 @@ class NumpyPrimitives:
     # ----- linear algebra ----------------------------------------------------------
     def matmul(self, a, b, out=None):
         return self.xp.matmul(a, b, out=out)
+
+    def matmul_bias_act(self, a, b, bias, act: str):
+        """``bias_act(matmul(a, b), bias, act, -1)`` as those two calls of this backend."""
+        check_activation("matmul_bias_act", act)
+        return self.bias_act(self.matmul(a, b), bias, act, -1)
 
     # ----- compiled replay -----------------------------------------------------------
     def prepare(self, op: str, args: tuple, kwargs: dict, out: Any) -> Callable[[], Any] | None:

@@ -118,15 +118,26 @@ class NumpyNormKernels(NumpyActivationKernels):
             raise ValueError(f"{op}: x of shape {x.shape} cannot be split into "
                              f"{groups} channel groups")
 
+    @staticmethod
+    def _shift_planes(op: str, x: Array, shift: Array) -> Array:
+        """``shift`` [N, C] viewed as [N, C, 1, ...] to broadcast over x [N, C, *]."""
+        if x.ndim < 2 or tuple(shift.shape) != tuple(x.shape[:2]) or shift.dtype != x.dtype:
+            raise ValueError(f"{op}: shift must be [N, C] = {tuple(x.shape[:2])} of x's dtype "
+                             f"{x.dtype}, got shape {tuple(shift.shape)} of {shift.dtype}")
+        return shift.reshape(tuple(shift.shape) + (1,) * (x.ndim - 2))
+
     def _group_view(self, op: str, x: Array, groups: int) -> Array:
         """x [N, C, *] viewed as [N, groups, C/groups * prod(*)]."""
         self._check_groups(op, x, groups)
         return x.reshape(x.shape[0], groups, math.prod(x.shape[1:]) // groups)
 
     def group_norm(self, x: Array, weight: Array | None, bias: Array | None,
-                   groups: int, eps: float, act: str = "none"
+                   groups: int, eps: float, act: str = "none", shift: Array | None = None
                    ) -> tuple[Array, Array, Array]:
-        """x [N, C, *]; returns (act(y), mean, rstd), mean/rstd shaped [N, groups]."""
+        """x [N, C, *]; returns (act(y), mean, rstd), mean/rstd shaped [N, groups].
+        ``shift`` [N, C] is added to x first (the backend's own broadcast add)."""
+        if shift is not None:
+            x = self.binary("add", x, self._shift_planes("group_norm", x, shift))
         xg = self._group_view("group_norm", x, groups)
         for name, p in (("weight", weight), ("bias", bias)):
             self._check_param("group_norm", name, p, x.shape[1:2])

@@ -14,12 +14,16 @@ from ..graph import Graph
 from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
 from .fuse_elementwise import fuse_elementwise
+from .fuse_epilogue import fuse_epilogue
+from .fuse_norm import fuse_norm
 
 Pass = Callable[[Graph], Graph]
 
 PASSES: dict[str, Pass] = {"dce": dead_code_elimination, "cse": common_subexpression_elimination,
                            "fuse_elementwise": fuse_elementwise}
+PASSES.update(fuse_epilogue=fuse_epilogue, fuse_norm=fuse_norm)
 DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_elementwise")
+DEFAULT = DEFAULT[:-1] + ("fuse_epilogue", "fuse_norm") + DEFAULT[-1:]  # before fuse_elementwise takes their adds
 
 
 def resolve(passes: Iterable[str | Pass] | Mapping[str, bool] | None) -> tuple[Pass, ...]:

@@ -24,8 +24,9 @@ import numpy as np
 
 from ... import backends
 from ...backends import fused_program
-from ..graph import Graph, Node, Ref, Value, node_refs
+from ..graph import Graph, Node, Ref, Value
 from ..plan import made_by
+from .uses import Uses, Views, fresh_block
 
 _SCALARS = (bool, int, float)
 
@@ -42,26 +43,11 @@ class _Group:
 
 
 def fuse_elementwise(graph: Graph) -> Graph:
-    values = list(graph.values)
-    views = {(v.storage, v.offset, v.shape, v.strides, v.dtype): v.index for v in values}
-
-    def view(storage: int, offset: int, shape: tuple, strides: tuple, dtype: np.dtype) -> int:
-        key = (storage, offset, shape, strides, dtype)
-        if key not in views:
-            views[key] = len(values)
-            values.append(Value(len(values), *key))
-        return views[key]
-
+    views = Views(graph.values)
+    values, view = views.values, views.get
     backend = backends.load(graph.backend)
     exact = (getattr(backend, "fused_unary", fused_program.UNARY), getattr(backend, "fused_binary", fused_program.BINARY))
-    readers: dict[int, set[int]] = {}
-    writes: dict[int, list[int]] = {}
-    for position, node in enumerate(graph.nodes):
-        for r in node_refs(node):
-            readers.setdefault(values[r.value].storage, set()).add(position)
-        for s in node.writes:
-            writes.setdefault(s, []).append(position)
-    returned = {values[r.value].storage for r in graph.output_refs()}
+    uses = Uses.of(graph, values)
     open_groups: dict[int, _Group] = {}  # result value -> group, while its result is unread
     groups: dict[int, _Group] = {}  # by root position
     for position, node in enumerate(graph.nodes):
@@ -72,8 +58,7 @@ def fuse_elementwise(graph: Graph) -> Graph:
         group = _Group(node, position, code, position, {v for ins in code for v in _operands(ins)})
         for v in sorted(group.inputs):
             producer = open_groups.get(v)
-            if producer is None or not _may_join(graph, values, producer, node, position, v,
-                                                 readers, writes, returned):
+            if producer is None or not _may_join(values, producer, node, position, v, uses):
                 continue
             joined = (group.inputs - {v}) | producer.inputs
             if len(joined) > fused_program.MAX_INPUTS:
@@ -116,20 +101,10 @@ def _member_indices(group: _Group) -> set[int]:
     return found
 
 
-def _may_join(graph: Graph, values: list[Value], producer: _Group, node: Node, position: int, v: int,
-              readers: dict, writes: dict, returned: set[int]) -> bool:
+def _may_join(values: list[Value], producer: _Group, node: Node, position: int, v: int, uses: Uses) -> bool:
     """Whether the group that made value ``v`` may be folded into ``node``."""
-    storage = values[v].storage
-    if storage in returned or readers.get(storage) != {position}:
-        return False
-    if any(values[r.value].storage == storage and r.value != v for r in node_refs(node)):
-        return False  # read through another view too
-    if values[v].shape != values[node.out.value].shape:
-        return False
-    for s in {values[i].storage for i in producer.inputs}:
-        if any(producer.first < w < position for w in writes.get(s, ())):
-            return False
-    return True
+    return (uses.only_reader(values, v, node, position) and values[v].shape == values[node.out.value].shape
+            and uses.unwritten({values[i].storage for i in producer.inputs}, producer.first, position))
 
 
 def _fused_node(group: _Group, values: list[Value]) -> Node:
@@ -181,10 +156,8 @@ def _describe(graph: Graph, node: Node, values: list[Value], view: Any, exact: t
     if node.writes or node.effect or node.kwargs or type(node.out) is not Ref:
         return None
     out = values[node.out.value]
-    storage = graph.storages[out.storage]
-    if (out.dtype.name not in fused_program.DTYPES or storage.written or made_by(graph, node) != {out.storage}
-            or out.offset != 0 or out.strides != _c_strides(out) or storage.origin != 0
-            or out.nbytes != storage.nbytes):
+    if out.dtype.name not in fused_program.DTYPES or made_by(graph, node) != {out.storage} \
+            or not fresh_block(graph, node, out):
         return None
     args = node.args
     if node.op == "unary" and len(args) == 2 and args[0] in exact[0]:
@@ -262,10 +235,3 @@ def _bias_act(args: tuple, values: list[Value], view: Any) -> list[tuple] | None
         code.append(("act", act, ("tmp", 0)))
     return code
 
-
-def _c_strides(v: Value) -> tuple[int, ...]:
-    strides, step = [], v.dtype.itemsize
-    for n in reversed(v.shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))

@@ -45,6 +45,22 @@ template <typename T> struct alignas(16) Pack {
     T v[16 / sizeof(T)];
 };
 
+// GroupNorm's fused time-embedding add: x + shift[plane] rounded to T, as the separate
+// add kernel stores it, so the statistics see the values an eager add would give.  A
+// null shift leaves x as it is.
+template <typename T>
+__device__ __forceinline__ T add_shift(T v, const T* shift, long long plane) {
+    return shift ? store_as<T>(load_acc(v) + load_acc(shift[plane])) : v;
+}
+
+template <typename T>
+__device__ __forceinline__ void add_shift(Pack<T>& p, const T* shift, long long plane) {
+    if (!shift) return;
+    const acc_t<T> s = load_acc(shift[plane]);
+#pragma unroll
+    for (int e = 0; e < Pack<T>::N; ++e) p.v[e] = store_as<T>(load_acc(p.v[e]) + s);
+}
+
 // Sum, and sum of squared deviations from `mean`, of the first `held` packs of v: the
 // two passes of an exact (count, mean, M2) over values held in registers.  N is a
 // compile-time bound, so the loops unroll and v stays in registers.

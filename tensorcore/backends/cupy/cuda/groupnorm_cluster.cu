@@ -3,9 +3,9 @@
 //
 // A thread-block cluster of CLUSTER blocks owns one statistic (n, g), whose cpg * S
 // elements are contiguous in NCHW.  Each block loads its share into registers (up to
-// GN_PACKS 16-byte packs per thread), reduces it to a partial (count, mean, M2: an exact
-// two-pass over the registers with plain block sums), and publishes the partial in its
-// shared memory.
+// GN_PACKS 16-byte packs per thread, the optional per-plane shift added on load),
+// reduces it to a partial (count, mean, M2: an exact two-pass over the registers with
+// plain block sums), and publishes the partial in its shared memory.
 // After a cluster barrier every block reads the CLUSTER partials through distributed
 // shared memory, merges them, and writes act(xhat * w[c] + b[c]) from its registers.
 // A second barrier, split into its arrive (after the reads) and its wait (after the
@@ -74,7 +74,8 @@ __device__ __forceinline__ double load_cluster(unsigned int address, double) {
 
 template <typename T>
 __global__ void CLUSTER_DIMS __launch_bounds__(512, 3)
-group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
+group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ shift,
+                          const T* __restrict__ w,
                           const T* __restrict__ b, T* __restrict__ y,
                           acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
                           long long stat_len, long long S, long long C, double eps,
@@ -90,6 +91,7 @@ group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
     const long long base = stat * stat_len;
     const Pack<T>* in = reinterpret_cast<const Pack<T>*>(x + base);
 
+    const long long first_plane = shift ? base / S : 0;  // of the statistic, for the shift
     Pack<T> v[GN_PACKS];
     int held = 0;  // packs this thread holds (a prefix of v)
 #pragma unroll
@@ -97,6 +99,7 @@ group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
         long long i = lo + threadIdx.x + (long long)q * blockDim.x;
         if (i < hi) {
             v[q] = in[i];
+            add_shift(v[q], shift, first_plane + (unsigned int)(i * P) / (unsigned int)S);
             held = q + 1;
         }
     }
@@ -145,11 +148,11 @@ group_norm_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
             long long i = lo + threadIdx.x + (long long)q * blockDim.x;
             unsigned int c = first_channel + (unsigned int)(i * P) / plane;
             A scale = rs * (w ? load_acc(w[c]) : (A)1);
-            A shift = (b ? load_acc(b[c]) : (A)0) - mu * scale;
+            A beta = (b ? load_acc(b[c]) : (A)0) - mu * scale;
             Pack<T> o;
 #pragma unroll
             for (int e = 0; e < P; ++e)
-                o.v[e] = store_as<T>(act_fwd((int)act, load_acc(v[q].v[e]) * scale + shift));
+                o.v[e] = store_as<T>(act_fwd((int)act, load_acc(v[q].v[e]) * scale + beta));
             out[i] = o;
         }
     }

@@ -10,7 +10,8 @@
 //
 // A block's range touches at most RES_STATS statistics (n, g), each contiguous in NCHW.
 // The block sums x - K and (x - K)^2 per statistic, K the statistic's first value in the
-// block's range (one of its values, so the sums do not cancel), and publishes (mean,
+// block's range (one of its values, so the sums do not cancel; the optional per-plane
+// shift is added to every value as it is used, the pivot included), and publishes (mean,
 // M2) per statistic in `partials`; after one grid barrier each
 // block merges, per statistic it touches, the partials of all blocks that share it
 // (fixed order) and writes act(xhat * w[c] + b[c]) from its on-chip copy.
@@ -87,7 +88,8 @@ __device__ __forceinline__ int overlap(int lo, int hi, int stat, int stat_packs,
 
 template <typename T>
 __global__ void __launch_bounds__(RES_THREADS, 1)
-group_norm_resident_kernel(const T* __restrict__ x, const T* __restrict__ w,
+group_norm_resident_kernel(const T* __restrict__ x, const T* __restrict__ shift,
+                           const T* __restrict__ w,
                            const T* __restrict__ b, T* __restrict__ y,
                            acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
                            acc_t<T>* __restrict__ partials, int packs, int chunk,
@@ -139,7 +141,7 @@ group_norm_resident_kernel(const T* __restrict__ x, const T* __restrict__ w,
 #pragma unroll
     for (int j = 0; j < RES_STATS; ++j) {
         const int start = (first + j) * stat_packs > lo ? (first + j) * stat_packs : lo;
-        pivots[j] = start < hi ? load_acc(x[start * P]) : (A)0;
+        pivots[j] = start < hi ? load_acc(add_shift(x[start * P], shift, start * P / S)) : (A)0;
         sums[j] = sums[RES_STATS + j] = (A)0;
     }
     int at = 0;
@@ -153,7 +155,8 @@ group_norm_resident_kernel(const T* __restrict__ x, const T* __restrict__ w,
                 sums[RES_STATS + j] += s2;
             }
     };
-    auto add = [&](const Pack<T>& p, int i) {
+    auto add = [&](Pack<T> p, int i) {
+        add_shift(p, shift, i * P / S);
         if (i >= next) {
             close_run();
             at = local_stat(i);
@@ -219,14 +222,15 @@ group_norm_resident_kernel(const T* __restrict__ x, const T* __restrict__ w,
     const int step = RES_THREADS * P, step_offset = step % S, step_channels = step / S % C;
     int offset = (lo + (int)threadIdx.x) * P % S, c = (lo + (int)threadIdx.x) * P / S % C;
     Pack<T>* out = reinterpret_cast<Pack<T>*>(y);
-    auto normalize = [&](const Pack<T>& p, int i) {
+    auto normalize = [&](Pack<T> p, int i) {
+        add_shift(p, shift, i * P / S);
         const int at = local_stat(i);
         const A scale = mean_rstd[RES_STATS + at] * (w ? load_acc(w[c]) : (A)1);
-        const A shift = (b ? load_acc(b[c]) : (A)0) - mean_rstd[at] * scale;
+        const A beta = (b ? load_acc(b[c]) : (A)0) - mean_rstd[at] * scale;
         Pack<T> o;
 #pragma unroll
         for (int e = 0; e < P; ++e)
-            o.v[e] = store_as<T>(act_fwd(act, load_acc(p.v[e]) * scale + shift));
+            o.v[e] = store_as<T>(act_fwd(act, load_acc(p.v[e]) * scale + beta));
         out[i] = o;
         offset += step_offset;
         c += step_channels + (offset >= S);

@@ -4,6 +4,8 @@
 // Both norms are statistics over sets of (n, c) planes of S contiguous elements:
 //   GroupNorm: stat (n, g) covers planes n*C + g*cpg ... + cpg - 1   (stride 1)
 //   BatchNorm: stat c      covers planes c, C + c, ... (N planes)     (stride C)
+// GroupNorm may add a per-plane shift [N, C] to x first (add_shift, common.cuh): both
+// forward kernels add it to every value they read, BatchNorm passes null.
 // Every plane is split into `chunks` chunks so that even [1, 128, 128, 128] with 32
 // groups gives thousands of blocks and fills the GPU.
 //
@@ -70,7 +72,8 @@ __device__ __forceinline__ Welford<A> merge_stat(const A* part, const StatMap& m
 }
 
 template <typename T>
-__global__ void plane_stats_kernel(const T* __restrict__ x, acc_t<T>* __restrict__ part,
+__global__ void plane_stats_kernel(const T* __restrict__ x, const T* __restrict__ shift,
+                                   acc_t<T>* __restrict__ part,
                                    acc_t<T>* __restrict__ mean_out,
                                    acc_t<T>* __restrict__ rstd_out, T* __restrict__ running_mean,
                                    T* __restrict__ running_var, unsigned int* arrived,
@@ -97,6 +100,7 @@ __global__ void plane_stats_kernel(const T* __restrict__ x, acc_t<T>* __restrict
             for (int q = 0; q < PLANE_BATCH; ++q)
                 if (i + q * blockDim.x < npack) {
                     v[q] = pk[i + q * blockDim.x];
+                    add_shift(v[q], shift, plane);
                     held = q + 1;
                 }
             A cnt = (A)(held * P), mean = packs_sum(v, held) / cnt;
@@ -104,7 +108,8 @@ __global__ void plane_stats_kernel(const T* __restrict__ x, acc_t<T>* __restrict
         }
         j = lo + npack * P;
     }
-    for (long long i = j + threadIdx.x; i < hi; i += blockDim.x) st.push(load_acc(xp[i]));
+    for (long long i = j + threadIdx.x; i < hi; i += blockDim.x)
+        st.push(load_acc(add_shift(xp[i], shift, plane)));
     block_welford(st, scratch);
     const long long stat = map.stat_of(plane);
     if (threadIdx.x == 0) {
@@ -137,7 +142,8 @@ __global__ void plane_stats_kernel(const T* __restrict__ x, acc_t<T>* __restrict
 // statistics come from running_mean / running_var instead, and the first block of each
 // channel writes them to mean / rstd for the backward.
 template <typename T>
-__global__ void __launch_bounds__(256, 6) plane_apply_kernel(const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(256, 6) plane_apply_kernel(const T* __restrict__ x,
+                                   const T* __restrict__ shift, const T* __restrict__ w,
                                    const T* __restrict__ b, acc_t<T>* __restrict__ mean,
                                    acc_t<T>* __restrict__ rstd, T* __restrict__ y,
                                    const T* __restrict__ running_mean,
@@ -163,7 +169,7 @@ __global__ void __launch_bounds__(256, 6) plane_apply_kernel(const T* __restrict
         rs = rstd[stat];
     }
     A scale = rs * (w ? load_acc(w[c]) : (A)1);
-    A shift = (b ? load_acc(b[c]) : (A)0) - mu * scale;
+    A beta = (b ? load_acc(b[c]) : (A)0) - mu * scale;
     chunk_range<T>(S, chunks, chunk, lo, hi);
     const T* xp = x + plane * S;
     T* yp = y + plane * S;
@@ -176,20 +182,23 @@ __global__ void __launch_bounds__(256, 6) plane_apply_kernel(const T* __restrict
             Pack<T> v[PLANE_BATCH];
 #pragma unroll
             for (int q = 0; q < PLANE_BATCH; ++q)
-                if (i + q * blockDim.x < npack) v[q] = pin[i + q * blockDim.x];
+                if (i + q * blockDim.x < npack) {
+                    v[q] = pin[i + q * blockDim.x];
+                    add_shift(v[q], shift, plane);
+                }
 #pragma unroll
             for (int q = 0; q < PLANE_BATCH; ++q)
                 if (i + q * blockDim.x < npack) {
 #pragma unroll
                     for (int e = 0; e < P; ++e)
-                        v[q].v[e] = store_as<T>(act_fwd((int)act, load_acc(v[q].v[e]) * scale + shift));
+                        v[q].v[e] = store_as<T>(act_fwd((int)act, load_acc(v[q].v[e]) * scale + beta));
                     pout[i + q * blockDim.x] = v[q];
                 }
         }
         j = lo + npack * P;
     }
     for (long long i = j + threadIdx.x; i < hi; i += blockDim.x)
-        yp[i] = store_as<T>(act_fwd((int)act, load_acc(xp[i]) * scale + shift));
+        yp[i] = store_as<T>(act_fwd((int)act, load_acc(add_shift(xp[i], shift, plane)) * scale + beta));
 }
 
 // Gradient through the activation at one element: g * act'(xhat * w + b).

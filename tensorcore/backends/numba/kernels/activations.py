@@ -180,16 +180,28 @@ def act_backward_flat(x, grad, code):
     return out
 
 
+@helper
+def _bias_act_row(row, bias, code, res):
+    """res[:] = act(row + bias); res may be row itself."""
+    for c in range(row.size):
+        res[c] = row[c] + bias[c]
+    act_row_(code, res)
+
+
 @kernel
 def bias_act_rows(x, bias, code):
     """act(x + bias) for x [R, C] with bias [C] along the last axis."""
     out = np.empty_like(x)
     for r in prange(x.shape[0]):
-        row, res = x[r], out[r]
-        for c in range(row.size):
-            res[c] = row[c] + bias[c]
-        act_row_(code, res)
+        _bias_act_row(x[r], bias, code, out[r])
     return out
+
+
+@kernel
+def bias_act_rows_(x, bias, code):
+    """x[:] = act(x + bias) in place, for x [R, C] with bias [C] along the last axis."""
+    for r in prange(x.shape[0]):
+        _bias_act_row(x[r], bias, code, x[r])
 
 
 @kernel

@@ -76,26 +76,34 @@ def layer_norm_rows_backward(grad, x, weight, mean, rstd, chunks):
 
 
 @kernel
-def group_norm_groups(x, weight, bias, eps, code):
+def group_norm_groups(x, weight, bias, eps, code, shift):
     """act(group_norm) for x [N, G, Cg, S] with weight/bias [G*Cg]; returns
-    (y, mean [N, G], rstd [N, G])."""
+    (y, mean [N, G], rstd [N, G]).  ``shift`` [N, G*Cg] (or None) is added to x first:
+    each group's sum goes into its rows of y, the statistics and the normalisation
+    read it from there."""
     n, groups, cg, size = x.shape
-    flat = x.reshape(n * groups, cg * size)
     out = np.empty_like(x)
+    src_all = x if shift is None else out
+    flat = src_all.reshape(n * groups, cg * size)
     mean = np.empty((n, groups), dtype=x.dtype)
     rstd = np.empty((n, groups), dtype=x.dtype)
     for ng in prange(n * groups):
         i, g = ng // groups, ng % groups
+        if shift is not None:
+            for j in range(cg):
+                src, res, add = x[i, g, j], out[i, g, j], shift[i, g * cg + j]
+                for p in range(size):
+                    res[p] = src[p] + add
         m64, s64 = _row_stats(flat[ng], eps)
         m, s = mean.dtype.type(m64), mean.dtype.type(s64)
         mean[i, g], rstd[i, g] = m, s
         for j in range(cg):
             c = g * cg + j
             scale = s * weight[c]
-            shift = bias[c] - m * scale
-            src, res = x[i, g, j], out[i, g, j]
+            offset = bias[c] - m * scale
+            src, res = src_all[i, g, j], out[i, g, j]
             for p in range(size):
-                res[p] = src[p] * scale + shift
+                res[p] = src[p] * scale + offset
             act_row_(code, res)
     return out, mean, rstd
 

@@ -1,0 +1,99 @@
+"""What the fusion passes ask of a graph before folding one call into another.
+
+* ``Uses``: which calls read and write each storage, and which storages are returned --
+  a result may be folded into the call that reads it only when that call is its one
+  reader (no other call, no other view, not a returned value), and a call may be moved
+  later only when nothing in between writes what it reads;
+* ``Views``: the graph's values, extended with the new views a rewrite needs (a bias
+  viewed along an axis, a shift viewed as [N, C]), one Value per distinct view;
+* ``fresh_block``: whether a call's result is a C-contiguous block of its own that
+  nothing writes later, so the fused call may produce it instead;
+* ``rewritten``: the graph with calls replaced or dropped by position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..graph import Graph, Node, Value, node_refs
+from ..plan import made_by
+
+
+@dataclasses.dataclass
+class Uses:
+    """``readers``: storage -> positions of the calls reading it; ``writes``: storage ->
+    positions of the calls writing it in place; ``returned``: the storages of outputs."""
+
+    readers: dict[int, set[int]]
+    writes: dict[int, list[int]]
+    returned: set[int]
+
+    @classmethod
+    def of(cls, graph: Graph, values: list[Value]) -> "Uses":
+        readers: dict[int, set[int]] = {}
+        writes: dict[int, list[int]] = {}
+        for position, node in enumerate(graph.nodes):
+            for r in node_refs(node):
+                readers.setdefault(values[r.value].storage, set()).add(position)
+            for s in node.writes:
+                writes.setdefault(s, []).append(position)
+        return cls(readers, writes, {values[r.value].storage for r in graph.output_refs()})
+
+    def only_reader(self, values: list[Value], v: int, node: Node, position: int) -> bool:
+        """Whether ``node`` (at ``position``) is the one reader of value ``v``: no other
+        call reads its storage, ``node`` reads it through ``v`` alone, it is not returned."""
+        storage = values[v].storage
+        if storage in self.returned or self.readers.get(storage) != {position}:
+            return False
+        return not any(values[r.value].storage == storage and r.value != v for r in node_refs(node))
+
+    def unwritten(self, storages: Iterable[int], first: int, position: int) -> bool:
+        """Whether no call strictly between positions ``first`` and ``position`` writes
+        any of ``storages`` (a call reading them may move from ``first`` to ``position``)."""
+        return not any(first < w < position for s in storages for w in self.writes.get(s, ()))
+
+
+class Views:
+    """The graph's values plus the views a pass adds (``values`` grows in place)."""
+
+    def __init__(self, values: list[Value]) -> None:
+        self.values = list(values)
+        self._index = {(v.storage, v.offset, v.shape, v.strides, v.dtype): v.index for v in self.values}
+
+    def get(self, storage: int, offset: int, shape: tuple, strides: tuple, dtype: np.dtype) -> int:
+        """The index of the value viewing ``storage`` so, made when there is none yet."""
+        key = (storage, offset, shape, strides, dtype)
+        if key not in self._index:
+            self._index[key] = len(self.values)
+            self.values.append(Value(len(self.values), *key))
+        return self._index[key]
+
+
+def rewritten(graph: Graph, placed: dict[int, Node | None], stat: str, count: int, **fields: Any) -> Graph:
+    """``graph`` with the call at each position of ``placed`` replaced by its new call
+    (None: dropped), ``count`` rewrites added to ``stats[stat]`` and ``fields`` (the
+    grown values, changed storages) set."""
+    nodes = [placed.get(p, node) for p, node in enumerate(graph.nodes)]
+    stats = {**graph.stats, stat: graph.stats.get(stat, 0) + count}
+    return dataclasses.replace(graph, nodes=[n for n in nodes if n is not None], stats=stats, **fields)
+
+
+def c_strides(v: Value) -> tuple[int, ...]:
+    """The strides of a C-contiguous array of v's shape and dtype."""
+    strides, step = [], v.dtype.itemsize
+    for n in reversed(v.shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def fresh_block(graph: Graph, node: Node, out: Value) -> bool:
+    """Whether ``out`` is the whole of a block ``node`` allocated, C-contiguous, that no
+    call writes in place."""
+    storage = graph.storages[out.storage]
+    return (out.storage in made_by(graph, node) and not storage.written
+            and out.offset == 0 and storage.origin == 0 and out.strides == c_strides(out)
+            and out.nbytes == storage.nbytes)
