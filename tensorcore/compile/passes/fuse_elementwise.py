@@ -18,7 +18,7 @@ by the backend; the NumPy backend runs it one op at a time.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -43,25 +43,10 @@ class _Group:
 
 def fuse_elementwise(graph: Graph) -> Graph:
     values = list(graph.values)
-    views = {(v.storage, v.offset, v.shape, v.strides, v.dtype): v.index for v in values}
-
-    def view(storage: int, offset: int, shape: tuple, strides: tuple, dtype: np.dtype) -> int:
-        key = (storage, offset, shape, strides, dtype)
-        if key not in views:
-            views[key] = len(values)
-            values.append(Value(len(values), *key))
-        return views[key]
-
+    view = viewer(values)
     backend = backends.load(graph.backend)
     exact = (getattr(backend, "fused_unary", fused_program.UNARY), getattr(backend, "fused_binary", fused_program.BINARY))
-    readers: dict[int, set[int]] = {}
-    writes: dict[int, list[int]] = {}
-    for position, node in enumerate(graph.nodes):
-        for r in node_refs(node):
-            readers.setdefault(values[r.value].storage, set()).add(position)
-        for s in node.writes:
-            writes.setdefault(s, []).append(position)
-    returned = {values[r.value].storage for r in graph.output_refs()}
+    readers, writes, returned = usage(graph, values)
     open_groups: dict[int, _Group] = {}  # result value -> group, while its result is unread
     groups: dict[int, _Group] = {}  # by root position
     for position, node in enumerate(graph.nodes):
@@ -119,17 +104,65 @@ def _member_indices(group: _Group) -> set[int]:
 def _may_join(graph: Graph, values: list[Value], producer: _Group, node: Node, position: int, v: int,
               readers: dict, writes: dict, returned: set[int]) -> bool:
     """Whether the group that made value ``v`` may be folded into ``node``."""
+    return (sole_reader(values, v, node, position, readers, returned)
+            and values[v].shape == values[node.out.value].shape
+            and unwritten(values, producer.inputs, producer.first, position, writes))
+
+
+def viewer(values: list[Value]) -> Callable[[int, int, tuple, tuple, np.dtype], int]:
+    """``view(storage, offset, shape, strides, dtype)``: the index of that view in
+    ``values``, appended when it is not there yet."""
+    views = {(v.storage, v.offset, v.shape, v.strides, v.dtype): v.index for v in values}
+
+    def view(storage: int, offset: int, shape: tuple, strides: tuple, dtype: np.dtype) -> int:
+        key = (storage, offset, shape, strides, dtype)
+        if key not in views:
+            views[key] = len(values)
+            values.append(Value(len(values), *key))
+        return views[key]
+    return view
+
+
+def usage(graph: Graph, values: list[Value]) -> tuple[dict[int, set[int]], dict[int, list[int]], set[int]]:
+    """(storage -> positions of the calls reading it, storage -> positions of the calls
+    writing it in place, storages holding a returned value)."""
+    readers: dict[int, set[int]] = {}
+    writes: dict[int, list[int]] = {}
+    for position, node in enumerate(graph.nodes):
+        for r in node_refs(node):
+            readers.setdefault(values[r.value].storage, set()).add(position)
+        for s in node.writes:
+            writes.setdefault(s, []).append(position)
+    return readers, writes, {values[r.value].storage for r in graph.output_refs()}
+
+
+def sole_reader(values: list[Value], v: int, node: Node, position: int, readers: dict, returned: set[int]) -> bool:
+    """Whether ``node`` (at ``position``) is the only reader of value ``v``'s memory:
+    no other call, no other view, not returned."""
     storage = values[v].storage
     if storage in returned or readers.get(storage) != {position}:
         return False
-    if any(values[r.value].storage == storage and r.value != v for r in node_refs(node)):
-        return False  # read through another view too
-    if values[v].shape != values[node.out.value].shape:
-        return False
-    for s in {values[i].storage for i in producer.inputs}:
-        if any(producer.first < w < position for w in writes.get(s, ())):
+    return not any(values[r.value].storage == storage and r.value != v for r in node_refs(node))
+
+
+def unwritten(values: list[Value], inputs: Iterable[int], first: int, last: int, writes: dict) -> bool:
+    """Whether no call strictly between positions ``first`` and ``last`` writes the
+    memory of the values ``inputs`` (so reading them at ``last`` reads what ``first`` did)."""
+    for s in {values[i].storage for i in inputs}:
+        if any(first < w < last for w in writes.get(s, ())):
             return False
     return True
+
+
+def owns_block(graph: Graph, node: Node, values: list[Value]) -> bool:
+    """Whether ``node`` returns one array that is a C-contiguous block of its own (it
+    allocated it, fills it, and nothing writes it in place)."""
+    if type(node.out) is not Ref:
+        return False
+    out = values[node.out.value]
+    storage = graph.storages[out.storage]
+    return (not storage.written and made_by(graph, node) == {out.storage} and out.offset == 0
+            and out.strides == c_strides(out.shape, out.dtype.itemsize) and storage.origin == 0 and out.nbytes == storage.nbytes)
 
 
 def _fused_node(group: _Group, values: list[Value]) -> Node:
@@ -178,13 +211,10 @@ def _describe(graph: Graph, node: Node, values: list[Value], view: Any, exact: t
     """The call as program instructions (operands ("in", value) or ("tmp", k)), or None
     when it is not fusable (``exact``: the unary and binary ops the backend's fused
     kernels compute exactly as its eager calls do)."""
-    if node.writes or node.effect or node.kwargs or type(node.out) is not Ref:
+    if node.writes or node.effect or node.kwargs or not owns_block(graph, node, values):
         return None
     out = values[node.out.value]
-    storage = graph.storages[out.storage]
-    if (out.dtype.name not in fused_program.DTYPES or storage.written or made_by(graph, node) != {out.storage}
-            or out.offset != 0 or out.strides != _c_strides(out) or storage.origin != 0
-            or out.nbytes != storage.nbytes):
+    if out.dtype.name not in fused_program.DTYPES:
         return None
     args = node.args
     if node.op == "unary" and len(args) == 2 and args[0] in exact[0]:
@@ -263,9 +293,10 @@ def _bias_act(args: tuple, values: list[Value], view: Any) -> list[tuple] | None
     return code
 
 
-def _c_strides(v: Value) -> tuple[int, ...]:
-    strides, step = [], v.dtype.itemsize
-    for n in reversed(v.shape):
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The strides (bytes) of a C-contiguous array of ``shape``."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
