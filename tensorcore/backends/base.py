@@ -118,6 +118,12 @@ class Backend(Protocol):
     # ----- linear algebra ----------------------------------------------------------
     def matmul(self, a: Array, b: Array) -> Array:
         """Batched, broadcasting matrix product (NumPy ``@`` semantics)."""
+    def lora_linear(self, x: Array, weight_t: Array, bias: Array | None, lora_a: Array,
+                    lora_b: Array, scale: float) -> Array:
+        """A Linear with a low-rank update, one call: ``x @ weight_t + bias +
+        ((x @ lora_a) @ lora_b) * scale`` for x [..., in], weight_t [in, out] (a
+        Linear's weight transposed, usually a view), bias [out] or None, lora_a
+        [in, rank], lora_b [rank, out].  Only compiled plans call it (the LoRA rewrite)."""
 
     # ----- convolution (NCHW, weight [Cout, Cin/groups, kh, kw]) -------------------
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,

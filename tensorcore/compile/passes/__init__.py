@@ -13,13 +13,16 @@ from typing import Callable, Iterable, Mapping
 from ..graph import Graph
 from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
+from .fuse_attention import fuse_attention
 from .fuse_elementwise import fuse_elementwise
+from .lora import lora
 
 Pass = Callable[[Graph], Graph]
 
 PASSES: dict[str, Pass] = {"dce": dead_code_elimination, "cse": common_subexpression_elimination,
                            "fuse_elementwise": fuse_elementwise}
-DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_elementwise")
+PASSES.update(fuse_attention=fuse_attention, lora=lora)  # pattern rewrites, before fusion takes their adds
+DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_attention", "lora", "fuse_elementwise")
 
 
 def resolve(passes: Iterable[str | Pass] | Mapping[str, bool] | None) -> tuple[Pass, ...]:
