@@ -33,12 +33,14 @@ class CupyLoraKernels:
     """``lora_linear`` (see the protocol); dtypes without kernels and empty calls go to
     the reference."""
 
-    def lora_linear(self, x, weight_t, bias, lora_a, lora_b, scale):
-        m, k, n, r = lora_shapes(x, weight_t, bias, lora_a, lora_b)
+    def lora_linear(self, x, weight_t, bias, lora_a, lora_b, scale, out=None):
+        m, k, n, r = lora_shapes(x, weight_t, bias, lora_a, lora_b, out)
         arrays = (x, weight_t, lora_a, lora_b) if bias is None else (x, weight_t, lora_a, lora_b, bias)
-        if not (has_kernels(*arrays) and cublas.supports(x.dtype)) or min(m, k, n, r) == 0:
-            return super().lora_linear(x, weight_t, bias, lora_a, lora_b, scale)
-        out = cupy.empty(x.shape[:-1] + (n,), dtype=x.dtype)
+        if not (has_kernels(*arrays) and cublas.supports(x.dtype)) or min(m, k, n, r) == 0 \
+                or not (out is None or out.flags.c_contiguous):
+            return super().lora_linear(x, weight_t, bias, lora_a, lora_b, scale, out=out)
+        if out is None:
+            out = cupy.empty(x.shape[:-1] + (n,), dtype=x.dtype)
         x2, y = contiguous(x).reshape(m, k), out.reshape(m, n)
         xa = cupy.empty((m, r), dtype=x.dtype)
         _gemm_into(x2, weight_t, y)

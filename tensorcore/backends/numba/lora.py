@@ -20,8 +20,8 @@ class NumbaLoraKernels:
 
     def lora_linear(self, x: Array, weight_t: Array, bias: Array | None, lora_a: Array,
                     lora_b: Array, scale: float, out: Array | None = None) -> Array:
-        m, k, n, r = lora_shapes(x, weight_t, bias, lora_a, lora_b)
-        ready = out is None or (out.flags.c_contiguous and out.shape == x.shape[:-1] + (n,) and out.dtype == x.dtype)
+        m, k, n, r = lora_shapes(x, weight_t, bias, lora_a, lora_b, out)
+        ready = out is None or out.flags.c_contiguous
         if not (fast_path(x, weight_t, bias, lora_a, lora_b) and ready) or min(m, k, n, r) == 0:
             return super().lora_linear(x, weight_t, bias, lora_a, lora_b, scale, out=out)
         from .kernels.jit import thread_count

@@ -16,9 +16,10 @@ Array = Any
 
 
 def lora_shapes(x: Array, weight_t: Array, bias: Array | None, lora_a: Array,
-                lora_b: Array) -> tuple[int, int, int, int]:
+                lora_b: Array, out: Array | None = None) -> tuple[int, int, int, int]:
     """(rows, in, out, rank) of a ``lora_linear`` call, x seen as [rows, in]; raises a
-    ValueError / TypeError naming the shapes or dtypes that do not fit."""
+    ValueError / TypeError naming the shapes or dtypes that do not fit (``out``: the
+    array to write the result into, if any)."""
     arrays = [x, weight_t, lora_a, lora_b] + ([] if bias is None else [bias])
     if any(a.dtype != x.dtype for a in arrays) or not is_floating(x.dtype):
         raise TypeError(f"lora_linear: x, weight_t, bias, lora_a and lora_b must share one float dtype, "
@@ -33,6 +34,9 @@ def lora_shapes(x: Array, weight_t: Array, bias: Array | None, lora_a: Array,
                          f"bias {None if bias is None else tuple(bias.shape)}, lora_a {tuple(lora_a.shape)}, "
                          f"lora_b {tuple(lora_b.shape)}")
     k, n = weight_t.shape
+    if out is not None and (tuple(out.shape) != tuple(x.shape[:-1]) + (n,) or out.dtype != x.dtype):
+        raise ValueError(f"lora_linear: out must be a {x.dtype.name} array of shape {tuple(x.shape[:-1]) + (n,)}, "
+                         f"got {out.dtype.name} {tuple(out.shape)}")
     return math.prod(x.shape[:-1]), k, n, lora_a.shape[1]
 
 
@@ -45,9 +49,10 @@ class NumpyLoraKernels:
                     lora_b: Array, scale: float, out: Array | None = None) -> Array:
         """``x @ weight_t + bias + ((x @ lora_a) @ lora_b) * scale`` (see the protocol),
         written into ``out`` when given."""
-        lora_shapes(x, weight_t, bias, lora_a, lora_b)
+        n = lora_shapes(x, weight_t, bias, lora_a, lora_b, out)[2]
         xp = self.xp
-        y = xp.matmul(x, weight_t, out=out)
+        y = xp.empty(x.shape[:-1] + (n,), dtype=x.dtype) if out is None else out
+        xp.matmul(x, weight_t, out=y)
         if bias is not None:
             y += bias
         y += xp.matmul(xp.matmul(x, lora_a), lora_b) * scale

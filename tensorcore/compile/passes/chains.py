@@ -1,5 +1,5 @@
 """What the pattern-rewrite passes (attention fusion, the LoRA rewrite) share: finding
-the call that made a private intermediate, peeling scalings by Python numbers, and
+the call that made a private intermediate, peeling scalings by numbers, and
 checking that a chain's operands may be read at its last call.
 
 A value is a *private intermediate* of the call reading it when the rules of
@@ -10,12 +10,13 @@ Replacing the chain from it to its reader by one call then changes nothing anybo
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ..graph import Graph, Node, Ref, Value
-from .fuse_elementwise import owns_block, sole_reader, unwritten, usage
+from .fuse_elementwise import owns_block, sole_reader, unwritten, usage, viewer
 
 
 def is_call(node: Node, op: str, arrays: int) -> bool:
@@ -24,60 +25,89 @@ def is_call(node: Node, op: str, arrays: int) -> bool:
             and all(type(a) is Ref for a in node.args))
 
 
-def scaling(node: Node, values: list[Value]) -> tuple[float | None, int]:
-    """(factor, operand) when the call multiplies an array by a finite Python number or
-    divides it by a non-zero one, keeping its shape and dtype; else (None, -1)."""
-    if node.op != "binary" or node.kwargs or len(node.args) != 3 or node.args[0] not in ("mul", "div"):
-        return None, -1
-    op, a, b = node.args
-    if type(a) is not Ref and op == "mul":
-        a, b = b, a
-    if type(a) is not Ref or not _is_number(b):
-        return None, -1
-    x, out = values[a.value], values[node.out.value]
-    if (x.shape, x.dtype) != (out.shape, out.dtype) or (op == "div" and float(b) == 0.0):
-        return None, -1
-    return (float(b) if op == "mul" else 1.0 / float(b)), a.value
-
-
 def _is_number(x: Any) -> bool:
     return (type(x) in (int, float) or isinstance(x, (np.integer, np.floating))) and bool(np.isfinite(x))
 
 
 class Chains:
-    """A graph's readers and writers, for matching chains of private intermediates."""
+    """A graph's readers and writers, for matching chains of private intermediates;
+    views the matching needs are added to ``values``."""
 
     def __init__(self, graph: Graph, values: list[Value]) -> None:
         self.graph, self.values = graph, values
+        self.view = viewer(values)
         self.readers, self.writes, self.returned = usage(graph, values)
         self.position = {node.index: p for p, node in enumerate(graph.nodes)}
 
-    def producer(self, v: int, reader: int) -> int | None:
+    def producer(self, v: int, reader: int, views: bool = False) -> int | None:
         """The position of the call that made value ``v`` when ``v`` is a private
-        intermediate of the call at position ``reader``, else None."""
+        intermediate of the call at position ``reader`` -- the call's result itself, or
+        with ``views`` any view of it --, else None."""
         s = self.graph.storages[self.values[v].storage]
         p = self.position.get(s.producer) if s.kind == "fresh" else None
         if p is None:
             return None
         node = self.graph.nodes[p]
-        if node.out != Ref(v) or node.writes or node.effect or not owns_block(self.graph, node, self.values):
+        if type(node.out) is not Ref or node.writes or node.effect or not owns_block(self.graph, node, self.values):
+            return None
+        if node.out.value != v and not views:
             return None
         if not sole_reader(self.values, v, self.graph.nodes[reader], reader, self.readers, self.returned):
             return None
         return p
 
-    def peel_scales(self, v: int, reader: int, positions: list[int]) -> tuple[int, float]:
-        """(the value under the private scalings of ``v`` by Python numbers, the product
-        of their factors); the scaling calls' positions are appended to ``positions``."""
+    def number(self, x: Any, reader: int) -> tuple[Any, list[int]]:
+        """(x, []) when ``x`` is a finite Python number; for a one-element ``full`` array
+        (how ``2.0 * t`` traces) its number and, when the call at ``reader`` alone reads
+        it, the ``full`` call's position; else (None, [])."""
+        if type(x) is not Ref:
+            return (x if _is_number(x) else None), []
+        v = self.values[x.value]
+        s = self.graph.storages[v.storage]
+        p = self.position.get(s.producer) if s.kind == "fresh" and not s.written else None
+        node = None if p is None else self.graph.nodes[p]
+        if node is None or node.op != "full" or node.kwargs or len(node.args) != 3 or math.prod(v.shape) != 1 \
+                or not _is_number(node.args[1]):
+            return None, []
+        return node.args[1], [] if self.producer(x.value, reader, views=True) is None else [p]
+
+    def scaling(self, position: int) -> tuple[float | None, int, list[int]]:
+        """(factor, operand, positions of the calls making the factor) when the call at
+        ``position`` multiplies an array by a finite number or divides it by a non-zero
+        one, keeping its shape, strides and dtype; else (None, -1, [])."""
+        node = self.graph.nodes[position]
+        if node.op != "binary" or node.kwargs or len(node.args) != 3 or node.args[0] not in ("mul", "div"):
+            return None, -1, []
+        op, a, b = node.args
+        if op == "mul" and self.number(a, position)[0] is not None:
+            a, b = b, a
+        number, made = self.number(b, position)
+        if type(a) is not Ref or number is None:
+            return None, -1, []
+        x, out = self.values[a.value], self.values[node.out.value]
+        if (x.shape, x.strides, x.dtype) != (out.shape, out.strides, out.dtype) or (op == "div" and float(number) == 0.0):
+            return None, -1, []
+        return (float(number) if op == "mul" else 1.0 / float(number)), a.value, made
+
+    def peel_scales(self, v: int, reader: int, positions: list[int]) -> tuple[int, float, int]:
+        """(the value under the private scalings of ``v`` by numbers, the product of
+        their factors, the position of the call reading that value); the calls peeled
+        off are appended to ``positions``.  A view of a
+        scaled array becomes the same view of the array scaled (an elementwise call
+        keeps every element where it was)."""
         scale = 1.0
-        while (p := self.producer(v, reader)) is not None:
-            factor, operand = scaling(self.graph.nodes[p], self.values)
+        while (p := self.producer(v, reader, views=True)) is not None:
+            factor, operand, made = self.scaling(p)
             if factor is None:
                 break
-            positions.append(p)
+            out, w = self.values[self.graph.nodes[p].out.value], self.values[v]
+            if v != out.index:
+                x = self.values[operand]
+                operand = self.view(x.storage, x.offset + w.offset - out.offset, w.shape, w.strides, w.dtype)
+            positions += [p, *made]
             scale *= factor
             v, reader = operand, p
-        return v, scale
+        return v, scale, reader
 
     def readable(self, operands: list[int], positions: list[int]) -> bool:
         """Whether a call at the last of ``positions`` (sorted) may read ``operands`` in

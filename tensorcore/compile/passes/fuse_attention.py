@@ -5,11 +5,13 @@ The pattern, read backwards from a ``matmul(probs, v)``:
 * ``probs = softmax(scores)`` (softmax over the last axis);
 * ``scores`` = ``s + mask`` or ``mask + s`` (optional; an array of the scores' dtype
   that broadcasts to the scores' shape), where
-* ``s`` = ``t * c``, ``c * t`` or ``t / c`` with ``c`` a Python number, any number of
-  times (also none), down to
+* ``s`` = ``t * c``, ``c * t`` or ``t / c`` with ``c`` a number known when tracing (a
+  Python number, or the one-element ``full`` array ``c * t`` makes of it), any number
+  of times (also none), down to
 * ``t = matmul(q, kt)``: ``kt`` [..., D, Lk] is k [..., Lk, D] transposed -- a transposed
   view of k, or k stored transposed -- and either operand may itself be scaled by
-  Python numbers (``(q * c) @ kt``).
+  such numbers (``(q * c) @ kt``).  A tensor scale (an input, a parameter) is not a
+  number: its value may change between calls.
 
 All of q, k, v and the scores have the same batch dims, [B, L, D] or [B, H, L, D], one
 float dtype, and the scales multiply into the call's ``scale``.  Every intermediate
@@ -33,7 +35,7 @@ from typing import Any
 
 from ..graph import Graph, Node, Ref, Value
 from .chains import Chains, is_call
-from .fuse_elementwise import c_strides, owns_block, viewer
+from .fuse_elementwise import c_strides, owns_block
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -51,7 +53,6 @@ class _Match:
 
 def fuse_attention(graph: Graph) -> Graph:
     values = list(graph.values)
-    view = viewer(values)
     finder = _Finder(graph, values)
     matches = [m for m in (finder.match(p) for p in range(len(graph.nodes))) if m is not None]
     if not matches:
@@ -64,7 +65,7 @@ def fuse_attention(graph: Graph) -> Graph:
             continue
         taken |= set(m.positions)
         last = graph.nodes[m.positions[-1]]
-        replaced[m.positions[-1]] = _fused(m, last, values, view, storages)
+        replaced[m.positions[-1]] = _fused(m, last, values, finder.view, storages)
     nodes = [replaced.get(p, node) for p, node in enumerate(graph.nodes) if p not in taken or p in replaced]
     stats = {**graph.stats, "fuse_attention": graph.stats.get("fuse_attention", 0) + len(replaced)}
     return dataclasses.replace(graph, storages=storages, values=values, nodes=nodes, stats=stats)
@@ -98,13 +99,13 @@ class _Finder(Chains):
         ``matmul(q, kt)`` with scalings of its own operands."""
         nodes, values = self.graph.nodes, self.values
         positions = list(positions)
-        scores, scale = self.peel_scales(scores, positions[-1], positions)
-        p = self.producer(scores, positions[-1])
+        scores, scale, reader = self.peel_scales(scores, positions[-1], positions)
+        p = self.producer(scores, reader)
         if p is None or not is_call(nodes[p], "matmul", 2):
             return None
         positions.append(p)
-        q, q_scale = self.peel_scales(nodes[p].args[0].value, p, positions)
-        kt, k_scale = self.peel_scales(nodes[p].args[1].value, p, positions)
+        q, q_scale, _ = self.peel_scales(nodes[p].args[0].value, p, positions)
+        kt, k_scale, _ = self.peel_scales(nodes[p].args[1].value, p, positions)
         inputs = [q, kt, v] + ([] if mask is None else [mask])
         positions.sort()
         if not (_fits(values, q, kt, v, mask, probs, last.out.value) and self.readable(inputs, positions)):

@@ -4,11 +4,14 @@ The pattern, as a LoRALinear's forward traces it: ``y + d`` or ``d + y`` where
 
 * ``y`` = ``bias_act(matmul(x, weight_t), bias, "none", last axis)``, or the
   ``matmul(x, weight_t)`` alone (a Linear without bias);
-* ``d`` = ``matmul(matmul(x, A), B)``, times or divided by a Python number (or not
-  scaled at all), the same ``x`` (same memory, same view) as the base product;
+* ``d`` = ``matmul(matmul(x, A), B)``, times or divided by numbers known when tracing
+  (or not scaled at all; see ``chains``), the same ``x`` (same memory, same view) as
+  the base product;
 * ``weight_t`` [in, out] (a Linear's weight transposed: a view), ``A`` [in, rank],
   ``B`` [rank, out] and ``bias`` [out] are 2-D / 1-D, and every array has one float dtype.
 
+Products may be read through a reshape that keeps their rows (a 1-D x is multiplied as
+[1, in] and its [1, out] product read as [out]).
 Every intermediate must be read by the next call alone (the rules of
 ``fuse_elementwise``: no other reader, no other view, not returned, a block of its
 own) and no call in between may write the memory the operands live in.  So a
@@ -22,6 +25,7 @@ eager within float rounding, not bit for bit (the NumPy reference is exact).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..graph import Graph, Node, Ref, Value
 from .chains import Chains, is_call
@@ -35,23 +39,25 @@ def lora(graph: Graph) -> Graph:
     chains = Chains(graph, values)
     replaced: dict[int, Node] = {}
     taken: set[int] = set()
+    storages = list(graph.storages)
     for position, node in enumerate(graph.nodes):
         found = _match(chains, position)
         if found is None or taken & set(found[0]):
             continue
         positions, args = found
         taken |= set(positions)
-        replaced[position] = Node(node.index, "lora_linear", args, {}, node.out)
+        # the result: the add's block, shaped as lora_linear returns it (x's rows, out)
+        out, x = values[node.out.value], values[args[0].value]
+        shape = x.shape[:-1] + out.shape[-1:]
+        strides = c_strides(shape, out.dtype.itemsize)
+        result = chains.view(out.storage, 0, shape, strides, out.dtype)
+        storages[out.storage] = dataclasses.replace(storages[out.storage], root=(shape, strides, out.dtype))
+        replaced[position] = Node(node.index, "lora_linear", args, {}, Ref(result))
     if not replaced:
         return graph
-    storages = list(graph.storages)
-    for node in replaced.values():  # the result is the whole block, C-contiguous
-        out = values[node.out.value]
-        storages[out.storage] = dataclasses.replace(storages[out.storage],
-                                                    root=(out.shape, c_strides(out.shape, out.dtype.itemsize), out.dtype))
     nodes = [replaced.get(p, node) for p, node in enumerate(graph.nodes) if p not in taken or p in replaced]
     stats = {**graph.stats, "lora": graph.stats.get("lora", 0) + len(replaced)}
-    return dataclasses.replace(graph, storages=storages, nodes=nodes, stats=stats)
+    return dataclasses.replace(graph, storages=storages, values=values, nodes=nodes, stats=stats)
 
 
 def _match(chains: Chains, position: int) -> tuple[list[int], tuple] | None:
@@ -76,22 +82,35 @@ def _match(chains: Chains, position: int) -> tuple[list[int], tuple] | None:
     return None
 
 
+def _rows(chains: Chains, v: int, reader: int) -> int | None:
+    """The position of the call making ``v`` when ``v`` is a private intermediate of the
+    call at ``reader``: its result, or a reshape of it that keeps its rows (how a 1-D
+    input's [1, n] product is read as [n])."""
+    p = chains.producer(v, reader, views=True)
+    if p is None:
+        return None
+    w, out = chains.values[v], chains.values[chains.graph.nodes[p].out.value]
+    if w.index == out.index or (w.offset == 0 and w.shape[-1:] == out.shape[-1:] and w.nbytes == out.nbytes
+                                and w.strides == c_strides(w.shape, w.dtype.itemsize)):
+        return p
+    return None
+
+
 def _base(chains: Chains, y: int, reader: int) -> tuple[list[int], int, int, int | None] | None:
     """(calls, x, weight_t, bias) when ``y`` is ``x @ weight_t`` with or without a bias
     added along the last axis."""
     nodes, values = chains.graph.nodes, chains.values
-    p = chains.producer(y, reader)
+    p = _rows(chains, y, reader)
     if p is None:
         return None
     calls, bias = [p], None
     node = nodes[p]
     if node.op == "bias_act" and not node.kwargs and len(node.args) == 4:
         product, bias, act, axis = node.args
-        rank = len(values[y].shape)
-        if act != "none" or type(product) is not Ref or type(bias) is not Ref or type(axis) is not int \
-                or not -rank <= axis < rank or axis % rank != rank - 1:
+        if type(product) is not Ref or type(bias) is not Ref or act != "none" or type(axis) is not int:
             return None
-        p = chains.producer(product.value, p)
+        rank = len(values[product.value].shape)
+        p = _rows(chains, product.value, p) if -rank <= axis < rank and axis % rank == rank - 1 else None
         if p is None:
             return None
         calls.append(p)
@@ -102,15 +121,15 @@ def _base(chains: Chains, y: int, reader: int) -> tuple[list[int], int, int, int
 
 
 def _delta(chains: Chains, d: int, reader: int) -> tuple[list[int], int, int, int, float] | None:
-    """(calls, x, A, B, scale) when ``d`` is ``(x @ A) @ B`` scaled by Python numbers."""
+    """(calls, x, A, B, scale) when ``d`` is ``(x @ A) @ B`` scaled by numbers."""
     nodes = chains.graph.nodes
     calls: list[int] = []
-    d, scale = chains.peel_scales(d, reader, calls)
-    p = chains.producer(d, calls[-1] if calls else reader)
+    d, scale, reader = chains.peel_scales(d, reader, calls)
+    p = _rows(chains, d, reader)
     if p is None or not is_call(nodes[p], "matmul", 2):
         return None
     xa, lora_b = nodes[p].args[0].value, nodes[p].args[1].value
-    q = chains.producer(xa, p)
+    q = _rows(chains, xa, p)
     if q is None or not is_call(nodes[q], "matmul", 2):
         return None
     return calls + [p, q], nodes[q].args[0].value, nodes[q].args[1].value, lora_b, scale
@@ -122,15 +141,15 @@ def _same_view(values: list[Value], a: int, b: int) -> bool:
 
 
 def _fits(chains: Chains, inputs: list[int], add: Node) -> bool:
-    """Whether the operands have the shapes of a Linear with a rank-r update, the result
-    has the add's shape (nothing broadcast), and all share one float dtype."""
+    """Whether the operands have the shapes of a Linear with a rank-r update, the add's
+    result holds x's rows (nothing broadcast), and all share one float dtype."""
     values = chains.values
     x, weight_t, lora_a, lora_b, *bias = (values[i] for i in inputs)
     out = values[add.out.value]
     if len(x.shape) < 1 or not len(weight_t.shape) == len(lora_a.shape) == len(lora_b.shape) == 2:
         return False
     (k, n), r = weight_t.shape, lora_a.shape[1]
-    shapes = (x.shape[-1] == k and lora_a.shape[0] == k and lora_b.shape == (r, n)
-              and out.shape == x.shape[:-1] + (n,) and all(v.shape == (n,) for v in bias))
+    shapes = (x.shape[-1] == k and lora_a.shape[0] == k and lora_b.shape == (r, n) and out.shape[-1:] == (n,)
+              and math.prod(out.shape) == math.prod(x.shape[:-1]) * n and all(v.shape == (n,) for v in bias))
     dtypes = {v.dtype for v in (x, weight_t, lora_a, lora_b, out, *bias)}
     return shapes and len(dtypes) == 1 and dtypes.pop().name in DTYPES and owns_block(chains.graph, add, values)
