@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ...dtypes import is_floating
 from ..graph import Graph, Node, Ref, Value
 from .fuse_elementwise import owns_block, sole_reader, unwritten, usage, viewer
 
@@ -26,7 +27,13 @@ def is_call(node: Node, op: str, arrays: int) -> bool:
 
 
 def _is_number(x: Any) -> bool:
-    return (type(x) in (int, float) or isinstance(x, (np.integer, np.floating))) and bool(np.isfinite(x))
+    """Whether ``x`` is a finite int or float (bools are not numbers here)."""
+    if not (type(x) in (int, float) or isinstance(x, (np.integer, np.floating))):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
 
 
 class Chains:
@@ -67,9 +74,10 @@ class Chains:
         p = self.position.get(s.producer) if s.kind == "fresh" and not s.written else None
         node = None if p is None else self.graph.nodes[p]
         if node is None or node.op != "full" or node.kwargs or len(node.args) != 3 or math.prod(v.shape) != 1 \
-                or not _is_number(node.args[1]):
+                or not _is_number(node.args[1]) or not is_floating(v.dtype):
             return None, []
-        return node.args[1], [] if self.producer(x.value, reader, views=True) is None else [p]
+        number = v.dtype.type(node.args[1]).item()  # the array holds it rounded to its dtype
+        return number, [] if self.producer(x.value, reader, views=True) is None else [p]
 
     def scaling(self, position: int) -> tuple[float | None, int, list[int]]:
         """(factor, operand, positions of the calls making the factor) when the call at
