@@ -18,8 +18,8 @@ The protocol has two halves:
 Optional ``out=``
 -----------------
 A backend may let a method write its result into a given array: ``unary``, ``binary``,
-``where``, ``clip``, ``matmul`` and ``concatenate`` of the NumPy reference take
-``out=None``.  Compiled replay (``tensorcore.compile``) passes its planned buffer
+``where``, ``clip``, ``matmul``, ``concatenate`` and ``lora_linear`` of the NumPy
+reference take ``out=None``.  Compiled replay (``tensorcore.compile``) passes its planned buffer
 through ``out=`` wherever the method in use declares the parameter and copies the
 result into it otherwise, so a backend that overrides one of these without ``out`` is
 still correct, only not allocation-free on that op.

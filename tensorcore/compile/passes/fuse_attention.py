@@ -44,7 +44,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 class _Match:
     positions: list[int]  # every call of the chain, the final matmul last
     q: int
-    k: int  # the transposed operand's value (k itself is its transposed view)
+    kt: int  # the product's second operand: k [..., Lk, D] is its transposed view
     v: int
     mask: int | None
     probs: int
@@ -146,12 +146,14 @@ def _fused(m: _Match, last: Node, values: list[Value], view: Any, storages: list
     """The ``attention`` call of a match, in place of its last matmul; the result and
     probability storages become blocks of the attention call's 4-D results."""
     def as4d(i: int) -> int:
+        """[B, L, D] viewed as [B, 1, L, D] (the new axis strided as in a C-contiguous array)."""
         x = values[i]
         if len(x.shape) == 4:
             return i
-        return view(x.storage, x.offset, (x.shape[0], 1) + x.shape[1:], (x.strides[0], 0) + x.strides[1:], x.dtype)
+        return view(x.storage, x.offset, (x.shape[0], 1) + x.shape[1:],
+                    (x.strides[0], x.shape[1] * x.strides[1]) + x.strides[1:], x.dtype)
 
-    kt = values[m.k]
+    kt = values[m.kt]
     k = view(kt.storage, kt.offset, kt.shape[:-2] + kt.shape[:-3:-1], kt.strides[:-2] + kt.strides[:-3:-1], kt.dtype)
     mask = None
     if m.mask is not None:
@@ -159,8 +161,9 @@ def _fused(m: _Match, last: Node, values: list[Value], view: Any, storages: list
         rank = len(values[m.q].shape)
         pad = rank - len(mv.shape)
         shape, strides = (1,) * pad + mv.shape, (0,) * pad + mv.strides
-        mask = Ref(view(mv.storage, mv.offset, shape, strides, mv.dtype) if rank == 4 else
-                   view(mv.storage, mv.offset, shape[:1] + (1,) + shape[1:], strides[:1] + (0,) + strides[1:], mv.dtype))
+        if rank == 3:
+            shape, strides = shape[:1] + (1,) + shape[1:], strides[:1] + (0,) + strides[1:]
+        mask = Ref(view(mv.storage, mv.offset, shape, strides, mv.dtype))
     results = []
     for i in (last.out.value, m.probs):
         x = values[i]
