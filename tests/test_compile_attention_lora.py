@@ -122,6 +122,20 @@ def test_attention_fusion_inside_a_module_replays_new_inputs(backend):
     assert "attention" in plan_ops(compiled) and compiled.cache_info().hits == 2
 
 
+def test_attention_fusion_fires_on_multihead_attention_whose_weights_go_unused(backend):
+    tc.manual_seed(2)
+    mha = layers.MultiHeadAttention(8, 2, batch_first=True).eval()
+    out_only = lambda x: mha(x, x, x)[0]  # noqa: E731  (the averaged weights are dead code)
+    both = lambda x: mha(x, x, x)  # noqa: E731  (the weights read the probabilities)
+    x = tc.randn(2, 5, 8)
+    with tc.no_grad():
+        fused, got = compiled_twice(out_only, x)
+        kept, _ = compiled_twice(both, x)
+        want = out_only(x)
+    assert "attention" in plan_ops(fused) and "attention" not in plan_ops(kept)
+    close(got, want)
+
+
 def _probs_returned(q, k, v):
     p = F.softmax((q @ k.transpose(-1, -2)) * 0.5, -1)
     return p @ v, p

@@ -19,6 +19,8 @@ from ...dtypes import is_floating
 from ..graph import Graph, Node, Ref, Value
 from .fuse_elementwise import owns_block, sole_reader, unwritten, usage, viewer
 
+DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the fused calls take
+
 
 def is_call(node: Node, op: str, arrays: int) -> bool:
     """Whether ``node`` calls ``op`` on ``arrays`` array arguments and nothing else."""

@@ -34,10 +34,8 @@ import dataclasses
 from typing import Any
 
 from ..graph import Graph, Node, Ref, Value
-from .chains import Chains, is_call
+from .chains import DTYPES, Chains, is_call
 from .fuse_elementwise import c_strides, owns_block
-
-DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 @dataclasses.dataclass(eq=False)

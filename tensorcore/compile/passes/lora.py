@@ -28,10 +28,8 @@ import dataclasses
 import math
 
 from ..graph import Graph, Node, Ref, Value
-from .chains import Chains, is_call
+from .chains import DTYPES, Chains, is_call
 from .fuse_elementwise import c_strides, owns_block
-
-DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def lora(graph: Graph) -> Graph:
