@@ -12,9 +12,8 @@ from typing import Any
 
 import cupy
 
-from . import cublas
+from . import cublas, loader
 from .linalg import _operand, allow_tf32
-from .loader import launch
 from .util import contiguous, has_kernels, ptr
 from ..numpy.lora import lora_shapes
 
@@ -33,6 +32,12 @@ class CupyLoraKernels:
     """``lora_linear`` (see the protocol); dtypes without kernels and empty calls go to
     the reference."""
 
+    def warm_lora_linear(self, dtype: Any) -> None:
+        """Compile and load the epilogue kernel for ``dtype`` now: eager code never runs
+        it, so compiled replay calls this before its CUDA graph capture begins."""
+        if loader.supports(dtype):
+            loader.kernel(LORA, "lora_epilogue_kernel", dtype)
+
     def lora_linear(self, x, weight_t, bias, lora_a, lora_b, scale, out=None):
         m, k, n, r = lora_shapes(x, weight_t, bias, lora_a, lora_b, out)
         arrays = (x, weight_t, lora_a, lora_b) if bias is None else (x, weight_t, lora_a, lora_b, bias)
@@ -46,6 +51,6 @@ class CupyLoraKernels:
         _gemm_into(x2, weight_t, y)
         _gemm_into(x2, lora_a, xa)
         bias = None if bias is None else contiguous(bias)
-        launch(LORA, "lora_epilogue_kernel", x.dtype, m * n,
+        loader.launch(LORA, "lora_epilogue_kernel", x.dtype, m * n,
                (y, ptr(bias), xa, contiguous(lora_b), m, n, r, float(scale)))
         return out
