@@ -123,7 +123,7 @@ _NORM_STATS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 # the ops that accumulate (sums, products, scatter-adds) or multiply matrices; pure
 # elementwise ops and data movement keep NumPy's own bfloat16 loops
 FLOAT32_COMPUTED_OPS = (
-    "reduce", "matmul", "conv2d", "conv2d_grad_input", "conv2d_grad_weight",
+    "reduce", "matmul", "lora_linear", "conv2d", "conv2d_grad_input", "conv2d_grad_weight",
     "avg_pool2d", "avg_pool2d_backward", "max_pool2d_backward",
     "upsample_nearest2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
     "softmax", "softmax_backward", "log_softmax", "log_softmax_backward",

@@ -43,7 +43,7 @@ def test_passes_dict_switches_the_default_pipeline():
     assert passes.resolve({"fuse_elementwise": False}) == tuple(
         passes.PASSES[name] for name in passes.DEFAULT if name != "fuse_elementwise")
     assert passes.resolve({}) == passes.resolve(None)
-    with pytest.raises(ValueError, match="unknown pass 'fuse'.*known passes: cse, dce, fuse_elementwise"):
+    with pytest.raises(ValueError, match="unknown pass 'fuse'.*known passes: cse, dce, .*fuse_elementwise"):
         tc.compile(lambda x: x, passes={"fuse": False})
     with pytest.raises(TypeError, match="True or False"):
         tc.compile(lambda x: x, passes={"cse": "no"})

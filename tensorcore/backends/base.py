@@ -18,8 +18,8 @@ The protocol has two halves:
 Optional ``out=``
 -----------------
 A backend may let a method write its result into a given array: ``unary``, ``binary``,
-``where``, ``clip``, ``matmul`` and ``concatenate`` of the NumPy reference take
-``out=None``.  Compiled replay (``tensorcore.compile``) passes its planned buffer
+``where``, ``clip``, ``matmul``, ``concatenate`` and ``lora_linear`` of the NumPy
+reference take ``out=None``.  Compiled replay (``tensorcore.compile``) passes its planned buffer
 through ``out=`` wherever the method in use declares the parameter and copies the
 result into it otherwise, so a backend that overrides one of these without ``out`` is
 still correct, only not allocation-free on that op.
@@ -122,6 +122,12 @@ class Backend(Protocol):
         """``bias_act(matmul(a, b), bias, act, axis=-1)`` in one call, bit for bit as
         those two calls: the GEMM epilogue ``tc.compile``'s epilogue fusion rewrites a
         product followed by a bias + activation into (never called by eager code)."""
+    def lora_linear(self, x: Array, weight_t: Array, bias: Array | None, lora_a: Array,
+                    lora_b: Array, scale: float) -> Array:
+        """A Linear with a low-rank update, one call: ``x @ weight_t + bias +
+        ((x @ lora_a) @ lora_b) * scale`` for x [..., in], weight_t [in, out] (a
+        Linear's weight transposed, usually a view), bias [out] or None, lora_a
+        [in, rank], lora_b [rank, out].  Only compiled plans call it (the LoRA rewrite)."""
 
     # ----- convolution (NCHW, weight [Cout, Cin/groups, kh, kw]) -------------------
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,

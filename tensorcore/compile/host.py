@@ -52,7 +52,8 @@ class CacheInfo(NamedTuple):
     hits: calls answered by replaying a plan; misses: calls with no plan ready;
     traces: recorded calls (``unsettled`` of them built no plan); disk_loads: plans read
     from the disk cache; fallbacks: calls run eagerly; eager_only: keys that run
-    eagerly for good; plans / max_plans: plans cached now and the bound."""
+    eagerly for good; plans / max_plans: plans cached now and the bound; rewrites: what
+    the graph passes did, summed over the cached traced plans (``{"lora": 1, ...}``)."""
 
     hits: int
     misses: int
@@ -63,6 +64,7 @@ class CacheInfo(NamedTuple):
     eager_only: int
     plans: int
     max_plans: int
+    rewrites: dict[str, int]
 
 
 @dataclasses.dataclass(eq=False)
@@ -142,7 +144,7 @@ class Compiled:
         self._eager_only: set[Any] = set()
         self._unsettled: dict[Any, int] = {}
         self._tracing: set[Any] = set()
-        self._counts = dict.fromkeys(CacheInfo._fields[:-3], 0)
+        self._counts = dict.fromkeys(CacheInfo._fields[:-4], 0)
         self._modules_cache: dict[tuple[int, int], list] = {}
         self._modes_cache: dict[tuple[int, int, int], tuple[bool, ...]] = {}
         functools.update_wrapper(self, fn, updated=())
@@ -409,8 +411,12 @@ class Compiled:
     def cache_info(self) -> CacheInfo:
         """Counters and sizes (see ``CacheInfo``)."""
         with self._lock:
+            rewrites: dict[str, int] = {}
+            for entry in self._plans.values():
+                for name, n in entry.plan.graph.stats.items():
+                    rewrites[name] = rewrites.get(name, 0) + n
             return CacheInfo(**self._counts, eager_only=len(self._eager_only), plans=len(self._plans),
-                             max_plans=self._plans.capacity)
+                             max_plans=self._plans.capacity, rewrites=rewrites)
 
     def plan_info(self) -> list[dict]:
         """One dict per cached plan: steps, the arena against the sum of the intermediates

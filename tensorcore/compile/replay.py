@@ -202,6 +202,8 @@ class CudaGraphReplay:
                 node = graph.nodes[position]
                 if node.op == "fused_elementwise":
                     backend.warm_fused(node.args[0], len(graph.values[node.out.value].shape))
+                elif node.op == "lora_linear":  # only compiled plans call it: not loaded by the trace
+                    backend.warm_lora_linear(graph.values[node.out.value].dtype)
             self.stream.begin_capture()
             try:
                 for position in plan.steps:

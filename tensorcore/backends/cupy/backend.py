@@ -16,6 +16,7 @@ from . import conv_igemm
 from .elementwise import CupyElementwiseKernels
 from .fused import CupyFusedKernels
 from .linalg import CupyLinalgKernels
+from .lora import CupyLoraKernels
 from .nn import CupyNNKernels
 from .optim import CupyOptimKernels
 from .random import CupyRandomKernels
@@ -24,7 +25,7 @@ from ..numpy.backend import NumpyBackend
 
 
 class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
-                  CupyRandomKernels, CupyOptimKernels, NumpyBackend):
+                  CupyRandomKernels, CupyOptimKernels, CupyLoraKernels, NumpyBackend):
     """CuPy arrays on the current CUDA device."""
 
     name = "cupy"

@@ -229,14 +229,15 @@ class CupyLinalgKernels:
         if mask is not None:
             mask = cupy.broadcast_to(mask.astype(q.dtype, copy=False), (b, h, lq, lk))
             strides = tuple(s // mask.itemsize for s in mask.strides)
-        probs = empty_as(scores)
+        # results allocated 4-D (as the reference's), written through 3-D views
+        probs = cupy.empty((b, h, lq, lk), dtype=q.dtype)
         grid, block, tpr = row_launch(b * h * lq, lk)
         kernel(SOFTMAX, "attn_softmax_kernel", q.dtype)(
             grid, block, (scores, ptr(mask), probs, b * h * lq, lk, h, lq, int(causal),
                           *strides, tpr))
-        out = cupy.empty((b * h, lq, dv), dtype=q.dtype)
-        bmm(probs, v3, out)
-        return out.reshape(b, h, lq, dv), probs.reshape(b, h, lq, lk)
+        out = cupy.empty((b, h, lq, dv), dtype=q.dtype)
+        bmm(probs.reshape(b * h, lq, lk), v3, out.reshape(b * h, lq, dv))
+        return out, probs
 
     def attention_backward(self, grad, q, k, v, probs, scale):
         if not (has_kernels(grad, q, k, v, probs) and cublas.supports(q.dtype) and q.ndim == 4):

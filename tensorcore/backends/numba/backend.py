@@ -25,13 +25,15 @@ import numpy
 
 from . import threads
 from .fused import NumbaFusedKernels
+from .lora import NumbaLoraKernels
 from .nn import NumbaNNKernels
 from .optim import NumbaOptimKernels
 from .spatial import NumbaSpatialKernels, Scratch
 from ..numpy.backend import NumpyBackend
 
 
-class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumpyBackend):
+class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumbaLoraKernels,
+                   NumpyBackend):
     """NumPy arrays on the CPU, with Numba kernels for the hot ops."""
 
     name = "numba"

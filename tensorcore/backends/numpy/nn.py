@@ -11,6 +11,7 @@ from typing import Any
 
 from .act import NumpyActivationKernels
 from .conv import NumpyConvKernels
+from .lora import NumpyLoraKernels
 from .norm import NumpyNormKernels
 from .pool import NumpyPoolKernels
 from .softmax import NumpySoftmaxKernels
@@ -21,9 +22,9 @@ Array = Any
 
 
 class NumpyNNKernels(NumpyConvKernels, NumpyPoolKernels, NumpyUpsampleKernels,
-                     NumpySoftmaxKernels, NumpyNormKernels, NumpyActivationKernels):
+                     NumpySoftmaxKernels, NumpyNormKernels, NumpyActivationKernels, NumpyLoraKernels):
     """Convolution, pooling, resampling, softmax, normalisation, bias + activation,
-    attention and embedding backward for any NumPy-like ``xp``."""
+    attention, the LoRA linear and embedding backward for any NumPy-like ``xp``."""
 
     xp: Any
 

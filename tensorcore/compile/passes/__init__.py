@@ -13,17 +13,21 @@ from typing import Callable, Iterable, Mapping
 from ..graph import Graph
 from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
+from .fuse_attention import fuse_attention
 from .fuse_elementwise import fuse_elementwise
 from .fuse_epilogue import fuse_epilogue
 from .fuse_norm import fuse_norm
+from .lora import lora
 
 Pass = Callable[[Graph], Graph]
 
 PASSES: dict[str, Pass] = {"dce": dead_code_elimination, "cse": common_subexpression_elimination,
-                           "fuse_elementwise": fuse_elementwise}
-PASSES.update(fuse_epilogue=fuse_epilogue, fuse_norm=fuse_norm)
-DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_elementwise")
-DEFAULT = DEFAULT[:-1] + ("fuse_epilogue", "fuse_norm") + DEFAULT[-1:]  # before fuse_elementwise takes their adds
+                           "fuse_attention": fuse_attention, "lora": lora, "fuse_epilogue": fuse_epilogue,
+                           "fuse_norm": fuse_norm, "fuse_elementwise": fuse_elementwise}
+# Pattern rewrites first (the LoRA pattern needs the base's matmul and bias add as they
+# were traced), then epilogue and norm fusion, then elementwise fusion, which would
+# otherwise take the adds and scalings the others fold.
+DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_attention", "lora", "fuse_epilogue", "fuse_norm", "fuse_elementwise")
 
 
 def resolve(passes: Iterable[str | Pass] | Mapping[str, bool] | None) -> tuple[Pass, ...]:

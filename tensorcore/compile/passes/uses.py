@@ -7,7 +7,8 @@
 * ``Views``: the graph's values, extended with the new views a rewrite needs (a bias
   viewed along an axis, a shift viewed as [N, C]), one Value per distinct view;
 * ``fresh_block``: whether a call's result is a C-contiguous block of its own that
-  nothing writes later, so the fused call may produce it instead;
+  nothing writes later, so the fused call may produce it instead (``owns_block``: and
+  it is the call's one result);
 * ``rewritten``: the graph with calls replaced or dropped by position.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..graph import Graph, Node, Value, node_refs
+from ..graph import Graph, Node, Ref, Value, node_refs
 from ..plan import made_by
 
 
@@ -81,10 +82,10 @@ def rewritten(graph: Graph, placed: dict[int, Node | None], stat: str, count: in
     return dataclasses.replace(graph, nodes=[n for n in nodes if n is not None], stats=stats, **fields)
 
 
-def c_strides(v: Value) -> tuple[int, ...]:
-    """The strides of a C-contiguous array of v's shape and dtype."""
-    strides, step = [], v.dtype.itemsize
-    for n in reversed(v.shape):
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The strides (bytes) of a C-contiguous array of ``shape``."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
@@ -95,5 +96,14 @@ def fresh_block(graph: Graph, node: Node, out: Value) -> bool:
     call writes in place."""
     storage = graph.storages[out.storage]
     return (out.storage in made_by(graph, node) and not storage.written
-            and out.offset == 0 and storage.origin == 0 and out.strides == c_strides(out)
+            and out.offset == 0 and storage.origin == 0 and out.strides == c_strides(out.shape, out.dtype.itemsize)
             and out.nbytes == storage.nbytes)
+
+
+def owns_block(graph: Graph, node: Node, values: list[Value]) -> bool:
+    """Whether ``node`` returns one array, and it is a fresh block of its own
+    (``fresh_block``): the only memory the call makes."""
+    if type(node.out) is not Ref:
+        return False
+    out = values[node.out.value]
+    return made_by(graph, node) == {out.storage} and fresh_block(graph, node, out)
