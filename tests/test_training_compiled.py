@@ -170,3 +170,19 @@ def test_the_default_compiles_a_gpu_run(tmp_path) -> None:
         unet, result = _ddpm("auto", tmp_path, steps=6)
     assert next(iter(unet.parameters())).device.startswith("cuda")
     assert result.compile_info is not None and result.compile_info.hits >= 4
+
+
+# ----- the command line ------------------------------------------------------------------------
+def test_the_cli_trains_with_a_compiled_step_and_resumes_eagerly(tmp_path, monkeypatch, capsys) -> None:
+    from diffusion.cli import build_parser, main
+    from test_cli import TINY_TRAIN
+
+    assert build_parser().parse_args(["train"]).compile == "auto"
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *TINY_TRAIN, "--compile", "on", "--out", "run"]) == 0
+    assert "compiled train step" in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step-0000004.safetensors").config["options"][
+        "compile"] is True
+    assert main(["train", *TINY_TRAIN, "--steps", "6", "--resume", "run", "--compile", "off"]) == 0
+    assert "eager train step" in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step-0000006.safetensors").step == 6
