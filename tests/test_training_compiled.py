@@ -33,10 +33,10 @@ def _scheduler() -> DDPMScheduler:
     return DDPMScheduler(beta_schedule="squaredcos_cap_v2")
 
 
-def _ddpm(compile: bool | str, out_dir, steps: int = 8, unet_seed: int = 0, **options):
+def _ddpm(mode: bool | str, out_dir, steps: int = 8, unet_seed: int = 0, **options):
     unet = tiny_unet(seed=unet_seed).train()
     result = train_ddpm(unet, _scheduler(), digits_subset(), steps=steps, label_dropout=0.2, out_dir=str(out_dir),
-                        checkpoint_every=4, compile=compile, **{**QUICK, **options})
+                        checkpoint_every=4, compile=mode, **{**QUICK, **options})
     return unet, result
 
 
@@ -47,7 +47,7 @@ def _equal(backend: str):
     return lambda a, b: np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
-def _state(unet, result, out_dir) -> dict[str, np.ndarray]:
+def _state(unet, result) -> dict[str, np.ndarray]:
     """Parameters, EMA weights and optimizer state of a finished run, by name."""
     arrays = {f"param{i}": p.numpy() for i, p in enumerate(unet.parameters())}
     arrays.update({f"ema{i}": s.numpy() for i, s in enumerate(result.ema.shadow_params)})
@@ -59,14 +59,15 @@ def _state(unet, result, out_dir) -> dict[str, np.ndarray]:
 
 
 def _logged(out_dir) -> list[dict[str, float]]:
-    return [{c: float(r[c]) for c in ("step", "loss", "lr", "grad_norm")} for r in read_metrics_rows(out_dir / "metrics.csv")]
+    rows = read_metrics_rows(out_dir / "metrics.csv")
+    return [{c: float(r[c]) for c in ("step", "loss", "lr", "grad_norm")} for r in rows]
 
 
 def test_a_compiled_run_equals_the_eager_run_under_warmup_and_cosine(backend, tmp_path) -> None:
     eager_unet, eager = _ddpm(False, tmp_path / "eager")
     compiled_unet, compiled = _ddpm(True, tmp_path / "compiled")
     equal = _equal(backend)
-    expected, actual = _state(eager_unet, eager, tmp_path / "eager"), _state(compiled_unet, compiled, tmp_path / "compiled")
+    expected, actual = _state(eager_unet, eager), _state(compiled_unet, compiled)
     assert expected.keys() == actual.keys()
     assert [k for k in expected if not equal(expected[k], actual[k])] == []
     assert equal(eager.losses, compiled.losses)
@@ -87,7 +88,7 @@ def test_resuming_a_compiled_run_continues_as_the_eager_run(tmp_path) -> None:
         assert first.step == 5 and first.compile_info.hits >= 3
         resumed_unet, rest = _ddpm(True, tmp_path / "part", unet_seed=7, resume=True)
     assert rest.step == 8 and rest.compile_info.hits >= 1
-    expected, actual = _state(whole_unet, whole, tmp_path / "whole"), _state(resumed_unet, rest, tmp_path / "part")
+    expected, actual = _state(whole_unet, whole), _state(resumed_unet, rest)
     assert [k for k in expected if not same(expected[k], actual[k])] == []
     assert whole.losses[5:] == rest.losses
     assert _logged(tmp_path / "whole") == _logged(tmp_path / "part")
@@ -97,9 +98,9 @@ def test_a_compiled_vae_run_without_clipping_equals_the_eager_run(tmp_path) -> N
     images, _ = digits_subset(size=16, count=64)
     runs = []
     with tc.use_backend("numpy"):
-        for compile in (False, True):
+        for mode in (False, True):
             vae = tiny_vae().train()
-            result = train_vae(vae, images, steps=5, grad_clip=None, compile=compile, **QUICK)
+            result = train_vae(vae, images, steps=5, grad_clip=None, compile=mode, **QUICK)
             runs.append(([p.numpy() for p in vae.parameters()] + [s.numpy() for s in result.ema.shadow_params],
                          result))
     (eager, eager_result), (compiled, compiled_result) = runs
@@ -108,7 +109,7 @@ def test_a_compiled_vae_run_without_clipping_equals_the_eager_run(tmp_path) -> N
     assert compiled_result.compile_info.hits >= 3
 
 
-def _mlp_trainer(compile: bool, loss_reads_a_value: bool) -> tuple[Trainer, layers.Module]:
+def _mlp_trainer(mode: bool, loss_reads_a_value: bool) -> tuple[Trainer, layers.Module]:
     tc.manual_seed(0)
     model = layers.Sequential(layers.Linear(4, 8), layers.SiLU(), layers.Linear(8, 1))
     x = tc.randn(32, 4)
@@ -122,7 +123,7 @@ def _mlp_trainer(compile: bool, loss_reads_a_value: bool) -> tuple[Trainer, laye
             raise FloatingPointError("diverged")
         return loss
 
-    options = TrainOptions(steps=6, batch_size=8, warmup_steps=2, progress=False, log_every=1, compile=compile)
+    options = TrainOptions(steps=6, batch_size=8, warmup_steps=2, progress=False, log_every=1, compile=mode)
     return Trainer(model, loss_fn, (x, y), options, {"kind": "mlp"}), model
 
 

@@ -100,15 +100,15 @@ def digits_train_row(backend: str, steps: int = 40, skip: int = 10) -> tuple:
 
     data = digit_images(8)
     times = []
-    for compile in (False, True):
+    for mode in (False, True):
         tc.manual_seed(0)
         unet = UNet2D(**unet_config(8, (32, 64), 1, 1)).train()
         stamps: list[tuple[float, float]] = []
         result = train_ddpm(unet, DDPMScheduler(beta_schedule="squaredcos_cap_v2"), data, steps=steps,
                             batch_size=64, grad_clip=1.0, ema_decay=0.999, log_every=steps, checkpoint_every=None,
-                            progress=False, compile=compile,
+                            progress=False, compile=mode,
                             callback=lambda step: stamps.append((time.perf_counter(), time.process_time())))
-        assert not compile or result.compile_info.hits >= steps - 2, result.compile_info
+        assert not mode or result.compile_info.hits >= steps - 2, result.compile_info
         kept = stamps[skip:]
         times.append(tuple(statistics.median(b[i] - a[i] for a, b in zip(kept, kept[1:])) * 1e3 for i in (0, 1)))
     return (f"digits train step (CLI default), {backend}", *times)
