@@ -1,7 +1,7 @@
 """The training loop ``train_ddpm`` and ``train_vae`` share.
 
 One step: next batch -> ``loss_fn(batch, generator)`` -> backward -> clip the gradient
-norm -> AdamW step -> LR schedule step -> EMA update.  Every random draw of a step
+norm -> AdamW step -> EMA update -> LR schedule step.  Every random draw of a step
 (noise, timesteps, label dropout, posterior samples) comes from one device generator
 and the batch order from one host generator; both are saved in each checkpoint with
 the weights, the EMA, the optimizer and the schedule, so a resumed run continues bit
@@ -33,7 +33,7 @@ import tensorcore as tc
 from layers import Module
 from optim import AdamW, CosineAnnealingLR, LinearWarmup, LRScheduler, SequentialLR, clip_grad_norm_
 from tensorcore import Tensor
-from tensorcore.compile import CacheInfo
+from tensorcore.compile import CacheInfo, Compiled
 
 from .batches import Batches
 from .checkpoint import (Checkpoint, checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints,
@@ -98,7 +98,7 @@ class Trainer:
         self.generator = tc.Generator(device, options.seed)
         self.batches = Batches(data, options.batch_size, options.seed)
         self.compiled = compile_enabled(options.compile, device)
-        self._compiled_step: Any = None  # built on the first step, after a resume
+        self._compiled_step: Compiled | None = None  # built on the first step, after a resume
         self.step = 0
         self.seconds_before = 0.0  # training time of the parts before a resume
         self._started = time.perf_counter()
