@@ -93,7 +93,7 @@ BAD = [
     ["train", "--vae", "missing"], ["train-vae", "--kl-weight", "-1"], ["train-vae", "--latent-channels", "0"],
     ["sample", "--checkpoint", "missing"], ["sample", "--digits", "3-12"], ["sample", "--sample-steps", "0"],
     ["sample", "--sampler", "heun"], ["sample", "--guidance-scale", "-2"], ["sample-latent", "--per-class", "0"],
-    ["sample", "--eta", "x"], ["bogus"], [],
+    ["sample", "--eta", "x"], ["train", "--compile", "yes"], ["train-vae", "--compile", "1"], ["bogus"], [],
 ]
 
 

@@ -59,6 +59,9 @@ def _add_training(parser: argparse.ArgumentParser, steps: int, batch_size: int, 
                        help="digits resized to this side (default: %(default)s)")
     group.add_argument("--channels", type=int_list, default=channels,
                        help="channels per level, comma-separated (default: %(default)s)")
+    group.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                       help="run each training step as one compiled plan (tc.compile); auto = on when "
+                            "training on a GPU (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,9 +27,11 @@ from ..pipelines import DiffusionPipeline, LatentDiffusionPipeline
 from ..pipelines.pretrained import INDEX_NAME, SCHEDULERS, read_index
 from ..schedulers import DDIMScheduler, DDPMScheduler
 from ..training import latent_scaling_factor, latest_checkpoint, load_checkpoint, train_ddpm, train_vae
+from ..training.loop import compile_enabled
 from .digits import NULL_CLASS_LABEL, unet_config, vae_config
 
 RUNS = "runs"
+COMPILE_CHOICES = {"auto": "auto", "on": True, "off": False}
 SAMPLERS = {"ddim": "DDIMScheduler", "ddpm": "DDPMScheduler", "dpm": "DPMSolverMultistepScheduler",
             "euler": "EulerDiscreteScheduler"}
 
@@ -154,7 +156,14 @@ def _training_options(args: argparse.Namespace, out: str) -> dict[str, Any]:
     return {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
             "grad_clip": args.grad_clip or None, "ema_decay": args.ema_decay, "weight_decay": args.weight_decay,
             "checkpoint_every": args.checkpoint_every, "out_dir": out, "resume": args.resume, "seed": args.seed,
-            "log_every": args.log_every, "progress": _progress(args)}
+            "log_every": args.log_every, "progress": _progress(args), "compile": COMPILE_CHOICES[args.compile]}
+
+
+def _engine(model: Any, args: argparse.Namespace) -> str:
+    """The backend and whether the train step runs compiled, for the start-up line."""
+    device = next(iter(model.parameters())).device
+    compiled = compile_enabled(COMPILE_CHOICES[args.compile], device)
+    return f"backend {tc.get_backend().name}, {'compiled' if compiled else 'eager'} train step"
 
 
 def _resumed_config(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -200,7 +209,7 @@ def train(args: argparse.Namespace) -> None:
     out = out_dir(_resume_out(args), "train")
     kind = "latent diffusion" if vae is not None else "diffusion"
     print(f"training a class-conditional {kind} UNet ({sum(p.numel() for p in unet.parameters()):,} parameters) "
-          f"on {len(images)} digits at {image_size}x{image_size}, backend {tc.get_backend().name}; output in {out}")
+          f"on {len(images)} digits at {image_size}x{image_size}, {_engine(unet, args)}; output in {out}")
     start = time.perf_counter()
     result = train_ddpm(unet, scheduler, (images, labels), label_dropout=args.label_dropout,
                         null_class_label=NULL_CLASS_LABEL, run_info={"vae": vae_path, "image_size": image_size},
@@ -247,7 +256,7 @@ def train_vae_command(args: argparse.Namespace) -> None:
     vae = AutoencoderKL.from_config(config)
     out = out_dir(_resume_out(args), "train-vae")
     print(f"training an AutoencoderKL ({sum(p.numel() for p in vae.parameters()):,} parameters) on "
-          f"{len(images)} digits at {image_size}x{image_size}, backend {tc.get_backend().name}; output in {out}")
+          f"{len(images)} digits at {image_size}x{image_size}, {_engine(vae, args)}; output in {out}")
     start = time.perf_counter()
     result = train_vae(vae, images, kl_weight=args.kl_weight, run_info={"image_size": image_size},
                        **_training_options(args, out))

@@ -4,7 +4,9 @@ Sampling from the averaged weights gives cleaner images than the last training s
 weights.  The decay ramps up from 0 (``(1 + n) / (10 + n)`` after ``n`` updates, or
 the ``use_ema_warmup`` power law) to ``decay``, so early averages forget the random
 initialisation quickly.  The shadow weights live on the parameters' device and are
-updated there in place.
+updated there in place; the step's weight ``1 - decay`` lives in a device scalar per
+(device, dtype) written by a host effect, so ``step`` can run inside a compiled train
+step (a replay repeats the effect: the count advances and the new weight is read).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 import tensorcore as tc
 from tensorcore import Tensor
+from tensorcore.compile import host_effect
 
 
 class EMAModel:
@@ -37,6 +40,11 @@ class EMAModel:
         self.update_after_step, self.use_ema_warmup = int(update_after_step), bool(use_ema_warmup)
         self.inv_gamma, self.power = float(inv_gamma), float(power)
         self.optimization_step = 0
+        self._weights: dict[tuple[str, Any], Tensor] = {}
+        for shadow in self.shadow_params:
+            key = (shadow.device, shadow.dtype)
+            if key not in self._weights:
+                self._weights[key] = tc.zeros((), dtype=shadow.dtype, device=shadow.device)
 
     def get_decay(self, optimization_step: int) -> float:
         """The decay used at update number ``optimization_step`` (counted from 1)."""
@@ -52,11 +60,17 @@ class EMAModel:
     def step(self, parameters: Iterable[Tensor]) -> None:
         """Move every shadow weight towards its parameter: ``s -= (1 - decay) * (s - p)``."""
         params = self._matching(parameters, "step")
-        self.optimization_step += 1
-        weight = 1.0 - self.get_decay(self.optimization_step)
+        host_effect(self._advance)
         with tc.no_grad():
             for shadow, p in zip(self.shadow_params, params):
-                shadow -= (shadow - p.detach()) * weight
+                shadow -= (shadow - p.detach()) * self._weights[(shadow.device, shadow.dtype)]
+
+    def _advance(self) -> None:
+        """Count the update and write its weight ``1 - decay`` into the device scalars."""
+        self.optimization_step += 1
+        weight = 1.0 - self.get_decay(self.optimization_step)
+        for scalar in self._weights.values():
+            scalar.fill_(weight)  # in place: a compiled step holds the buffer by reference
 
     def copy_to(self, parameters: Iterable[Tensor]) -> None:
         """Write the averaged weights into ``parameters`` (e.g. a model to sample with)."""

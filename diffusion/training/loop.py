@@ -1,7 +1,7 @@
 """The training loop ``train_ddpm`` and ``train_vae`` share.
 
 One step: next batch -> ``loss_fn(batch, generator)`` -> backward -> clip the gradient
-norm -> AdamW step -> LR schedule step -> EMA update.  Every random draw of a step
+norm -> AdamW step -> EMA update -> LR schedule step.  Every random draw of a step
 (noise, timesteps, label dropout, posterior samples) comes from one device generator
 and the batch order from one host generator; both are saved in each checkpoint with
 the weights, the EMA, the optimizer and the schedule, so a resumed run continues bit
@@ -10,6 +10,14 @@ deterministic).
 
 The loss is summed on the device and read back every ``log_every`` steps only (one
 host round trip per row of the metrics CSV and per progress-bar update).
+
+With ``compile`` on (the default on a GPU), everything of a step but the batch
+gather and the LR schedule -- zero_grad, loss, backward, clipping, the AdamW update
+and the EMA update -- runs as one ``tc.compile``d call taking the batch tensors: one
+replayed plan (one CUDA graph launch on the GPU) per step.  The schedule stays on the
+host between calls and writes the optimizer's device learning rate, which the
+replayed update reads; the EMA's per-step weight is a device scalar too.  A model the
+tracer cannot follow trains eagerly (``fallback="eager"``, one warning).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import tensorcore as tc
 from layers import Module
 from optim import AdamW, CosineAnnealingLR, LinearWarmup, LRScheduler, SequentialLR, clip_grad_norm_
 from tensorcore import Tensor
+from tensorcore.compile import CacheInfo, Compiled
 
 from .batches import Batches
 from .checkpoint import (Checkpoint, checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints,
@@ -41,7 +50,9 @@ LossFn = Callable[[tuple[Tensor, ...], tc.Generator], Tensor]
 class TrainResult:
     """What a finished (or stopped) run leaves: its last step, the logged mean losses,
     the EMA of the weights (``result.ema.copy_to(model.parameters())`` to sample with it)
-    and the files written (None without ``out_dir``)."""
+    and the files written (None without ``out_dir``); ``compile_info``: the compiled step's
+    counters (``tc.compile``'s ``cache_info()``: replays, traces, eager fallbacks), None
+    when the step ran eagerly."""
 
     step: int
     steps: list[int] = field(default_factory=list)
@@ -51,6 +62,7 @@ class TrainResult:
     metrics: str | None = None
     loss_curve: str | None = None
     seconds: float = 0.0
+    compile_info: CacheInfo | None = None
 
 
 def warmup_cosine(optimizer: AdamW, warmup_steps: int, total_steps: int, min_lr: float) -> LRScheduler:
@@ -62,6 +74,11 @@ def warmup_cosine(optimizer: AdamW, warmup_steps: int, total_steps: int, min_lr:
         return cosine
     warmup = LinearWarmup(optimizer, warmup_steps, start_factor=1.0 / warmup_steps)
     return SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
+
+
+def compile_enabled(choice: bool | str, device: str) -> bool:
+    """``TrainOptions.compile`` resolved for a model on ``device``: "auto" is on for a GPU."""
+    return device != "cpu" if choice == "auto" else bool(choice)
 
 
 class Trainer:
@@ -80,6 +97,8 @@ class Trainer:
         self.ema = EMAModel(self.params, decay=options.ema_decay)
         self.generator = tc.Generator(device, options.seed)
         self.batches = Batches(data, options.batch_size, options.seed)
+        self.compiled = compile_enabled(options.compile, device)
+        self._compiled_step: Compiled | None = None  # built on the first step, after a resume
         self.step = 0
         self.seconds_before = 0.0  # training time of the parts before a resume
         self._started = time.perf_counter()
@@ -147,13 +166,25 @@ class Trainer:
     def train_step(self) -> tuple[Tensor, Tensor | None]:
         """One optimisation step; returns the loss and the gradient norm (device scalars)."""
         batch = self.batches.next()
+        if self.compiled:
+            if self._compiled_step is None:
+                self._compiled_step = tc.compile(self._update, cache_dir=False, fallback="eager")
+            loss, norm = self._compiled_step(self.model, *batch)
+        else:
+            loss, norm = self._update(self.model, *batch)
+        self.lr_scheduler.step()
+        return loss, norm
+
+    def _update(self, model: Module, *batch: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Everything of a step on the device: zero_grad, loss, backward, clipping, the
+        optimizer and EMA updates.  ``model`` is passed so that a compiled call keys on
+        its structure and training flags and guards its parameters."""
         self.optimizer.zero_grad(set_to_none=False)
         with tc.set_grad_enabled(True):
             loss = self.loss_fn(batch, self.generator)
         loss.backward()
         norm = clip_grad_norm_(self.params, self.options.grad_clip) if self.options.grad_clip else None
         self.optimizer.step()
-        self.lr_scheduler.step()
         self.ema.step(self.params)
         return loss.detach(), norm
 
@@ -192,6 +223,8 @@ class Trainer:
             self.save()
         result.step, result.checkpoint = self.step, self.last_checkpoint
         result.seconds = self.elapsed()
+        if self._compiled_step is not None:
+            result.compile_info = self._compiled_step.cache_info()
         if out and result.steps:
             logged = read_metrics(metrics.path)
             result.loss_curve = save_loss_curve(logged["step"], logged["loss"], os.path.join(out, "loss.png"))

@@ -6,7 +6,8 @@
 
 CPU: the tiny MLP (2x16 -> 32 -> 32 -> 4, SiLU/GELU) forward on each CPU backend, eager
 (no_grad, and with autograd recording) against the compiled replay; an Adam train step
-of the same MLP; the first call of a new process that traces against one that loads
+of the same MLP; the digits ``train`` step of the command line (Numba, ``compile=False``
+against ``compile=True``); the first call of a new process that traces against one that loads
 the plan from the disk cache.  GPU (TENSORCORE_BACKEND=cupy): the same MLP, then the
 reference UNet (``diffusion.UNet2D.reference()``, input [1, 4, 128, 128]) forward and an
 AdamW train step, eager against the compiled CUDA-graph replay, with the host time per
@@ -88,6 +89,31 @@ def mlp_rows(backend: str, device: str | None = None, sync: Callable[[], None] =
     return rows
 
 
+def digits_train_row(backend: str, steps: int = 40, skip: int = 10) -> tuple:
+    """(case, eager, compiled) ms per step of the CLI's default ``train`` step: the digits
+    UNet (levels 32, 64) on batches of 64 8x8 digits, AdamW, clipping, EMA; the median
+    interval between steps after the first ``skip`` (wall, process CPU time)."""
+    from diffusion import DDPMScheduler, UNet2D
+    from diffusion.cli.digits import unet_config
+    from diffusion.datasets import digit_images
+    from diffusion.training import train_ddpm
+
+    data = digit_images(8)
+    times = []
+    for mode in (False, True):
+        tc.manual_seed(0)
+        unet = UNet2D(**unet_config(8, (32, 64), 1, 1)).train()
+        stamps: list[tuple[float, float]] = []
+        result = train_ddpm(unet, DDPMScheduler(beta_schedule="squaredcos_cap_v2"), data, steps=steps,
+                            batch_size=64, grad_clip=1.0, ema_decay=0.999, log_every=steps, checkpoint_every=None,
+                            progress=False, compile=mode,
+                            callback=lambda step: stamps.append((time.perf_counter(), time.process_time())))
+        assert not mode or result.compile_info.hits >= steps - 2, result.compile_info
+        kept = stamps[skip:]
+        times.append(tuple(statistics.median(b[i] - a[i] for a, b in zip(kept, kept[1:])) * 1e3 for i in (0, 1)))
+    return (f"digits train step (CLI default), {backend}", *times)
+
+
 STARTUP = """
 import json, sys, time
 import tensorcore as tc, layers
@@ -134,14 +160,17 @@ def print_rows(title: str, rows: list[tuple], unit: str = "us") -> None:
 
 
 def cpu_section() -> None:
-    rows = []
+    rows, train_rows = [], []
     for name in ("numpy", "numba"):
         try:
             with tc.use_backend(name):
                 rows += mlp_rows(name)
+                if name == "numba":  # the command line's fast backend
+                    train_rows.append(digits_train_row(name))
         except RuntimeError as exc:  # numba not installed
             print(f"({name}: {exc})")
     print_rows("CPU, per call (wall / process CPU time)", rows)
+    print_rows("CPU, per training step (wall / process CPU time)", train_rows, unit="ms")
     startup()
 
 
