@@ -146,11 +146,12 @@ def _scores_read_twice(q, k, v):
     return F.softmax(s, -1) @ v + s.sum()
 
 
-SCALE = tc.tensor(0.5)  # bound by reference: its value may change between calls
+SCALES: dict[str, tc.Tensor] = {}  # per device; bound by reference: the value may change between calls
 
 
 def _tensor_scale(q, k, v):
-    return F.softmax((q @ k.transpose(-1, -2)) * SCALE, -1) @ v
+    scale = SCALES.setdefault(q.device, tc.tensor(0.5, device=q.device))
+    return F.softmax((q @ k.transpose(-1, -2)) * scale, -1) @ v
 
 
 def _per_key_scale(q, k, v):

@@ -78,7 +78,7 @@ def forward(kernel: str, x, w, b, groups: int, act: str):
     if loader.compute_capability() < 90:
         pytest.skip("one-pass GroupNorm kernels need Hopper")
     run = {"resident": groupnorm._resident, "cluster": groupnorm._clustered}[kernel]
-    return run(x, w, b, (n, groups), c // groups * s, s, 1e-5, act)
+    return run(x, None, w, b, (n, groups), c // groups * s, s, 1e-5, act)  # no shift
 
 
 # Resident layouts: one block ((2, 6, 8, 8)); blocks touching up to four statistics

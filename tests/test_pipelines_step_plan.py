@@ -86,7 +86,8 @@ def test_the_plan_holds_the_whole_step(backend):
 
 def test_a_callers_generator_draws_inside_the_plan_and_advances_as_eager(backend):
     eager, compiled = pipelines(DDIMScheduler())
-    mine, theirs = tc.Generator(seed=11), tc.Generator(seed=11)
+    device = next(iter(eager.unet.parameters())).device  # a generator on the model's device draws in the plan
+    mine, theirs = tc.Generator(device, seed=11), tc.Generator(device, seed=11)
     extra = dict(seed=None, eta=1.0)
     first, second = (eager.generate(**options(2.5, generator=mine, **extra)) for _ in range(2))
     got_first = compiled.generate(**options(2.5, generator=theirs, **extra))
