@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -181,6 +182,11 @@ class CudaGraphReplay:
         graph = plan.graph
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
+        # What the backend keeps for this stream (convolution scratch, counters) is
+        # allocated in this plan's pool during the capture, and dies with it: when the
+        # plan goes without release(), those buffers must go too, before a new stream
+        # reuses the handle and is handed freed memory.
+        self.forget_stream = weakref.finalize(self, backend.release_stream, self.stream.ptr)
         self.handed_over = cupy.cuda.Event(disable_timing=True)  # the previous caller's stream, when it changes
         self.blocks: list[Any] = []
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
@@ -279,7 +285,7 @@ class CudaGraphReplay:
     def release(self) -> None:
         self.graph = self.env = self.memory = self.last_user = None
         self.inputs, self.outputs, self.writeback, self.blocks = [], [], [], []
-        self.backend.release_stream(self.stream.ptr)  # the buffers the backend kept for the capture
+        self.forget_stream()  # the buffers the backend kept for the capture (once)
         self.pool.free_all_blocks()
 
 
