@@ -158,3 +158,29 @@ def test_batch_norm_updates_bfloat16_running_stats(backend):
     batch_mean = wide(x).mean(axis=(0, 2, 3))
     assert norm.running_mean.dtype == BF16
     np.testing.assert_allclose(wide(norm.running_mean), 0.1 * batch_mean, rtol=1e-2, atol=1e-3)
+
+
+def test_clip_keeps_bfloat16(backend):
+    """NumPy widens a bfloat16 array clipped by Python floats to float32; the op must not."""
+    x = tc.tensor(np.linspace(-3, 3, 11, dtype=np.float32), device=device_of(backend)).to(dtype=tc.bfloat16)
+    for got in (x.clip(-1.0, 1.0), tc.clip(x, min=-1.5), tc.clip(x, max=0.25)):
+        assert got.dtype == tc.bfloat16
+    np.testing.assert_array_equal(x.clip(-1.0, 1.0).to(dtype=tc.float32).numpy(),
+                                  np.clip(np.linspace(-3, 3, 11, dtype=np.float32).astype(x.numpy().dtype), -1, 1)
+                                  .astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["DDPMScheduler", "DDIMScheduler", "DPMSolverMultistepScheduler",
+                                  "EulerDiscreteScheduler"])
+def test_scheduler_steps_keep_a_bfloat16_sample(backend, name):
+    """A bfloat16 model's sample stays bfloat16 through a step (the float32 tables are 0-d
+    coefficients, as diffusers' are under PyTorch's promotion): a float32 sample would make
+    the next model call compute in float32."""
+    import diffusion
+
+    scheduler = getattr(diffusion, name)()
+    scheduler.set_timesteps(4)
+    sample = tc.randn(1, 2, 4, 4, device=device_of(backend)).to(dtype=tc.bfloat16)
+    model_input = scheduler.scale_model_input(sample, scheduler.timesteps[0])
+    out = scheduler.step(model_input * 0.5, scheduler.timesteps[0], sample)
+    assert out.prev_sample.dtype == tc.bfloat16

@@ -136,7 +136,8 @@ class NumpyPrimitives:
         return out
 
     def clip(self, a, lo, hi, out=None):
-        return self.xp.clip(a, lo, hi, out=out)
+        y = self.xp.clip(a, lo, hi, out=out)
+        return y if y.dtype == a.dtype else y.astype(a.dtype)  # NumPy widens bfloat16 for float bounds
 
     def leaky_relu(self, a, slope):
         return self.xp.where(a > 0, a, a * a.dtype.type(slope))
