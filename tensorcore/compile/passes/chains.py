@@ -17,7 +17,7 @@ import numpy as np
 
 from ...dtypes import is_floating
 from ..graph import Graph, Node, Ref, Value
-from .uses import Uses, Views, owns_block
+from .uses import Uses, Views, full_call, owns_block
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the fused calls take
 
@@ -72,11 +72,9 @@ class Chains:
         if type(x) is not Ref:
             return (x if _is_number(x) else None), []
         v = self.values[x.value]
-        s = self.graph.storages[v.storage]
-        p = self.position.get(s.producer) if s.kind == "fresh" and not s.written else None
+        p = full_call(self.graph, self.values, self.position, x)
         node = None if p is None else self.graph.nodes[p]
-        if node is None or node.op != "full" or node.kwargs or len(node.args) != 3 or math.prod(v.shape) != 1 \
-                or not _is_number(node.args[1]) or not is_floating(v.dtype):
+        if node is None or not _is_number(node.args[1]) or not is_floating(v.dtype):
             return None, []
         number = v.dtype.type(node.args[1]).item()  # the array holds it rounded to its dtype
         return number, [] if self.producer(x.value, reader, views=True) is None else [p]

@@ -36,7 +36,7 @@ import numpy as np
 
 from ...backends.base import ACTIVATIONS, Backend
 from ..graph import Graph, Node, Ref, Value, node_refs
-from .uses import Uses, fresh_block, rewritten
+from .uses import Uses, fresh_block, full_call, rewritten
 
 _CONV = inspect.signature(Backend.conv2d)
 _EPILOGUE_DEFAULTS = {"bias": None, "act": "none", "residual": None, "residual_scale": 1.0}
@@ -92,7 +92,7 @@ def fuse_epilogue(graph: Graph) -> Graph:
 
 
 class _Numbers:
-    """The numbers 0-d ``full`` calls made (``2 * y`` makes one for the 2)."""
+    """The numbers one-element ``full`` calls made (``2 * y`` makes one for the 2)."""
 
     def __init__(self, graph: Graph, values: list[Value]) -> None:
         self.graph, self.values = graph, values
@@ -100,16 +100,10 @@ class _Numbers:
 
     def position(self, ref: Ref) -> int | None:
         """The position of the ``full`` call that made ``ref``, when one did."""
-        v = self.values[ref.value]
-        storage = self.graph.storages[v.storage]
-        position = self.positions.get(storage.producer) if storage.kind == "fresh" else None
-        if position is None or v.shape != () or storage.written:
-            return None
-        node = self.graph.nodes[position]
-        return position if node.op == "full" and len(node.args) == 3 and not node.kwargs else None
+        return full_call(self.graph, self.values, self.positions, ref)
 
     def value(self, operand: Any, dtype: np.dtype) -> Any:
-        """A Python number operand as it is, a 0-d ``full`` of ``dtype`` as its number."""
+        """A Python number operand as it is, a one-element ``full`` of ``dtype`` as its number."""
         if type(operand) is not Ref:
             return operand
         position = self.position(operand)

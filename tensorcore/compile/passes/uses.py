@@ -9,12 +9,15 @@
 * ``fresh_block``: whether a call's result is a C-contiguous block of its own that
   nothing writes later, so the fused call may produce it instead (``owns_block``: and
   it is the call's one result);
+* ``full_call``: the ``full`` call that made a one-element array (``2 * y`` traces one
+  for the 2), whose number a fused call may take instead;
 * ``rewritten``: the graph with calls replaced or dropped by position.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Iterable
 
 import numpy as np
@@ -80,6 +83,19 @@ def rewritten(graph: Graph, placed: dict[int, Node | None], stat: str, count: in
     nodes = [placed.get(p, node) for p, node in enumerate(graph.nodes)]
     stats = {**graph.stats, stat: graph.stats.get(stat, 0) + count}
     return dataclasses.replace(graph, nodes=[n for n in nodes if n is not None], stats=stats, **fields)
+
+
+def full_call(graph: Graph, values: list[Value], positions: dict[int, int], ref: Ref) -> int | None:
+    """The position of the ``full(shape, number, dtype)`` call that made the one-element
+    array ``ref`` (nothing writes it later), else None; ``positions``: node index ->
+    position in ``graph.nodes``."""
+    v = values[ref.value]
+    storage = graph.storages[v.storage]
+    position = positions.get(storage.producer) if storage.kind == "fresh" and not storage.written else None
+    if position is None or math.prod(v.shape) != 1:
+        return None
+    node = graph.nodes[position]
+    return position if node.op == "full" and len(node.args) == 3 and not node.kwargs else None
 
 
 def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
