@@ -59,8 +59,7 @@ class TrainOptions:
                                  "but out_dir is None")
             if self.resume is not True:
                 self.resume = os.fspath(self.resume)
-        if not (self.compile is True or self.compile is False or (isinstance(self.compile, str)
-                                                                   and self.compile == "auto")):
+        if not (self.compile is True or self.compile is False or self.compile == "auto"):
             raise ValueError(f"training: compile must be True, False or 'auto', got {self.compile!r}")
         if self.callback is not None and not callable(self.callback):
             raise TypeError(f"training: callback must be callable, got {type(self.callback).__name__}")
