@@ -63,13 +63,26 @@ def _logged(out_dir) -> list[dict[str, float]]:
     return [{c: float(r[c]) for c in ("step", "loss", "lr", "grad_norm")} for r in rows]
 
 
+def _noise_driven(unet, backend: str) -> set[str]:
+    """State keys of the attention key biases, compared only on NumPy.  Softmax over the
+    keys is invariant to a per-query constant, so a key bias's exact gradient is zero:
+    its computed gradient is rounding noise, and AdamW (which divides by the gradient's
+    own scale) steps it by about lr in the noise's direction.  Kernels that round
+    differently (fused against unfused) then move it differently, however exact they are."""
+    if backend == "numpy":
+        return set()
+    indices = [i for i, (name, _) in enumerate(unet.named_parameters()) if name.endswith("to_k.bias")]
+    return {f"{kind}{i}" for i in indices for kind in ("param", "ema")}
+
+
 def test_a_compiled_run_equals_the_eager_run_under_warmup_and_cosine(backend, tmp_path) -> None:
     eager_unet, eager = _ddpm(False, tmp_path / "eager")
     compiled_unet, compiled = _ddpm(True, tmp_path / "compiled")
     equal = _equal(backend)
     expected, actual = _state(eager_unet, eager), _state(compiled_unet, compiled)
     assert expected.keys() == actual.keys()
-    assert [k for k in expected if not equal(expected[k], actual[k])] == []
+    skipped = _noise_driven(eager_unet, backend)
+    assert [k for k in expected if k not in skipped and not equal(expected[k], actual[k])] == []
     assert equal(eager.losses, compiled.losses)
     rows_eager, rows_compiled = _logged(tmp_path / "eager"), _logged(tmp_path / "compiled")
     assert [r["lr"] for r in rows_eager] == [r["lr"] for r in rows_compiled]

@@ -126,7 +126,8 @@ class NumpyPrimitives:
         return _into(out, self.bias_act(a, None, op, 0))  # sigmoid and the other activations
 
     def binary(self, op: str, a, b, out=None):
-        return getattr(self.xp, _BINARY[op])(a, b, out=out)
+        y = getattr(self.xp, _BINARY[op])(a, b, out=out)
+        return y if out is not None else _keep_bfloat16(y, a, b)
 
     def where(self, cond, a, b, out=None):
         if out is None:
@@ -136,7 +137,13 @@ class NumpyPrimitives:
         return out
 
     def clip(self, a, lo, hi, out=None):
-        y = self.xp.clip(a, lo, hi, out=out)
+        xp = self.xp
+        if lo is None:  # CuPy's clip takes no None bound
+            y = xp.minimum(a, hi, out=out)
+        elif hi is None:
+            y = xp.maximum(a, lo, out=out)
+        else:
+            y = xp.clip(a, lo, hi, out=out)
         return y if y.dtype == a.dtype else y.astype(a.dtype)  # NumPy widens bfloat16 for float bounds
 
     def leaky_relu(self, a, slope):
@@ -280,6 +287,15 @@ class NumpyPrimitives:
 
     def integers(self, rng, shape, low, high, dtype):
         return self.from_numpy(rng.integers(low, high, size=shape).astype(dtype))
+
+
+def _keep_bfloat16(y, a, b):
+    """``y`` rounded back to bfloat16 where a bfloat16 array met a Python number: the
+    number is weak (PyTorch's and NumPy 2's rule), but CuPy widens bfloat16 for it."""
+    array, number = (a, b) if hasattr(a, "dtype") else (b, a)
+    if isinstance(number, float | int) and array.dtype == bfloat16 and y.dtype.kind == "f":
+        return y.astype(bfloat16)
+    return y
 
 
 class NumpyBackend(ComputesBfloat16InFloat32, NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):

@@ -174,20 +174,30 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
     const int nk = imin(ktiles, kt0 + kper) - kt0;
 
     const int tid = threadIdx.x, col = tid % CPR, row0 = tid / CPR;
-    // the output pixels this thread copies: the input pixel of tap offset (0, 0)
-    int a_pix[A_IT], a_y[A_IT], a_x[A_IT];
+    // The rows this thread copies: for A the output pixel's input pixel at tap offset
+    // (0, 0) (its element offset, and its coordinates for the bounds check); for B the
+    // output channel's element offset.  Per K tile only one offset common to all rows
+    // changes, so a copy costs an add, a bounds check and the cp.async.
+    int a_off[A_IT], a_y[A_IT], a_x[A_IT], b_off[B_IT];
+    bool b_ok[B_IT];
 #pragma unroll
     for (int i = 0; i < A_IT; ++i) {
         const int m = m0 + row0 + i * RPP;
         a_y[i] = -(1 << 30);  // outside every image: the copy is zero-filled
         a_x[i] = 0;
-        a_pix[i] = 0;
+        a_off[i] = 0;
         if (m < Mp) {
             const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
             a_y[i] = u * step_h;
             a_x[i] = v * step_w;
-            a_pix[i] = (n * IH + a_y[i]) * IW + a_x[i];
+            a_off[i] = ((n * IH + a_y[i]) * IW + a_x[i]) * Cp;
         }
+    }
+#pragma unroll
+    for (int i = 0; i < B_IT; ++i) {
+        const int j = n0 + row0 + i * RPP;
+        b_ok[i] = j < Nout;
+        b_off[i] = b_ok[i] ? j * R * S * Cp : 0;
     }
     // this thread's K position (its chunk column): channel kc of slot (kjr, kjs)
     int kc = 0, kjr = 0, kjs = 0;
@@ -198,9 +208,15 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
         kjs = slot - kjr * tw.count;
     }
 
+    // shared-memory byte addresses: stage s of this thread's copy destinations starts
+    // at *_dst + s * STAGE_BYTES, row i of them i * ROW_STEP further
+    constexpr unsigned STAGE_BYTES = STAGE * sizeof(T), ROW_STEP = RPP * LDK * sizeof(T);
+    const unsigned smem_base = smem_addr(smem);
+    const unsigned a_dst = smem_base + (row0 * LDK + col * VEC) * sizeof(T);
+    const unsigned b_dst = a_dst + BM * LDK * sizeof(T);
+
     auto load_tile = [&](int stage) {
-        T* sA = smem + stage * STAGE;
-        T* sB = sA + BM * LDK;
+        const unsigned so = stage * STAGE_BYTES;
         const bool kvalid = kjr < th.count;
         int dy = 0, dx = 0, tap = 0;
         if (kvalid) {
@@ -208,19 +224,17 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
             dx = tw.offset(kjs);
             tap = th.tap(kjr) * S + tw.tap(kjs);
         }
+        const int a_delta = (dy * IW + dx) * Cp + kc, b_delta = tap * Cp + kc;
 #pragma unroll
         for (int i = 0; i < A_IT; ++i) {
-            const int iy = a_y[i] + dy, ix = a_x[i] + dx;
-            const bool p = kvalid && (unsigned)iy < (unsigned)IH && (unsigned)ix < (unsigned)IW;
-            const T* src = p ? act + ((long long)(a_pix[i] + dy * IW + dx) * Cp + kc) : act;
-            cp_async16(smem_addr(sA + (row0 + i * RPP) * LDK + col * VEC), src, p);
+            const bool p = kvalid && (unsigned)(a_y[i] + dy) < (unsigned)IH &&
+                           (unsigned)(a_x[i] + dx) < (unsigned)IW;
+            cp_async16(a_dst + so + i * ROW_STEP, act + (p ? a_off[i] + a_delta : 0), p);
         }
 #pragma unroll
         for (int i = 0; i < B_IT; ++i) {
-            const int j = n0 + row0 + i * RPP;
-            const bool p = kvalid && j < Nout;
-            const T* src = p ? wpk + ((long long)(j * R * S + tap) * Cp + kc) : wpk;
-            cp_async16(smem_addr(sB + (row0 + i * RPP) * LDK + col * VEC), src, p);
+            const bool p = kvalid && b_ok[i];
+            cp_async16(b_dst + so + i * ROW_STEP, wpk + (p ? b_off[i] + b_delta : 0), p);
         }
         kc += BK;  // the next K tile
         while (kc >= Cp) {
@@ -236,20 +250,23 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
     float acc[MT][NT][4];
     zero(acc);
 
+    // ldmatrix row addresses of this lane: A rows i * 16 + (lane & 15), chunk lane >> 4;
+    // B rows j * 8 + (lane & 7) + 8 * (lane >> 4), chunk (lane >> 3) & 1
+    const unsigned a_ld = smem_base + ((wm * WTM + (lane & 15)) * LDK + (lane >> 4) * VEC) * sizeof(T);
+    const unsigned b_ld = smem_base + ((BM + wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDK +
+                                       ((lane >> 3) & 1) * VEC) * sizeof(T);
+
     auto compute = [&](int stage) {
-        const T* sA = smem + stage * STAGE + wm * WTM * LDK;
-        const T* sB = smem + stage * STAGE + BM * LDK + wn * WTN * LDK;
+        const unsigned so = stage * STAGE_BYTES;
 #pragma unroll
         for (int ks = 0; ks < BK; ks += KMMA) {
             unsigned a[MT][4], b[NT][2];
 #pragma unroll
-            for (int i = 0; i < MT; ++i)
-                ldsm_x4(a[i], smem_addr(sA + (i * 16 + (lane & 15)) * LDK + ks + (lane >> 4) * VEC));
+            for (int i = 0; i < MT; ++i) ldsm_x4(a[i], a_ld + so + (i * 16 * LDK + ks) * sizeof(T));
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 unsigned r[4];
-                ldsm_x4(r, smem_addr(sB + (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDK + ks +
-                                     ((lane >> 3) & 1) * VEC));
+                ldsm_x4(r, b_ld + so + (j * 8 * LDK + ks) * sizeof(T));
                 b[j][0] = r[0];
                 b[j][1] = r[1];
                 b[j + 1][0] = r[2];
@@ -261,32 +278,44 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
 
     multistage<STAGES>(nk, load_tile, compute);
 
+    // Epilogue through shared memory: the accumulators are staged channel-major
+    // ([BN][BM + 4] floats, over the pipeline's buffers), then each thread takes one
+    // output pixel and walks the channels, so a warp writes 32 consecutive pixels of a
+    // channel (one coalesced store) and the pixel's (n, y, x) is decoded once.
+    constexpr int LDO = BM + 4;  // 4 mod 32 words: the fragment stores hit 32 banks
+    static_assert(BN * LDO * 4 <= STAGES * STAGE * (int)sizeof(T), "staging fits the pipeline");
+    float* staged = reinterpret_cast<float*>(smem_words);
     const int g = lane >> 2, t4 = lane & 3;
-    const long long plane = (long long)OH * OW;
-    const long long total = (long long)Nimg * Nout * plane;
+    __syncthreads();  // every warp is done reading the last stage
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int m = m0 + wm * WTM + i * 16 + g + h * 8;
-            if (m >= Mp) continue;
-            const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
-            const long long row = (long long)n * Nout * plane + (long long)(py + u * div_h) * OW +
-                                  (px + v * div_w);
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int ch = n0 + wn * WTN + j * 8 + 2 * t4 + e;
-                    if (ch >= Nout) continue;
-                    const long long idx = row + (long long)ch * plane;
-                    const float val = acc[i][j][2 * h + e];
-                    if (splits > 1)
-                        part[split * total + idx] = val;
-                    else
-                        out[idx] = conv_epilogue<T>(val, bias, residual, idx, ch, act_code, scale);
-                }
+            for (int e = 0; e < 4; ++e)
+                staged[(wn * WTN + j * 8 + 2 * t4 + (e & 1)) * LDO + wm * WTM + i * 16 + g +
+                       (e >> 1) * 8] = acc[i][j][e];
+    __syncthreads();
+
+    const long long plane = (long long)OH * OW;
+    const long long total = (long long)Nimg * Nout * plane;
+    constexpr int CH_LANES = THREADS >= BM ? THREADS / BM : 1;
+    const int nch = imin(BN, Nout - n0);
+    for (int mm = tid % BM; mm < BM; mm += THREADS) {
+        const int m = m0 + mm;
+        if (m >= Mp) break;
+        const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
+        const long long row = ((long long)n * Nout + n0) * plane +
+                              (long long)(py + u * div_h) * OW + (px + v * div_w);
+        for (int c = tid / BM; c < nch; c += CH_LANES) {
+            const long long idx = row + (long long)c * plane;
+            const float val = staged[c * LDO + mm];
+            if (splits > 1)
+                part[split * total + idx] = val;
+            else
+                out[idx] = conv_epilogue<T>(val, bias, residual, idx, n0 + c, act_code, scale);
         }
+    }
 }
 
 template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
@@ -339,15 +368,19 @@ conv_wgrad_kernel(const T* __restrict__ gh, const T* __restrict__ xh, T* __restr
         b_q[i] = rem - b_p[i] * Q;
     }
 
+    // shared-memory byte addresses of this thread's copy destinations in stage 0
+    constexpr unsigned STAGE_BYTES = STAGE * sizeof(T);
+    const unsigned smem_base = smem_addr(smem);
+    const unsigned a_dst = smem_base + (a_row0 * LDA + a_col * VEC) * sizeof(T);
+    const unsigned b_dst = smem_base + (BK * LDA + b_row0 * LDB + b_col * VEC) * sizeof(T);
+
     auto load_tile = [&](int stage) {
-        T* sA = smem + stage * STAGE;
-        T* sB = sA + BK * LDA;
+        const unsigned so = stage * STAGE_BYTES;
 #pragma unroll
         for (int i = 0; i < A_IT; ++i) {
             const int k = a_k + i * A_RPP;
             const bool p = a_ok && k < Kpix;
-            const T* src = p ? gh + ((long long)k * Cop + a_co) : gh;
-            cp_async16(smem_addr(sA + (a_row0 + i * A_RPP) * LDA + a_col * VEC), src, p);
+            cp_async16(a_dst + so + i * A_RPP * LDA * sizeof(T), gh + (p ? k * Cop + a_co : 0), p);
         }
         a_k += BK;
 #pragma unroll
@@ -355,8 +388,8 @@ conv_wgrad_kernel(const T* __restrict__ gh, const T* __restrict__ xh, T* __restr
             const int iy = b_p[i] * sh + offy, ix = b_q[i] * sw + offx;
             const bool p = b_ok && b_n[i] < Nimg && (unsigned)iy < (unsigned)IH &&
                            (unsigned)ix < (unsigned)IW;
-            const T* src = p ? xh + ((long long)((b_n[i] * IH + iy) * IW + ix) * Cp + bc) : xh;
-            cp_async16(smem_addr(sB + (b_row0 + i * B_RPP) * LDB + b_col * VEC), src, p);
+            cp_async16(b_dst + so + i * B_RPP * LDB * sizeof(T),
+                       xh + (p ? ((b_n[i] * IH + iy) * IW + ix) * Cp + bc : 0), p);
             b_q[i] += BK;  // the same row of the next K tile
             if (b_q[i] >= Q) {
                 const int carry = b_q[i] / Q;
@@ -376,7 +409,16 @@ conv_wgrad_kernel(const T* __restrict__ gh, const T* __restrict__ xh, T* __restr
     float acc[MT][NT][4];
     zero(acc);
 
+    // ldmatrix (.trans) row addresses of this lane in stage 0, 16-bit operands: A rows
+    // k = (lane & 7) + 8 * (lane >> 4), chunk (lane >> 3) & 1; B rows k = (lane & 7) +
+    // 8 * ((lane >> 3) & 1), chunk lane >> 4
+    const unsigned a_ld = smem_base + (((lane & 7) + ((lane >> 4) << 3)) * LDA + wm * WTM +
+                                       ((lane >> 3) & 1) * 8) * sizeof(T);
+    const unsigned b_ld = smem_base + (BK * LDA + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDB +
+                                       wn * WTN + (lane >> 4) * 8) * sizeof(T);
+
     auto compute = [&](int stage) {
+        const unsigned so = stage * STAGE_BYTES;
         const T* sA = smem + stage * STAGE + wm * WTM;
         const T* sB = smem + stage * STAGE + BK * LDA + wn * WTN;
 #pragma unroll
@@ -385,13 +427,11 @@ conv_wgrad_kernel(const T* __restrict__ gh, const T* __restrict__ xh, T* __restr
             if constexpr (PREC == PREC_16) {
 #pragma unroll
                 for (int i = 0; i < MT; ++i)
-                    ldsm_x4_t(a[i], smem_addr(sA + (ks + (lane & 7) + ((lane >> 4) << 3)) * LDA +
-                                              i * 16 + ((lane >> 3) & 1) * 8));
+                    ldsm_x4_t(a[i], a_ld + so + (ks * LDA + i * 16) * sizeof(T));
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned r[4];
-                    ldsm_x4_t(r, smem_addr(sB + (ks + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDB +
-                                           j * 8 + (lane >> 4) * 8));
+                    ldsm_x4_t(r, b_ld + so + (ks * LDB + j * 8) * sizeof(T));
                     b[j][0] = r[0];
                     b[j][1] = r[1];
                     b[j + 1][0] = r[2];
