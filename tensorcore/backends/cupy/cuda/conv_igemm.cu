@@ -256,27 +256,24 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
     const unsigned b_ld = smem_base + ((BM + wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDK +
                                        ((lane >> 3) & 1) * VEC) * sizeof(T);
 
-    auto compute = [&](int stage) {
-        const unsigned so = stage * STAGE_BYTES;
+    unsigned a[2][MT][4], b[2][NT][2];  // fragments of two slices
+    auto load_frag = [&](int buf, int stage, int ks) {
+        const unsigned at = stage * STAGE_BYTES + ks * KMMA * sizeof(T);
 #pragma unroll
-        for (int ks = 0; ks < BK; ks += KMMA) {
-            unsigned a[MT][4], b[NT][2];
+        for (int i = 0; i < MT; ++i) ldsm_x4(a[buf][i], a_ld + at + i * 16 * LDK * sizeof(T));
 #pragma unroll
-            for (int i = 0; i < MT; ++i) ldsm_x4(a[i], a_ld + so + (i * 16 * LDK + ks) * sizeof(T));
-#pragma unroll
-            for (int j = 0; j < NT; j += 2) {
-                unsigned r[4];
-                ldsm_x4(r, b_ld + so + (j * 8 * LDK + ks) * sizeof(T));
-                b[j][0] = r[0];
-                b[j][1] = r[1];
-                b[j + 1][0] = r[2];
-                b[j + 1][1] = r[3];
-            }
-            mma_slice<T, PREC, MT, NT>(acc, a, b);
+        for (int j = 0; j < NT; j += 2) {
+            unsigned r[4];
+            ldsm_x4(r, b_ld + at + j * 8 * LDK * sizeof(T));
+            b[buf][j][0] = r[0];
+            b[buf][j][1] = r[1];
+            b[buf][j + 1][0] = r[2];
+            b[buf][j + 1][1] = r[3];
         }
     };
+    auto mma = [&](int buf) { mma_slice<T, PREC, MT, NT>(acc, a[buf], b[buf]); };
 
-    multistage<STAGES>(nk, load_tile, compute);
+    multistage<STAGES, BK / KMMA>(nk, load_tile, load_frag, mma);
 
     // Epilogue through shared memory: the accumulators are staged channel-major
     // ([BN][BM + 4] floats, over the pipeline's buffers), then each thread takes one
@@ -417,48 +414,45 @@ conv_wgrad_kernel(const T* __restrict__ gh, const T* __restrict__ xh, T* __restr
     const unsigned b_ld = smem_base + (BK * LDA + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDB +
                                        wn * WTN + (lane >> 4) * 8) * sizeof(T);
 
-    auto compute = [&](int stage) {
-        const unsigned so = stage * STAGE_BYTES;
-        const T* sA = smem + stage * STAGE + wm * WTM;
-        const T* sB = smem + stage * STAGE + BK * LDA + wn * WTN;
+    unsigned a[2][MT][4], b[2][NT][2];  // fragments of two slices
+    auto load_frag = [&](int buf, int stage, int slice) {
+        const int ks = slice * KMMA;
+        if constexpr (PREC == PREC_16) {
+            const unsigned so = stage * STAGE_BYTES;
 #pragma unroll
-        for (int ks = 0; ks < BK; ks += KMMA) {
-            unsigned a[MT][4], b[NT][2];
-            if constexpr (PREC == PREC_16) {
+            for (int i = 0; i < MT; ++i)
+                ldsm_x4_t(a[buf][i], a_ld + so + (ks * LDA + i * 16) * sizeof(T));
 #pragma unroll
-                for (int i = 0; i < MT; ++i)
-                    ldsm_x4_t(a[i], a_ld + so + (ks * LDA + i * 16) * sizeof(T));
-#pragma unroll
-                for (int j = 0; j < NT; j += 2) {
-                    unsigned r[4];
-                    ldsm_x4_t(r, b_ld + so + (ks * LDB + j * 8) * sizeof(T));
-                    b[j][0] = r[0];
-                    b[j][1] = r[1];
-                    b[j + 1][0] = r[2];
-                    b[j + 1][1] = r[3];
-                }
-            } else {  // 32-bit words: scalar loads, conflict-free as LDA, LDB = 8 mod 32
-                const unsigned* wa = reinterpret_cast<const unsigned*>(sA);
-                const unsigned* wb = reinterpret_cast<const unsigned*>(sB);
-#pragma unroll
-                for (int i = 0; i < MT; ++i) {
-                    const int c = i * 16 + g;
-                    a[i][0] = wa[(ks + t4) * LDA + c];
-                    a[i][1] = wa[(ks + t4) * LDA + c + 8];
-                    a[i][2] = wa[(ks + t4 + 4) * LDA + c];
-                    a[i][3] = wa[(ks + t4 + 4) * LDA + c + 8];
-                }
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    b[j][0] = wb[(ks + t4) * LDB + j * 8 + g];
-                    b[j][1] = wb[(ks + t4 + 4) * LDB + j * 8 + g];
-                }
+            for (int j = 0; j < NT; j += 2) {
+                unsigned r[4];
+                ldsm_x4_t(r, b_ld + so + (ks * LDB + j * 8) * sizeof(T));
+                b[buf][j][0] = r[0];
+                b[buf][j][1] = r[1];
+                b[buf][j + 1][0] = r[2];
+                b[buf][j + 1][1] = r[3];
             }
-            mma_slice<T, PREC, MT, NT>(acc, a, b);
+        } else {  // 32-bit words: scalar loads, conflict-free as LDA, LDB = 8 mod 32
+            const unsigned* wa = reinterpret_cast<const unsigned*>(smem + stage * STAGE + wm * WTM);
+            const unsigned* wb = reinterpret_cast<const unsigned*>(smem + stage * STAGE + BK * LDA +
+                                                                   wn * WTN);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const int c = i * 16 + g;
+                a[buf][i][0] = wa[(ks + t4) * LDA + c];
+                a[buf][i][1] = wa[(ks + t4) * LDA + c + 8];
+                a[buf][i][2] = wa[(ks + t4 + 4) * LDA + c];
+                a[buf][i][3] = wa[(ks + t4 + 4) * LDA + c + 8];
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                b[buf][j][0] = wb[(ks + t4) * LDB + j * 8 + g];
+                b[buf][j][1] = wb[(ks + t4 + 4) * LDB + j * 8 + g];
+            }
         }
     };
+    auto mma = [&](int buf) { mma_slice<T, PREC, MT, NT>(acc, a[buf], b[buf]); };
 
-    multistage<STAGES>(nk, load_tile, compute);
+    multistage<STAGES, BK / KMMA>(nk, load_tile, load_frag, mma);
 
     const int RS = R * S;
     const long long total = (long long)Co * C * RS;

@@ -134,24 +134,48 @@ template <int MT, int NT> __device__ __forceinline__ void zero(float (&acc)[MT][
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 }
 
-// The multistage main loop over nk K tiles: STAGES - 1 tile copies in flight while one
-// stage is multiplied, one barrier per tile.  load(stage) issues the cp.async copies of
-// the next tile into a stage; compute(stage) multiplies one.  A stage is refilled only
-// after every warp has passed the barrier that follows its last use.
-template <int STAGES, typename Load, typename Compute>
-__device__ __forceinline__ void multistage(int nk, Load& load, Compute& compute) {
+// The multistage main loop over nk K tiles of KSTEPS mma slices each: STAGES - 1 tile
+// copies in flight, one barrier per tile, and the fragments of the next slice loaded
+// from shared memory while the current slice's mma run (two fragment buffers).  The
+// barrier that makes tile kt + 1 visible is taken before the last slice of tile kt is
+// multiplied (its fragments are already in registers), so the first fragments of tile
+// kt + 1 load under those mma.  After that barrier no warp reads tile kt's stage any
+// more, so tile kt + STAGES - 1 is copied into it at the start of tile kt + 1.
+//   load(stage)               issue the cp.async copies of the next tile into a stage
+//   load_frag(buf, stage, ks) fragments of slice ks of a stage into buffer buf
+//   mma(buf)                  acc += the fragments of buffer buf
+template <int STAGES, int KSTEPS, typename Load, typename LoadFrag, typename Mma>
+__device__ __forceinline__ void multistage(int nk, Load& load, LoadFrag& load_frag, Mma& mma) {
+    static_assert(KSTEPS % 2 == 0, "slices alternate between the two fragment buffers");
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nk) load(s);
         cp_async_commit();
     }
+    if (nk <= 0) {
+        cp_async_wait<0>();
+        return;
+    }
+    cp_async_wait<STAGES - 2>();  // tile 0 has landed (this thread's copies)
+    __syncthreads();              // ... everyone's
+    int read = 0, write = STAGES - 1;
+    load_frag(0, read, 0);
     for (int kt = 0; kt < nk; ++kt) {
-        cp_async_wait<STAGES - 2>();  // tile kt has landed (this thread's copies)
-        __syncthreads();              // ... everyone's, and stage kt - 1 is free
-        const int next = kt + STAGES - 1;
-        if (next < nk) load(next % STAGES);
-        cp_async_commit();
-        compute(kt % STAGES);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            if (ks == 0) {  // the stage freed by the barrier of the previous tile
+                if (kt + STAGES - 1 < nk) load(write);
+                cp_async_commit();
+                write = write + 1 == STAGES ? 0 : write + 1;
+            }
+            if (ks == KSTEPS - 1) {  // tile kt + 1 visible to every warp
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                read = read + 1 == STAGES ? 0 : read + 1;
+            }
+            if (ks < KSTEPS - 1 || kt + 1 < nk) load_frag((ks + 1) & 1, read, (ks + 1) % KSTEPS);
+            mma(ks & 1);
+        }
     }
     cp_async_wait<0>();
 }
