@@ -67,16 +67,19 @@ class Tile:
                 f"{self.warps_n}, {self.stages}, {self.min_blocks}>")
 
 
-# forward / input gradient: rows are output pixels, columns output channels.  64 x 64
-# warp tiles where registers allow (the fewest shared-memory bytes per mma).
+# forward / input gradient: rows are output pixels, columns output channels.  Eight
+# warps of 32 x 64 or 64 x 32 where registers allow (two warps per scheduler hide the
+# barrier and fragment loads); efficiencies fitted to a sweep of every tile and split
+# over the reference UNet's convolutions (docs/benchmarks.md).
 _FPROP_TILES = {
-    PREC_TF32: (Tile(128, 128, 32, 2, 2, 3, 2, 1.0), Tile(256, 128, 32, 4, 2, 3, 1, 1.0),
-                Tile(64, 64, 32, 2, 2, 4, 3, 0.6), Tile(128, 32, 32, 4, 1, 4, 2, 0.5)),
+    PREC_TF32: (Tile(256, 128, 32, 4, 2, 3, 1, 1.0), Tile(128, 128, 32, 4, 2, 4, 1, 0.8),
+                Tile(128, 128, 16, 2, 2, 4, 2, 0.7), Tile(128, 32, 32, 4, 1, 4, 2, 0.3)),
     # 3xTF32 holds both TF32 parts of every fragment: 64 x 32 warp tiles
     PREC_3XTF32: (Tile(128, 128, 32, 2, 4, 3, 1, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.7),
                   Tile(128, 32, 32, 4, 1, 4, 2, 0.6)),
-    PREC_16: (Tile(128, 128, 64, 2, 2, 3, 2, 1.0), Tile(256, 128, 64, 4, 2, 3, 1, 1.0),
-              Tile(64, 64, 64, 2, 2, 4, 3, 0.6), Tile(128, 32, 64, 4, 1, 4, 2, 0.5)),
+    PREC_16: (Tile(256, 128, 64, 4, 2, 3, 1, 1.0), Tile(128, 128, 64, 2, 4, 3, 1, 0.8),
+              Tile(128, 128, 32, 2, 2, 4, 2, 0.7), Tile(64, 64, 64, 2, 2, 4, 3, 0.6),
+              Tile(128, 32, 64, 4, 1, 4, 2, 0.4)),
 }
 # weight gradient: rows are output channels, columns (tap, input channel), K the pixels
 _WGRAD_TILES = {
