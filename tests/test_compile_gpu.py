@@ -111,6 +111,7 @@ def test_callers_on_their_own_streams():
     compiled = tc.compile(lambda x: tc.tanh(x) * 2 + 1, cache_dir=False)
     xs = [tc.randn(1 << 16, device="cuda") for _ in range(4)]
     compiled(xs[0])
+    tc.cuda.synchronize()  # the inputs were drawn on the default stream: non-blocking ones don't wait
     outs = []
     for x in xs:
         with cupy.cuda.Stream(non_blocking=True):

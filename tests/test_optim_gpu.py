@@ -105,6 +105,9 @@ def test_a_captured_training_step_replays_like_eager_steps() -> None:
     cupy.cuda.Device().synchronize()
 
     model, step = trainer()
+    # the state dict was loaded on the default stream, which a non-blocking stream does
+    # not wait for
+    cupy.cuda.Device().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         step()  # warm-up: compiles kernels and packs the flat buffers

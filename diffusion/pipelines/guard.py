@@ -9,6 +9,7 @@ tensors out), so a compiled denoise step carries the guard inside its plan.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from tensorcore import Tensor
@@ -23,7 +24,7 @@ def replace_nonfinite(sample: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
     nan = backend.unary("isnan", x)
     bad = backend.binary("logical_or", nan, backend.unary("isinf", x))
     found = backend.reduce("sum", backend.astype(bad, np.int64), None, False)
-    finite = np.finfo(x.dtype)
+    finite = ml_dtypes.finfo(x.dtype)  # NumPy's finfo does not know bfloat16 on every release
     clipped = backend.clip(x, float(finite.min), float(finite.max))
     clean = backend.where(nan, backend.zeros((), x.dtype), clipped)
     return Tensor(clean, sample.device), Tensor(backend.binary("add", total.data, found), sample.device)
