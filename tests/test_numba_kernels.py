@@ -315,6 +315,23 @@ def test_max_pool_many_small_planes(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel, stride, padding", POOL_CASES)
+def test_max_pool_nan_ties_and_infinities_match_the_reference(kernel, stride, padding, dtype):
+    """Windows drawn from a few values, so most hold ties, NaNs (several in one window:
+    the last one wins), -inf only or +inf: values and argmax equal the reference's
+    exactly, on the 2x2 halving path and the general one."""
+    values = np.array([np.nan, -np.inf, np.inf, -1.0, 0.0, 1.0, 1.0, 2.0], dtype)
+    x = np.random.default_rng(7).choice(values, size=(2, 5, 8, 7))
+    x[0, 0] = -np.inf
+    out, arg = NB.max_pool2d(x, kernel, stride, padding)
+    ref_out, ref_arg = NP.max_pool2d(x, kernel, stride, padding)
+    assert out.dtype == ref_out.dtype
+    np.testing.assert_array_equal(out, ref_out)  # NaNs compare equal here
+    np.testing.assert_array_equal(arg, ref_arg)
+    assert np.isnan(out).any() and np.isinf(out).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_hw, out_hw", [((4, 5), (8, 10)), ((3, 3), (7, 4)), ((1, 1), (3, 2)),
                                            ((5, 4), (2, 3))])
 def test_upsampling(in_hw, out_hw, dtype):
