@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .jit import helper, kernel
+from .jit import helper, inlined, kernel
 
 PLANE_CHUNK = 4096  # input elements per parallel task in the pooling backward
 
@@ -39,7 +39,7 @@ def _span(p, k, s, pad, size, covering):
     return (0 if t <= 0 else (t + s - 1) // s), min((p + pad) // s + 1, size)
 
 
-@helper
+@inlined
 def _max_pool_halving(src, out, arg, w, ho, wo):
     """2x2 windows at stride 2 without padding (the common CNN pooling) on one flat
     plane: four straight-line picks per window instead of two nested loops whose
