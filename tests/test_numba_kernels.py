@@ -200,6 +200,21 @@ def test_conv2d_and_grads(xs, ws, stride, padding, dilation, groups, dtype):
     check("conv2d_grad_weight", g, x, ws, stride, padding, dilation, groups, dtype=dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+@pytest.mark.parametrize("xs, ws, groups", [((5, 1, 30, 30), (3, 1, 3, 3), 1),  # blocks of 4 images + 1
+                                            ((3, 2, 70, 70), (4, 1, 3, 3), 2),  # planes over a block
+                                            ((4, 16, 6, 5), (8, 16, 3, 3), 1)])  # the BLAS path
+def test_conv2d_bias_act_written_with_the_output(xs, ws, groups, act, dtype):
+    """The short-contraction path works on blocks of images (a partial last one, or one
+    plane larger than a block) and, like the BLAS path, adds the bias and applies the
+    activation as it writes NCHW; the weight gradient gathers the same blocks."""
+    x, w, bias = rand(xs, dtype, 1), rand(ws, dtype, 2), rand((ws[0],), dtype, 3)
+    geo = ((1, 1), (1, 1), (1, 1), groups)
+    out = check("conv2d", x, w, *geo, bias, act, dtype=dtype)
+    check("conv2d_grad_weight", rand(out.shape, dtype, 4), x, ws, *geo, dtype=dtype)
+
+
 @given(n=st.integers(1, 3), c=st.integers(1, 4), h=st.integers(1, 9), w=st.integers(1, 9),
        cout=st.integers(1, 4), kh=st.integers(1, 4), kw=st.integers(1, 4),
        stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
