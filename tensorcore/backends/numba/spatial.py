@@ -231,8 +231,7 @@ class NumbaSpatialKernels:
         cols = self.scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
         np.matmul(w_t, self._grad_columns(grad, groups), out=cols)
         if _small_same_plane(x_shape, stride, (ho, wo)):
-            return K.swap_leading_axes(K.col2im_same_(cols.reshape(shape), n, h, wd, *padding,
-                                                      *dilation))
+            return K.col2im_same_(cols.reshape(shape), n, h, wd, *padding, *dilation)
         return K.col2im_(cols.reshape(shape), h, wd, *stride, *padding, *dilation, ho, wo)
 
     def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,

@@ -15,7 +15,7 @@ the positions whose tap falls in the padding are zeroed.  Other geometries copy 
 by row.  col2im runs one (channel, image) plane per task, so no two threads add into
 the same element.  For small planes of unchanged size, ``im2col_same_`` /
 ``col2im_same_`` work on the channel-major layout [C, N, H, W], where a tap's row is
-one shifted copy across all N planes.
+one shifted copy across all N planes (``col2im_same_`` writes its result in NCHW order).
 
 ``unswap_bias_act`` puts a forward product [Cout, N, Ho*Wo] into NCHW order with the
 bias and activation applied on the way.  ``small_k_forward`` / ``small_k_weight_grad``
@@ -167,17 +167,17 @@ def im2col_same_(cols, x_cm, ph, pw, dh, dw):
 
 @kernel
 def col2im_same_(cols, n, h, w, ph, pw, dh, dw):
-    """Adjoint of ``im2col_same_``: columns [C, kh, kw, N, H*W] -> channel-major
-    [C, N, H, W], one channel per task.  Overwrites the entries of ``cols`` whose tap
-    reads padding with zeros."""
+    """Adjoint of ``im2col_same_``: columns [C, kh, kw, N, H*W] -> x-shaped [N, C, H, W],
+    one channel per task, which sums its N planes back to back (channel-major, in its
+    own buffer) and then writes them out in NCHW order.  Overwrites the entries of
+    ``cols`` whose tap reads padding with zeros."""
     c, kh, kw = cols.shape[:3]
     t = cols.dtype.type
-    size = n * h * w
-    dx = np.empty((c, n, h, w), dtype=cols.dtype)
+    plane = h * w
+    size = n * plane
+    dx = np.empty((n, c, h, w), dtype=cols.dtype)
     for ch in prange(c):
-        acc = dx[ch].reshape(-1)
-        for q in range(size):
-            acc[q] = t(0.0)
+        acc = np.zeros(size, dtype=cols.dtype)
         for a in range(kh):
             oh_lo, oh_hi = _valid_outputs(a, dh, 1, ph, h, h)
             for b in range(kw):
@@ -189,6 +189,10 @@ def col2im_same_(cols, n, h, w, ph, pw, dh, dw):
                 part, dst = src[lo:hi], acc[lo + offset:hi + offset]
                 for q in range(part.size):
                     dst[q] += part[q]
+        for i in range(n):
+            res, part = dx[i, ch].reshape(-1), acc[i * plane:(i + 1) * plane]
+            for q in range(plane):
+                res[q] = part[q]
     return dx
 
 
