@@ -1,7 +1,7 @@
 """Activation functions and their derivatives, plus the fused bias+activation loops.
 
 Activations are passed to kernels as small integer codes (``ACT_CODES``) so one
-compiled kernel serves every activation; ``act_row_`` / ``act_grad_row_`` branch on
+compiled kernel serves every activation; ``act_row`` / ``act_grad_row`` branch on
 the code once per row and run a loop specialised to that activation.
 """
 
@@ -130,11 +130,12 @@ def act_row(code, src, scale, shift, dst):
     ``dst`` None writes into ``src``.
 
     One loop per activation with the code as a constant, so every loop vectorises (a
-    loop that branches on a run-time code per element does not).  The result is
-    written in one pass from the input, never by activating a pre-activation stored
-    first: LLVM compiles an in-place ``row[i] = max(row[i], 0)`` to masked stores,
-    which some CPUs run at a few elements per microsecond.  A ``dst`` that is ``src``
-    under another name takes the scalar loop (LLVM's overlap check fails), hence None."""
+    loop that branches on a run-time code per element does not).  The bias or affine
+    step is part of the loop, so callers need not store a pre-activation and activate
+    it in place: LLVM compiles an in-place ``row[i] = max(row[i], 0)`` to masked
+    stores, several times slower than plain ones on AMD CPUs.  A ``dst`` that is
+    ``src`` under another name takes the scalar loop (LLVM's overlap check fails),
+    hence None for in place."""
     out = _target(src, dst)
     n = src.size
     if code == 0:
