@@ -200,6 +200,21 @@ def test_conv2d_and_grads(xs, ws, stride, padding, dilation, groups, dtype):
     check("conv2d_grad_weight", g, x, ws, stride, padding, dilation, groups, dtype=dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+@pytest.mark.parametrize("xs, ws, groups", [((5, 1, 30, 30), (3, 1, 3, 3), 1),  # blocks of 4 images + 1
+                                            ((3, 2, 70, 70), (4, 1, 3, 3), 2),  # planes over a block
+                                            ((4, 16, 6, 5), (8, 16, 3, 3), 1)])  # the BLAS path
+def test_conv2d_bias_act_written_with_the_output(xs, ws, groups, act, dtype):
+    """The short-contraction path works on blocks of images (a partial last one, or one
+    plane larger than a block) and, like the BLAS path, adds the bias and applies the
+    activation as it writes NCHW; the weight gradient gathers the same blocks."""
+    x, w, bias = rand(xs, dtype, 1), rand(ws, dtype, 2), rand((ws[0],), dtype, 3)
+    geo = ((1, 1), (1, 1), (1, 1), groups)
+    out = check("conv2d", x, w, *geo, bias, act, dtype=dtype)
+    check("conv2d_grad_weight", rand(out.shape, dtype, 4), x, ws, *geo, dtype=dtype)
+
+
 @given(n=st.integers(1, 3), c=st.integers(1, 4), h=st.integers(1, 9), w=st.integers(1, 9),
        cout=st.integers(1, 4), kh=st.integers(1, 4), kw=st.integers(1, 4),
        stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
@@ -312,6 +327,23 @@ def test_max_pool_many_small_planes(dtype):
     out, arg = check("max_pool2d", x, (2, 2), (2, 2), (0, 0), dtype=dtype)
     np.testing.assert_array_equal(arg, NP.max_pool2d(x, (2, 2), (2, 2), (0, 0))[1])
     check("max_pool2d_backward", rand(out.shape, dtype, 5), arg, x.shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel, stride, padding", POOL_CASES)
+def test_max_pool_nan_ties_and_infinities_match_the_reference(kernel, stride, padding, dtype):
+    """Windows drawn from a few values, so most hold ties, NaNs (several in one window:
+    the last one wins), -inf only or +inf: values and argmax equal the reference's
+    exactly, on the 2x2 halving path and the general one."""
+    values = np.array([np.nan, -np.inf, np.inf, -1.0, 0.0, 1.0, 1.0, 2.0], dtype)
+    x = np.random.default_rng(7).choice(values, size=(2, 5, 8, 7))
+    x[0, 0] = -np.inf
+    out, arg = NB.max_pool2d(x, kernel, stride, padding)
+    ref_out, ref_arg = NP.max_pool2d(x, kernel, stride, padding)
+    assert out.dtype == ref_out.dtype
+    np.testing.assert_array_equal(out, ref_out)  # NaNs compare equal here
+    np.testing.assert_array_equal(arg, ref_arg)
+    assert np.isnan(out).any() and np.isinf(out).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

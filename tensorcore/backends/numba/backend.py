@@ -14,7 +14,9 @@ processes load machine code instead of compiling.
 
 Threads: creating the backend sets up the CPU thread pools (``numba/threads.py``):
 the parallel loops and NumPy's BLAS products share Numba's one pool, sized by
-``tc.set_num_threads`` (default: every core, or ``NUMBA_NUM_THREADS``).
+``tc.set_num_threads`` (default: every core, or ``NUMBA_NUM_THREADS``).  It also keeps
+glibc's malloc from returning freed arrays to the kernel (``numba/memory.py``), so the
+next arrays of a step do not page-fault.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy
 
-from . import threads
+from . import memory, threads
 from .fused import NumbaFusedKernels
 from .lora import NumbaLoraKernels
 from .nn import NumbaNNKernels
@@ -42,6 +44,7 @@ class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, Numba
 
     def __init__(self) -> None:
         threads.configure()  # before any kernel or BLAS call, so the pools never fight
+        memory.configure()
         self.scratch = Scratch()
 
     def empty_cache(self) -> None:

@@ -174,32 +174,40 @@ class NumbaSpatialKernels:
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
                groups: int, bias: Array | None = None, act: str = "none",
                residual: Array | None = None, residual_scale: float = 1.0) -> Array:
-        epilogue = (bias, act, residual, residual_scale)
         if not fast_path(x, w):
-            return super().conv2d(x, w, stride, padding, dilation, groups, *epilogue)
+            return super().conv2d(x, w, stride, padding, dilation, groups, bias, act, residual,
+                                  residual_scale)
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
         self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
-        return self._conv_epilogue(self._conv2d_plain(x, w, stride, padding, dilation, groups,
-                                                      (ho, wo)), *epilogue)
+        if bias is not None and not fast_path(x, bias):  # the generic epilogue converts it
+            y = self._conv2d_plain(x, w, stride, padding, dilation, groups, (ho, wo), None, "none")
+            return self._conv_epilogue(y, bias, act, residual, residual_scale)
+        y = self._conv2d_plain(x, w, stride, padding, dilation, groups, (ho, wo), bias, act)
+        return self._conv_epilogue(y, None, "none", residual, residual_scale)
 
     def _conv2d_plain(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
-                      groups: int, out_hw: Pair) -> Array:
+                      groups: int, out_hw: Pair, bias: Array | None, act: str) -> Array:
+        """act(conv2d(x, w) + bias); the direct and im2col paths apply the bias and the
+        activation as they write the output in NCHW order, sparing a pass over it."""
         from .kernels import conv as K
+        from .kernels.activations import ACT_CODES
 
         ho, wo = out_hw
         algorithm = conv_algorithm("forward", w.shape, stride, padding, dilation, groups,
                                    x.shape[0], (ho, wo))
         if algorithm == WINOGRAD:
-            return _winograd_conv(self.scratch, x, w, padding, (ho, wo))
-        cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+            y = _winograd_conv(self.scratch, x, w, padding, (ho, wo))
+            return y if bias is None and act == "none" else self.bias_act(y, bias, act, 1)
+        n, cout, kh, kw = x.shape[0], w.shape[0], w.shape[2], w.shape[3]
+        shift = np.zeros(cout, x.dtype) if bias is None else np.ascontiguousarray(bias)
         cols = self._columns(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
         w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
         if algorithm == DIRECT:
-            n = x.shape[0]
-            return K.small_k_forward(w_rows, cols.reshape(groups, -1, n, ho * wo)).reshape(
-                n, cout, ho, wo)
-        out = np.matmul(w_rows, cols)
-        return K.swap_leading_axes(out.reshape(cout, x.shape[0], ho, wo))
+            y = K.small_k_forward(w_rows, cols.reshape(groups, -1, n, ho * wo), shift, ACT_CODES[act])
+        else:
+            y = K.unswap_bias_act(np.matmul(w_rows, cols).reshape(cout, n, ho * wo), shift,
+                                  ACT_CODES[act])
+        return y.reshape(n, cout, ho, wo)
 
     def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
                           padding: Pair, dilation: Pair, groups: int) -> Array:
@@ -223,8 +231,7 @@ class NumbaSpatialKernels:
         cols = self.scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
         np.matmul(w_t, self._grad_columns(grad, groups), out=cols)
         if _small_same_plane(x_shape, stride, (ho, wo)):
-            return K.swap_leading_axes(K.col2im_same_(cols.reshape(shape), n, h, wd, *padding,
-                                                      *dilation))
+            return K.col2im_same_(cols.reshape(shape), n, h, wd, *padding, *dilation)
         return K.col2im_(cols.reshape(shape), h, wd, *stride, *padding, *dilation, ho, wo)
 
     def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,

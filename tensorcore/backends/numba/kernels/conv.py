@@ -15,10 +15,12 @@ the positions whose tap falls in the padding are zeroed.  Other geometries copy 
 by row.  col2im runs one (channel, image) plane per task, so no two threads add into
 the same element.  For small planes of unchanged size, ``im2col_same_`` /
 ``col2im_same_`` work on the channel-major layout [C, N, H, W], where a tap's row is
-one shifted copy across all N planes.
+one shifted copy across all N planes (``col2im_same_`` writes its result in NCHW order).
 
-``small_k_forward`` / ``small_k_weight_grad`` replace the BLAS products when the
-contraction C/groups * kh * kw is short (a first layer on 1-3 input channels).
+``unswap_bias_act`` puts a forward product [Cout, N, Ho*Wo] into NCHW order with the
+bias and activation applied on the way.  ``small_k_forward`` / ``small_k_weight_grad``
+replace the BLAS products when the contraction C/groups * kh * kw is short (a first
+layer on 1-3 input channels).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
+from .activations import act_row
 from .jit import helper, kernel
 
 
@@ -164,17 +167,17 @@ def im2col_same_(cols, x_cm, ph, pw, dh, dw):
 
 @kernel
 def col2im_same_(cols, n, h, w, ph, pw, dh, dw):
-    """Adjoint of ``im2col_same_``: columns [C, kh, kw, N, H*W] -> channel-major
-    [C, N, H, W], one channel per task.  Overwrites the entries of ``cols`` whose tap
-    reads padding with zeros."""
+    """Adjoint of ``im2col_same_``: columns [C, kh, kw, N, H*W] -> x-shaped [N, C, H, W],
+    one channel per task, which sums its N planes back to back (channel-major, in its
+    own buffer) and then writes them out in NCHW order.  Overwrites the entries of
+    ``cols`` whose tap reads padding with zeros."""
     c, kh, kw = cols.shape[:3]
     t = cols.dtype.type
-    size = n * h * w
-    dx = np.empty((c, n, h, w), dtype=cols.dtype)
+    plane = h * w
+    size = n * plane
+    dx = np.empty((n, c, h, w), dtype=cols.dtype)
     for ch in prange(c):
-        acc = dx[ch].reshape(-1)
-        for q in range(size):
-            acc[q] = t(0.0)
+        acc = np.zeros(size, dtype=cols.dtype)
         for a in range(kh):
             oh_lo, oh_hi = _valid_outputs(a, dh, 1, ph, h, h)
             for b in range(kw):
@@ -186,6 +189,10 @@ def col2im_same_(cols, n, h, w, ph, pw, dh, dw):
                 part, dst = src[lo:hi], acc[lo + offset:hi + offset]
                 for q in range(part.size):
                     dst[q] += part[q]
+        for i in range(n):
+            res, part = dx[i, ch].reshape(-1), acc[i * plane:(i + 1) * plane]
+            for q in range(plane):
+                res[q] = part[q]
     return dx
 
 
@@ -208,25 +215,57 @@ def swap_leading_axes(x):
 
 
 @kernel
-def small_k_forward(w, cols):
-    """y [N, Cout, Ho*Wo] = w [groups, Cout/groups, K] @ cols [groups, K, N, Ho*Wo] per
-    group, written straight into NCHW order.  For a short contraction (a first layer's
-    few input channels) the product is memory-bound: one pass that accumulates each
-    output plane in L1 beats a BLAS call plus the NCHW reordering."""
+def unswap_bias_act(y, bias, code):
+    """act(y + bias) for a GEMM's product y [Cout, N, S], written in NCHW order
+    [N, Cout, S]: the layout swap with the convolution's epilogue on the way."""
+    t = y.dtype.type
+    cout, n, s = y.shape
+    out = np.empty((n, cout, s), dtype=y.dtype)
+    for task in prange(n * cout):
+        i, co = task // cout, task % cout
+        act_row(code, y[co, i], t(1.0), bias[co], out[i, co])
+    return out
+
+
+BLOCK = 4096  # values of one output channel that a small-K task keeps in L1
+
+
+@helper
+def _image_blocks(n, hw):
+    """(images per block, blocks): image blocks of at most BLOCK values of a plane."""
+    per = max(1, BLOCK // max(hw, 1))
+    return per, (n + per - 1) // per
+
+
+@kernel
+def small_k_forward(w, cols, bias, code):
+    """y [N, Cout, Ho*Wo] = act(w @ cols + bias) per group, for w [groups, Cout/groups, K]
+    and cols [groups, K, N, Ho*Wo], written straight into NCHW order.  For a short
+    contraction (a first layer's few input channels) the product is memory-bound: one
+    task per (output channel, block of images) accumulates the block, contiguous in
+    cols, in L1 with long vector loops, then writes it out with the epilogue; this
+    beats a BLAS call plus the NCHW reordering."""
     groups, cg, k = w.shape
     n, hw = cols.shape[2], cols.shape[3]
     t = cols.dtype.type
     y = np.empty((n, groups * cg, hw), dtype=cols.dtype)
-    for task in prange(n * groups * cg):
-        i, co = task // (groups * cg), task % (groups * cg)
+    flat = cols.reshape(groups, k, n * hw)
+    per, blocks = _image_blocks(n, hw)
+    for task in prange(groups * cg * blocks):
+        co, blk = task // blocks, task % blocks
         g, cj = co // cg, co % cg
-        plane = y[i, co]
-        for p in range(hw):
-            plane[p] = t(0.0)
-        for kk in range(k):
-            wk, src = w[g, cj, kk], cols[g, kk, i]
-            for p in range(hw):
-                plane[p] += wk * src[p]
+        i0, i1 = blk * per, min(n, (blk + 1) * per)
+        lo, size = i0 * hw, (i1 - i0) * hw
+        acc = np.empty(size, dtype=cols.dtype)
+        w0, src = w[g, cj, 0], flat[g, 0, lo:lo + size]
+        for p in range(size):
+            acc[p] = w0 * src[p]
+        for kk in range(1, k):
+            wk, src = w[g, cj, kk], flat[g, kk, lo:lo + size]
+            for p in range(size):
+                acc[p] += wk * src[p]
+        for i in range(i0, i1):
+            act_row(code, acc[(i - i0) * hw:(i - i0 + 1) * hw], t(1.0), bias[co], y[i, co])
     return y
 
 
@@ -234,25 +273,32 @@ def small_k_forward(w, cols):
 def small_k_weight_grad(grad, cols):
     """dw [groups, Cout/groups, K] = grad @ cols^T per group, from grad [N, Cout, Ho*Wo]
     and cols [groups, K, N, Ho*Wo]: the adjoint of ``small_k_forward`` in the weight.
-    One output channel per task; its K x Ho*Wo partial sums stay in L1 and are
-    reduced once at the end."""
+    One output channel per task: it gathers its gradient planes a block of images at a
+    time (contiguous, in L1), then takes K long dot products with cols."""
     groups, k, n, hw = cols.shape
     cout = grad.shape[1]
     cg = cout // groups
     t = cols.dtype.type
     dw = np.empty((groups, cg, k), dtype=cols.dtype)
+    flat = cols.reshape(groups, k, n * hw)
+    per, blocks = _image_blocks(n, hw)
     for co in prange(cout):
         g, cj = co // cg, co % cg
-        acc = np.zeros((k, hw), dtype=cols.dtype)
-        for i in range(n):
-            gp = grad[i, co]
-            for kk in range(k):
-                row, src = acc[kk], cols[g, kk, i]
+        sums = np.zeros(k, dtype=cols.dtype)
+        block = np.empty(per * hw, dtype=cols.dtype)
+        for blk in range(blocks):
+            i0, i1 = blk * per, min(n, (blk + 1) * per)
+            lo, size = i0 * hw, (i1 - i0) * hw
+            for i in range(i0, i1):
+                plane, part = grad[i, co], block[(i - i0) * hw:(i - i0 + 1) * hw]
                 for p in range(hw):
-                    row[p] += gp[p] * src[p]
+                    part[p] = plane[p]
+            for kk in range(k):
+                src = flat[g, kk, lo:lo + size]
+                s = t(0.0)
+                for p in range(size):
+                    s += block[p] * src[p]
+                sums[kk] += s
         for kk in range(k):
-            s = t(0.0)
-            for p in range(hw):
-                s += acc[kk, p]
-            dw[g, cj, kk] = s
+            dw[g, cj, kk] = sums[kk]
     return dw

@@ -3,6 +3,10 @@
 * ``kernel``: a parallel entry point called from the backend (``prange`` loops); it
   runs on one thread when its arrays are small (``numba/threads.py``).
 * ``helper``: a serial function called from kernels (inlined by LLVM).
+* ``inlined``: a serial function inlined into its callers by Numba, for helpers a
+  parallel loop calls once per short row or plane: a call costs tens of nanoseconds
+  (the array views passed to it are reference counted with atomic updates), which
+  is as much as a whole 64-element row of work.
 * ``wide_vectors()``: called first thing in a parallel loop body, lets LLVM use
   512-bit vectors in that body (see its docstring).
 
@@ -25,6 +29,7 @@ from tensorcore.backends.numba import threads
 JIT_OPTIONS = {"fastmath": {"reassoc", "contract", "nsz"}, "error_model": "numpy"}
 
 helper = njit(cache=True, **JIT_OPTIONS)
+inlined = njit(inline="always", cache=True, **JIT_OPTIONS)
 _parallel = njit(parallel=True, cache=True, **JIT_OPTIONS)
 
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import prange
 
-from .activations import act_grad_row_, act_row_
+from .activations import act_grad_row, act_row
 from .jit import helper, kernel, wide_vectors
 from .reductions import moments
 
@@ -81,6 +81,7 @@ def group_norm_groups(x, weight, bias, eps, code, shift):
     (y, mean [N, G], rstd [N, G]).  ``shift`` [N, G*Cg] (or None) is added to x first:
     each group's sum goes into its rows of y, the statistics and the normalisation
     read it from there."""
+    t = x.dtype.type
     n, groups, cg, size = x.shape
     out = np.empty_like(x)
     src_all = x if shift is None else out
@@ -101,10 +102,12 @@ def group_norm_groups(x, weight, bias, eps, code, shift):
             c = g * cg + j
             scale = s * weight[c]
             offset = bias[c] - m * scale
+            # the same two loops whether or not shift was added, so a shifted call
+            # and the add followed by an unshifted call agree bit for bit
             src, res = src_all[i, g, j], out[i, g, j]
             for p in range(size):
                 res[p] = src[p] * scale + offset
-            act_row_(code, res)
+            act_row(code, res, t(1.0), t(0.0), None)
     return out, mean, rstd
 
 
@@ -127,10 +130,9 @@ def group_norm_groups_backward(grad, x, weight, bias, mean, rstd, code):
             c = g * cg + j
             scale = s * weight[c]
             shift = bias[c] - m * scale
-            src, dy, res = x[i, g, j], grad[i, g, j], dx[i, g, j]
-            for p in range(size):
-                res[p] = src[p] * scale + shift
-            act_grad_row_(code, res, dy)  # d pre-activation, finished below
+            src, res = x[i, g, j], dx[i, g, j]
+            # d pre-activation, finished below
+            act_grad_row(code, src, scale, shift, grad[i, g, j], res)
             acc_w = t(0.0)
             acc_b = t(0.0)
             for p in range(size):

@@ -6,23 +6,25 @@ into their own planes, so overlapping windows accumulate without races.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import prange
 
-from .jit import helper, kernel
+from .jit import helper, inlined, kernel
 
 PLANE_CHUNK = 4096  # input elements per parallel task in the pooling backward
 
 
 @helper
-def _window_pick(best, where, v, k):
-    """The running window maximum after seeing v at flat index k: the first maximum
-    wins and NaN wins."""
-    if v > best or math.isnan(v):
-        return v, k
-    return best, where
+def _window_pick(best, pos, nan, v, q):
+    """(best, pos, nan) after seeing v at window position q: best and pos follow the
+    first maximum, nan the last NaN's position (-1 while there is none).  Positions are
+    floats, so each update is a select on a single float comparison, which compiles
+    to a blend: random data mispredicts a branch per pick, and an integer select, or
+    one on two comparisons, compiles back to a branch."""
+    pos = q if v > best else pos
+    best = v if v > best else best
+    nan = q if v != v else nan
+    return best, pos, nan
 
 
 @helper
@@ -37,28 +39,31 @@ def _span(p, k, s, pad, size, covering):
     return (0 if t <= 0 else (t + s - 1) // s), min((p + pad) // s + 1, size)
 
 
-@helper
+@inlined
 def _max_pool_halving(src, out, arg, w, ho, wo):
     """2x2 windows at stride 2 without padding (the common CNN pooling) on one flat
     plane: four straight-line picks per window instead of two nested loops whose
     bounds are clipped per window."""
+    t = src.dtype.type
     for oh in range(ho):
-        r0 = 2 * oh * w
-        r1 = r0 + w
         for ow in range(wo):
-            k = 2 * ow
-            best, where = src[r0 + k], r0 + k
-            best, where = _window_pick(best, where, src[r0 + k + 1], r0 + k + 1)
-            best, where = _window_pick(best, where, src[r1 + k], r1 + k)
-            best, where = _window_pick(best, where, src[r1 + k + 1], r1 + k + 1)
-            out[oh * wo + ow] = best
-            arg[oh * wo + ow] = where
+            k = 2 * oh * w + 2 * ow
+            best, pos, nan = src[k], t(0.0), t(-1.0)
+            best, pos, nan = _window_pick(best, pos, nan, src[k], t(0.0))
+            best, pos, nan = _window_pick(best, pos, nan, src[k + 1], t(1.0))
+            best, pos, nan = _window_pick(best, pos, nan, src[k + w], t(2.0))
+            best, pos, nan = _window_pick(best, pos, nan, src[k + w + 1], t(3.0))
+            q = int(nan if nan >= t(0.0) else pos)
+            j = k + (q & 1) + (q >> 1) * w
+            out[oh * wo + ow] = src[j]  # read back: the last NaN, or the first maximum
+            arg[oh * wo + ow] = j
 
 
 @kernel
 def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
     """(out, argmax) with argmax the flat index into each H*W plane; the first maximum
-    wins, NaN wins, and an all -inf window reports its first position in the image."""
+    wins, the last NaN wins over any number, and an all -inf window reports its first
+    position in the image."""
     t = x.dtype.type
     n, c, h, w = x.shape
     planes = n * c
@@ -74,12 +79,15 @@ def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
             r0, r1 = _span(oh, kh, sh, ph, h, False)
             for ow in range(wo):
                 c0, c1 = _span(ow, kw, sw, pw, w, False)
-                best, where = t(-np.inf), r0 * w + c0
+                best, pos, nan, q = t(-np.inf), t(0.0), t(-1.0), t(0.0)
                 for ih in range(r0, r1):
                     for iw in range(c0, c1):
-                        best, where = _window_pick(best, where, src[p, ih * w + iw], ih * w + iw)
-                out[p, oh * wo + ow] = best
-                arg[p, oh * wo + ow] = where
+                        best, pos, nan = _window_pick(best, pos, nan, src[p, ih * w + iw], q)
+                        q += t(1.0)
+                k = int(nan if nan >= t(0.0) else pos)
+                j = (r0 + k // (c1 - c0)) * w + c0 + k % (c1 - c0)
+                out[p, oh * wo + ow] = src[p, j]
+                arg[p, oh * wo + ow] = j
     return out.reshape(n, c, ho, wo), arg.reshape(n, c, ho, wo)
 
 
