@@ -11,9 +11,10 @@ time, once per process (``configure``, called when the Numba backend is created)
 
 1. Numba's parallel loops run on OpenMP (the ``omp`` threading layer) unless
    ``NUMBA_THREADING_LAYER`` names another.  If Numba is the first to load GNU
-   OpenMP, its workers spin ``GOMP_SPINCOUNT`` = 1000 times after a region (unless the
-   variable is set): long enough to catch the next kernel of a step, short enough
-   not to burn a core another process needs.  The variable is set only while Numba
+   OpenMP, its workers spin ``GOMP_SPINCOUNT`` = 30 000 times after a region (unless
+   the variable is set): long enough to catch the next kernel of a step across the
+   Python work between kernels, a tenth of libgomp's default so an idle worker soon
+   yields a core another process needs.  The variable is set only while Numba
    loads the runtime, then removed.  Torch shares the process's one GNU OpenMP
    runtime with Numba, whichever loads it first (and then its spin setting).
 2. OpenBLAS (NumPy's BLAS) runs its parallel jobs on that same pool: its threads
@@ -42,7 +43,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-SPIN_COUNT = "1000"  # GOMP_SPINCOUNT for Numba's OpenMP workers (see 1. above)
+SPIN_COUNT = "30000"  # GOMP_SPINCOUNT for Numba's OpenMP workers (see 1. above)
 SERIAL_BELOW = 65_536  # elements over a kernel's array arguments (see SizedKernel)
 _CALLBACK_SYMBOL = "openblas_set_threads_callback_function"
 
