@@ -12,8 +12,9 @@ memory, never written to device memory:
 Operands are first packed channels-last by one transpose kernel (NHWC, channels padded
 with zeros to a 16-byte multiple, rounded to TF32 when the matmul precision is "high"),
 so every global-to-shared copy is a 16-byte ``cp.async``; any input strides are read
-as they are.  Outputs are written NCHW straight from the accumulators, with bias,
-activation, residual add and scale fused in.  Problems whose output tiles would not
+as they are.  Outputs are written NCHW through shared memory (the forward's
+accumulators staged there so that stores coalesce), with bias, activation, residual
+add and scale fused in.  Problems whose output tiles would not
 fill the GPU split K into float32 partials, summed (and finished by the epilogue) in a
 reduce kernel.  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
 small * big), accurate to float32.

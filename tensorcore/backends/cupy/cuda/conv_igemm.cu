@@ -26,7 +26,9 @@
 //                               form per axis: iy = u * step + (nb + phase + r * nd) / div.
 //                               Grid (M tiles, N tiles, phases * splits), WM x WN warps,
 //                               each a (BM/WM) x (BN/WN) tile of 16 x 8 mma tiles;
-//                               registers capped for MINB blocks per SM.
+//                               registers capped for MINB blocks per SM.  The epilogue
+//                               stages the tile in shared memory, then each thread writes
+//                               one output pixel across the tile's channels.
 //   conv_wgrad_kernel           dw[j][c][r][s] = sum over pixels of grad[n][p][q][j] *
 //                               x[n][p*sh - ph + r*dh][q*sw - pw + s*dw][c].  GEMM rows are
 //                               output channels, columns (tap, channel), K the N*P*Q
