@@ -8,6 +8,7 @@ accumulation, which stalls at 256 (256 + 1 is not a bfloat16).
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -168,6 +169,22 @@ def test_clip_keeps_bfloat16(backend):
     np.testing.assert_array_equal(x.clip(-1.0, 1.0).to(dtype=tc.float32).numpy(),
                                   np.clip(np.linspace(-3, 3, 11, dtype=np.float32).astype(x.numpy().dtype), -1, 1)
                                   .astype(np.float32))
+
+
+def test_where_and_the_nonfinite_guard_keep_bfloat16(backend):
+    """where over two bfloat16 operands is bfloat16 (CuPy widens it to float32), so the
+    pipelines' non-finite guard hands the next step a bfloat16 sample."""
+    from diffusion.pipelines.guard import replace_nonfinite
+
+    dev = device_of(backend)
+    x = tc.tensor(np.array([1.0, np.nan, np.inf, -np.inf, -2.5], np.float32), device=dev).to(dtype=tc.bfloat16)
+    picked = tc.where(x > 0, x, tc.zeros((), dtype=tc.bfloat16, device=dev))
+    assert picked.dtype == tc.bfloat16
+    clean, total = replace_nonfinite(x, tc.zeros((), dtype=tc.int64, device=dev))
+    assert clean.dtype == tc.bfloat16
+    big = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    np.testing.assert_array_equal(clean.to(dtype=tc.float32).numpy(), [1.0, 0.0, big, -big, -2.5])
+    assert int(total.item()) == 3
 
 
 @pytest.mark.parametrize("name", ["DDPMScheduler", "DDIMScheduler", "DPMSolverMultistepScheduler",

@@ -131,7 +131,11 @@ class NumpyPrimitives:
 
     def where(self, cond, a, b, out=None):
         if out is None:
-            return self.xp.where(cond, a, b)
+            y = self.xp.where(cond, a, b)
+            dtype = getattr(a, "dtype", None)
+            if dtype is not None and dtype == getattr(b, "dtype", None) and y.dtype != dtype:
+                y = y.astype(dtype)  # CuPy widens bfloat16
+            return y
         self.xp.copyto(out, b)
         self.xp.copyto(out, a, where=cond)
         return out
