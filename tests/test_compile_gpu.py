@@ -121,6 +121,46 @@ def test_callers_on_their_own_streams():
         assert np.array_equal(out.numpy(), (tc.tanh(x) * 2 + 1).numpy())
 
 
+def test_replays_queued_past_the_pointer_ring_each_read_their_own_inputs():
+    """The graph copies its inputs in and outputs out through a ring of pointer rows: a
+    host three rings ahead of the device waits for a row instead of overwriting it."""
+    from tensorcore.backends.cupy.graph_io import RING
+
+    compiled = tc.compile(lambda x, y: (tc.tanh(x) * 2 + y, x.sum()), cache_dir=False)
+    xs = [tc.randn(1 << 18, device="cuda") for _ in range(3 * RING)]
+    y = tc.randn(1 << 18, device="cuda")
+    compiled(xs[0], y)
+    outs = [compiled(x, y) for x in xs]
+    tc.cuda.synchronize()
+    for x, (out, total) in zip(xs, outs):
+        assert np.array_equal(out.numpy(), (tc.tanh(x) * 2 + y).numpy())
+        assert np.array_equal(total.numpy(), x.sum().numpy())
+
+
+@pytest.mark.parametrize("shape, dtype", [((5,), tc.float32), ((3, 7), tc.bfloat16), ((1,), tc.int64)])
+def test_inputs_and_outputs_of_any_byte_size(shape, dtype):
+    compiled = tc.compile(lambda x: x * 3, cache_dir=False)
+    for _ in range(3):
+        x = (tc.randn(*shape, device="cuda") * 10).to(dtype=dtype)
+        assert np.array_equal(compiled(x).numpy(), (x * 3).numpy())
+
+
+def test_a_non_contiguous_input_and_kept_outputs():
+    compiled = tc.compile(lambda x: x + 1, cache_dir=False)
+    base = tc.randn(8, 6, device="cuda")
+    compiled(base[:, ::2])
+    for k in range(3):
+        view = (base * k)[:, ::2]  # strided: copied in by the host, not by the graph
+        assert np.array_equal(compiled(view).numpy(), (view + 1).numpy())
+    kept = tc.compile(lambda x: x + 1, cache_dir=False, reuse_outputs=True)
+    x = tc.randn(4, device="cuda")
+    kept(x)  # traced: the eager result
+    second = kept(x * 2)
+    third = kept(x * 3)
+    assert second.data.data.ptr == third.data.data.ptr  # the plan's own buffer, both times
+    assert np.array_equal(third.numpy(), (x * 3 + 1).numpy())
+
+
 def test_train_step_graph_updates_parameters_and_advances_dropout():
     tc.manual_seed(0)
     model = layers.Sequential(layers.Linear(8, 32), layers.SiLU(), layers.Dropout(0.3), layers.Linear(32, 4)).to("cuda")

@@ -171,7 +171,7 @@ def test_failing_replay_falls_back_to_eager_with_one_warning(backend, monkeypatc
     x = tc.randn(2, 4)
     compiled(x)
 
-    def broken(self, arrays):
+    def broken(self, arrays, fresh=True):
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(_executor_type(backend), "run", broken)

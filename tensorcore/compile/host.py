@@ -74,7 +74,6 @@ class _Entry:
     plan: plan_module.Plan
     executor: Any
     device: str
-    copy: Callable[[Any], Any]
     tensors: list[Tensor]  # guarded: their .data and requires_grad must not change
     datas: list[Any]
     flags: list[bool]
@@ -191,9 +190,7 @@ class Compiled:
             try:
                 for effect in entry.effects:
                     effect()
-                arrays = entry.executor.run([t.data for t in tensors])
-                if not self.reuse_outputs:
-                    arrays = [entry.copy(a) for a in arrays]
+                arrays = entry.executor.run([t.data for t in tensors], not self.reuse_outputs)
             except Exception as exc:  # noqa: BLE001  (any failure: the eager result is still right)
                 failure = exc
             else:
@@ -294,7 +291,7 @@ class Compiled:
         guarded = [t for _, t in named if id(owner(t.data)) in bound]
         states = {id(g._state): g for g in list(_generators)}
         generators = [(states[id(o)], o) for o in graph.objects if id(o) in states]
-        return _Entry(plan, executor, device, type(backend).copy.__get__(backend), guarded,
+        return _Entry(plan, executor, device, guarded,
                       [t.data for t in guarded], [t.requires_grad for t in guarded], generators, source)
 
     # ----- bookkeeping ---------------------------------------------------------------------

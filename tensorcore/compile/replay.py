@@ -107,7 +107,7 @@ class CpuReplay:
                 regions[s] = (self.memory, offset + (plan.fixed_bytes if kind == "arena" else 0))
         self.values = [self._view(regions, v) if v.storage in regions else None for v in graph.values]
         self.objects = objects
-        self.copy_ = _method(backend, "copy_")
+        self.copy_, self.copy = _method(backend, "copy_"), _method(backend, "copy")
         for position in plan.init:
             self._step(plan, backend, graph.nodes[position])()
         self.steps = tuple(self._step(plan, backend, graph.nodes[position]) for position in plan.steps)
@@ -156,8 +156,9 @@ class CpuReplay:
             return False
         return not any(getattr(getattr(a, "dtype", None), "name", "") == "bfloat16" for a in args)
 
-    def run(self, arrays: list[Any]) -> list[Any]:
-        """Copy the inputs in, run every step, write modified inputs back."""
+    def run(self, arrays: list[Any], fresh: bool = True) -> list[Any]:
+        """Copy the inputs in, run every step, write modified inputs back; the outputs
+        are new arrays when ``fresh``, else the plan's own buffers."""
         copy_ = self.copy_
         for buf, a in zip(self.inputs, arrays):
             copy_(buf, a)
@@ -165,7 +166,7 @@ class CpuReplay:
             step()
         for i, buf in self.writeback:
             copy_(arrays[i], buf)
-        return self.outputs
+        return [self.copy(a) for a in self.outputs] if fresh else self.outputs
 
     def release(self) -> None:
         self.steps, self.values, self.inputs, self.outputs, self.memory = (), [], [], [], None
@@ -177,9 +178,12 @@ class CudaGraphReplay:
     def __init__(self, plan: Plan, backend: Any, roots: dict[int, Any], objects: list[Any]) -> None:
         import cupy
 
+        from ..backends.cupy.graph_io import GraphIO
+
         self.cupy, self.plan, self.backend, self.objects = cupy, plan, backend, objects
-        self.copy_ = _method(backend, "copy_")
+        self.copy_, self.copy = _method(backend, "copy_"), _method(backend, "copy")
         graph = plan.graph
+        self.io = GraphIO(len(graph.inputs), len(graph.output_refs()))
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
         # What the backend keeps for this stream (convolution scratch, counters) is
@@ -210,15 +214,19 @@ class CudaGraphReplay:
                     backend.warm_fused(node.args[0], len(graph.values[node.out.value].shape))
                 elif node.op == "lora_linear":  # only compiled plans call it: not loaded by the trace
                     backend.warm_lora_linear(graph.values[node.out.value].dtype)
+            self.inputs = [env[v] for v in graph.inputs]
             self.stream.begin_capture()
             try:
+                self.io.capture_inputs(self.inputs)
                 for position in plan.steps:
                     self._run_node(graph.nodes[position], env, dynamic)
+                self.outputs = [self._value(r.value, env, dynamic) for r in graph.output_refs()]
+                self.io.capture_outputs(self.outputs)
             finally:
                 self.graph = self.stream.end_capture()
-            self.outputs = [self._value(r.value, env, dynamic) for r in graph.output_refs()]
+        # a call's own output arrays: (shape, dtype) of each output the graph copies out
+        self.fresh = [(b.shape, b.dtype) if ok else None for b, ok in zip(self.outputs, self.io.dense_out)]
         self.env = env  # every array the graph touches lives as long as the graph
-        self.inputs = [env[v] for v in graph.inputs]
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
         self.arena_bytes = int(self.pool.total_bytes())
         self.last_user: Any = None  # the stream of the previous call
@@ -263,29 +271,40 @@ class CudaGraphReplay:
             dynamic[s.index] = root.data + (-s.origin)
             env[v] = array
 
-    def run(self, arrays: list[Any]) -> list[Any]:
+    def run(self, arrays: list[Any], fresh: bool = True) -> list[Any]:
         """Inputs in, one graph launch, outputs ready: all on the caller's stream, so the
         call is ordered after what the caller queued before it and before what it queues
-        next, with no event of its own."""
-        user = self.cupy.cuda.get_current_stream()
+        next, with no event of its own.  The graph copies the inputs in and, when
+        ``fresh``, the outputs out into arrays allocated here (``GraphIO``); without
+        ``fresh`` the outputs are the plan's own buffers."""
+        cupy = self.cupy
+        user = cupy.cuda.get_current_stream()
         if self.last_user is not None and self.last_user.ptr != user.ptr:
             # the previous caller's launch and its copies of the outputs (enqueued before
             # this call could take the plan) come before this launch overwrites them
             self.handed_over.record(self.last_user)
             user.wait_event(self.handed_over)
         self.last_user = user
-        copy_ = self.copy_
-        for buf, a in zip(self.inputs, arrays):
-            copy_(buf, a)
+        outputs = None
+        if fresh:
+            new = cupy.ndarray
+            outputs = [None if spec is None else new(*spec) for spec in self.fresh]
+        for i in self.io.submit(arrays, outputs):
+            self.copy_(self.inputs[i], arrays[i])
         self.graph.launch(user)
         for i, buf in self.writeback:
-            copy_(arrays[i], buf)
-        return self.outputs
+            self.copy_(arrays[i], buf)
+        if outputs is None:
+            return self.outputs
+        return [self.copy(b) if out is None else out for out, b in zip(outputs, self.outputs)]
 
     def release(self) -> None:
+        if self.last_user is not None:  # the pointer ring must outlive the launches in flight
+            self.last_user.synchronize()
         self.graph = self.env = self.memory = self.last_user = None
         self.inputs, self.outputs, self.writeback, self.blocks = [], [], [], []
         self.forget_stream()  # the buffers the backend kept for the capture (once)
+        self.io.release()
         self.pool.free_all_blocks()
 
 

@@ -1,0 +1,123 @@
+"""A captured CUDA graph that copies its own inputs in and its outputs out.
+
+A replayed plan computes from fixed input buffers into fixed output buffers, while the
+caller hands new arrays on every call.  Copying them with one ``cudaMemcpyAsync`` per
+array costs the host a driver call each, more than the graph launch itself.
+``GraphIO`` moves those copies into the graph: its first nodes copy the caller's
+inputs into the plan's buffers and its last nodes copy the outputs into arrays the
+host allocated for the call.  The caller's addresses reach the device through a ring
+of pointer rows in pinned host memory (cuda/graph_io.cu), written with plain stores
+and copied to device memory by the graph's first node, so a replay costs one driver
+call: the graph launch.
+
+The ring has ``RING`` rows; launch k uses row k mod ``RING``.  The graph's last node
+publishes how many launches have finished, and ``submit`` waits only while the host
+is a whole ring ahead of the device.  A slot is skipped (pointer 0) when the plan's
+buffer or the caller's array is not one dense block; the caller copies those itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+import weakref
+from typing import Any, Sequence
+
+import cupy
+import numpy as np
+
+from . import loader
+
+SOURCE = "graph_io.cu"
+RING = 32
+_THREADS = 256
+_MAPPED_PORTABLE = 0x2 | 0x1  # cudaHostAllocMapped | cudaHostAllocPortable: the device writes a word of it
+
+
+def dense(a: Any) -> bool:
+    """One C-contiguous block with at least one element."""
+    return a.size > 0 and a.flags.c_contiguous
+
+
+class GraphIO:
+    """The pointer ring and the copy nodes of one captured plan with ``inputs`` and
+    ``outputs`` slots.
+
+    Inside the capture, ``capture_inputs`` records the first nodes and
+    ``capture_outputs`` the last ones; before each launch ``submit`` fills the next
+    ring row."""
+
+    def __init__(self, inputs: int, outputs: int) -> None:
+        self.n_in, self.width = inputs, max(1, inputs + outputs)
+        words = (RING + 2) * self.width  # the ring, then each slot's plan buffer and byte count
+        self.table_bytes = words * 8
+        self.host = cupy.cuda.runtime.hostAlloc(self.table_bytes + 8, _MAPPED_PORTABLE)
+        self._free = weakref.finalize(self, cupy.cuda.runtime.freeHost, self.host)
+        table = np.ctypeslib.as_array((ctypes.c_uint64 * (words + 1)).from_address(self.host))
+        table[:] = 0
+        self.ring = table[:RING * self.width]  # row r, slot i at r * width + i
+        self.fixed = table[RING * self.width:(RING + 1) * self.width]
+        self.nbytes = table[(RING + 1) * self.width:words]
+        self.finished = table[words:]  # launches the device has completed, as it published them
+        self.table = cupy.zeros(words, dtype=np.uint64)  # the device's copy, refreshed per launch
+        self.launches = cupy.zeros(1, dtype=np.uint64)  # the device's own count
+        self.dense_in: list[bool] = []
+        self.dense_out: list[bool] = []
+        self.submitted = 0
+
+    def _copy_node(self, buffers: Sequence[Any], first: int, to_caller: bool) -> list[bool]:
+        """Record the copy node for ``buffers`` (slots ``first``...); which are dense."""
+        ok = [dense(b) for b in buffers]
+        for i, (b, d) in enumerate(zip(buffers, ok)):
+            self.fixed[first + i] = b.data.ptr if d else 0
+            self.nbytes[first + i] = b.nbytes
+        if any(ok):
+            largest = max(b.nbytes for b, d in zip(buffers, ok) if d)
+            blocks = min(loader.grid_for(-(-largest // 16), _THREADS), 65535)
+            loader.kernel(SOURCE, "graph_io_copy_kernel")(
+                (blocks, len(buffers)), (_THREADS,),
+                (self.table, np.int32(RING), np.int32(self.width), self.launches, np.int32(first),
+                 np.int32(to_caller)))
+        return ok
+
+    def capture_inputs(self, buffers: Sequence[Any]) -> None:
+        """Record the table's copy to the device and the node copying the call's inputs
+        into ``buffers`` (the first nodes).  The table is read when the graph runs, so
+        the outputs' entries, written at the end of the capture, are in it."""
+        cupy.cuda.runtime.memcpyAsync(self.table.data.ptr, self.host, self.table_bytes,
+                                      cupy.cuda.runtime.memcpyHostToDevice,
+                                      cupy.cuda.get_current_stream().ptr)
+        self.dense_in = self._copy_node(buffers, 0, False)
+
+    def capture_outputs(self, buffers: Sequence[Any]) -> None:
+        """Record the nodes copying ``buffers`` out and closing the launch (the last)."""
+        self.dense_out = self._copy_node(buffers, self.n_in, True)
+        loader.kernel(SOURCE, "graph_io_finish_kernel")(
+            (1,), (1,), (self.launches, np.uint64(self.host + self.table_bytes)))
+
+    def submit(self, arrays: Sequence[Any], outputs: Sequence[Any] | None) -> list[int]:
+        """Fill the next ring row with the caller's dense ``arrays`` and, unless None,
+        the ``outputs`` allocated for this call (None entries are skipped).  Returns
+        the inputs the row skipped: the caller copies those in itself before the
+        launch."""
+        while self.submitted - int(self.finished[0]) >= RING:  # a whole ring ahead
+            time.sleep(0)
+        ring, base = self.ring, (self.submitted % RING) * self.width
+        skipped = []
+        for i, a in enumerate(arrays):
+            if self.dense_in[i] and a._c_contiguous:
+                ring[base + i] = a.data.ptr
+            else:
+                ring[base + i] = 0
+                skipped.append(i)
+        if outputs is None:
+            ring[base + self.n_in:base + self.width] = 0
+        else:
+            for j, out in enumerate(outputs, base + self.n_in):
+                ring[j] = 0 if out is None else out.data.ptr
+        self.submitted += 1
+        return skipped
+
+    def release(self) -> None:
+        """Free the pinned block (after the device has finished every launch)."""
+        self._free()
