@@ -52,6 +52,18 @@ def check(method, *args, dtype):
     return fast
 
 
+# ----- reductions -----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, axes", [((64, 32, 8, 8), (0, 2, 3)), ((3, 70, 16), (0, 2)), ((70, 5, 4, 4), (0, -1, -2)),
+                                         ((4, 3, 2, 5, 8), (0, 2, 3, 4)), ((40, 8, 16), (1, 2)), ((64, 10), (0,))])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_sum_over_all_but_one_axis(shape, axes, keepdims, dtype):
+    """The per-channel sum kernel (bias gradients) against the reference and float64."""
+    x = rand(shape, dtype, 3, 2.0) + 1.0  # an offset makes accumulation errors show
+    got = check("reduce", "sum", x, axes, keepdims, dtype=dtype)
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=axes, keepdims=keepdims), **tol(dtype))
+
+
 # ----- activations ----------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ACTS)

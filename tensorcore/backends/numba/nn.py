@@ -21,6 +21,7 @@ Array = Any
 
 _FUSED_UNARY = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 SMALL = 1 << 16  # elements below which a parallel kernel's start-up costs more than its work
+SMALL_SUM = 1 << 12  # elements below which NumPy's reduction is as quick as a kernel call
 
 
 def _rows(a: Array, width: int) -> Array:
@@ -30,6 +31,25 @@ def _rows(a: Array, width: int) -> Array:
 
 class NumbaNNKernels:
     """Activation, softmax family, layer/group/batch norm and embedding backward."""
+
+    # ----- reductions --------------------------------------------------------------
+    def reduce(self, op: str, a: Array, axes: Any, keepdims: bool) -> Array:
+        """A sum over every axis but one whose values lie in runs of 16 or more (an NCHW
+        bias gradient) runs one parallel kernel; everything else the reference's."""
+        if op != "sum" or not fast_path(a) or axes is None or a.ndim < 2 or a.size < SMALL_SUM:
+            return super().reduce(op, a, axes, keepdims)
+        summed = {ax % a.ndim for ax in axes}
+        kept = [ax for ax in range(a.ndim) if ax not in summed]
+        if len(kept) != 1 or len(summed) != len(axes):
+            return super().reduce(op, a, axes, keepdims)
+        axis = kept[0]
+        inner = math.prod(a.shape[axis + 1:])
+        if inner < 16:
+            return super().reduce(op, a, axes, keepdims)
+        from .kernels.reductions import channel_sums
+
+        sums = channel_sums(np.ascontiguousarray(a).reshape(-1, a.shape[axis], inner))
+        return sums.reshape([n if i == axis else 1 for i, n in enumerate(a.shape)]) if keepdims else sums
 
     # ----- activations -------------------------------------------------------------
     def unary(self, op: str, a: Array) -> Array:
