@@ -37,8 +37,7 @@ class Linear(Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"Linear: expected input [..., {self.in_features}], got {x.shape}")
-        y = x @ self.weight.T
-        return y if self.bias is None else F.bias_act(y, self.bias, "none", -1)
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -110,7 +110,8 @@ def _combine(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None
 # the floating arguments (statistics aside) gives bfloat16, so bfloat16 with float32
 # computes and returns float32.
 
-# op -> (positions of float32 statistics among its arguments, positions among its results)
+# op -> (positions of float32 statistics among its arguments, positions among its results;
+# cross-entropy's float64 divisor is such an argument: it takes no part in the promotion)
 _NORM_STATS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "layer_norm": ((), (1, 2)),
     "group_norm": ((), (1, 2)),
@@ -118,6 +119,7 @@ _NORM_STATS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "layer_norm_backward": ((3, 4), ()),
     "group_norm_backward": ((4, 5), ()),
     "batch_norm_backward": ((3, 4), ()),
+    "cross_entropy_reduced_backward": ((5,), ()),
 }
 
 # the ops that accumulate (sums, products, scatter-adds) or multiply matrices; pure
@@ -127,7 +129,7 @@ FLOAT32_COMPUTED_OPS = (
     "avg_pool2d", "avg_pool2d_backward", "max_pool2d_backward",
     "upsample_nearest2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
     "softmax", "softmax_backward", "log_softmax", "log_softmax_backward",
-    "cross_entropy", "cross_entropy_backward", "attention", "attention_backward",
+    "cross_entropy", "cross_entropy_backward", "cross_entropy_reduced", "attention", "attention_backward",
     "bias_act_backward", "embedding_backward", "index_add_",
     "sgd_update_", "adam_update_", "rmsprop_update_", "adagrad_update_", "lamb_update_",
     "lars_update_", "lion_update_", *_NORM_STATS,

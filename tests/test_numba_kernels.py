@@ -52,6 +52,18 @@ def check(method, *args, dtype):
     return fast
 
 
+# ----- reductions -----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, axes", [((64, 32, 8, 8), (0, 2, 3)), ((3, 70, 16), (0, 2)), ((70, 5, 4, 4), (0, -1, -2)),
+                                         ((4, 3, 2, 5, 8), (0, 2, 3, 4)), ((40, 8, 16), (1, 2)), ((64, 10), (0,))])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_sum_over_all_but_one_axis(shape, axes, keepdims, dtype):
+    """The per-channel sum kernel (bias gradients) against the reference and float64."""
+    x = rand(shape, dtype, 3, 2.0) + 1.0  # an offset makes accumulation errors show
+    got = check("reduce", "sum", x, axes, keepdims, dtype=dtype)
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=axes, keepdims=keepdims), **tol(dtype))
+
+
 # ----- activations ----------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ACTS)
@@ -119,9 +131,31 @@ def test_cross_entropy(smoothing, dtype):
           dtype=dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction, smoothing", [("mean", 0.0), ("mean", 0.2), ("sum", 0.1)])
+@pytest.mark.parametrize("rows", [1, 6, 300])
+def test_cross_entropy_reduced(rows, reduction, smoothing, dtype):
+    """One kernel each way against the reference's composition (300 rows: the
+    parallel loop); every row ignored gives NaN and a zero gradient in both."""
+    logits = rand((rows, 5), dtype, 1, 3.0)
+    target = np.random.default_rng(rows).integers(0, 5, rows)
+    target[::4] = -100
+    for t in (target, np.full(rows, -100)):
+        loss, logp, divisor = check("cross_entropy_reduced", logits, t, -100, smoothing, reduction, dtype=dtype)
+        assert loss.shape == () and divisor.dtype == np.float64
+        check("cross_entropy_reduced_backward", np.array(1.3, dtype), logp, t, -100, smoothing, divisor,
+              dtype=dtype)
+    assert np.isnan(loss) == (reduction == "mean")
+
+
 def test_cross_entropy_rejects_out_of_range_targets():
     with pytest.raises(ValueError, match="cross_entropy"):
         NB.cross_entropy(np.zeros((2, 3), np.float32), np.array([0, 3]), -100, 0.0)
+    logits, target = np.zeros((2, 3), np.float32), np.array([0, -2])
+    with pytest.raises(ValueError, match="cross_entropy_reduced: target -2 is outside the 3 classes"):
+        NB.cross_entropy_reduced(logits, target, -100, 0.0, "mean")
+    with pytest.raises(ValueError, match="cross_entropy_reduced_backward: target -2"):
+        NB.cross_entropy_reduced_backward(np.array(1, np.float32), logits, target, -100, 0.0, np.array(2.0))
 
 
 # ----- normalisation --------------------------------------------------------------

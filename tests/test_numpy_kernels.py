@@ -528,6 +528,50 @@ def test_cross_entropy_forward_and_backward(ignore_index, eps):
         np.testing.assert_allclose(loss, ref.numpy(), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("ignore_index, eps", [(-100, 0.0), (2, 0.0), (-100, 0.1), (1, 0.3)])
+def test_cross_entropy_reduced_forward_and_backward(reduction, ignore_index, eps):
+    """The reduced loss against the naive per-row losses, its gradient against central
+    differences, both against torch."""
+    rng = np.random.default_rng(17)
+    logits = rand(rng, 7, 4) * 2
+    target = np.array([0, 2, 1, 3, 2, 1, 0])
+    if ignore_index == -100:
+        target[3] = -100
+    rows = cross_entropy_naive(logits, target, ignore_index, eps)
+    kept = np.sum(target != ignore_index)
+    loss, logp, divisor = k.cross_entropy_reduced(logits, target, ignore_index, eps, reduction)
+    assert loss.shape == () and divisor.shape == () and divisor.dtype == np.float64
+    want = rows.sum() / (kept if reduction == "mean" else 1)
+    np.testing.assert_allclose(loss, want, rtol=1e-12)
+    g = np.array(1.7)
+    assert_grad(k.cross_entropy_reduced_backward(g, logp, target, ignore_index, eps, divisor),
+                lambda: float(k.cross_entropy_reduced(logits, target, ignore_index, eps, reduction)[0]) * 1.7,
+                logits)
+    if torch is not None:
+        x = t(logits, grad=True)
+        ref = F.cross_entropy(x, t(target), ignore_index=ignore_index, label_smoothing=eps, reduction=reduction)
+        (ref * 1.7).backward()
+        np.testing.assert_allclose(loss, ref.item(), rtol=1e-12)
+        np.testing.assert_allclose(k.cross_entropy_reduced_backward(g, logp, target, ignore_index, eps, divisor),
+                                   x.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_cross_entropy_reduced_every_row_ignored_and_errors():
+    """A mean over no rows is NaN (as torch) and its gradient zero; bad arguments raise."""
+    logits = np.ones((3, 2), dtype=np.float32)
+    target = np.full(3, -100)
+    loss, logp, divisor = k.cross_entropy_reduced(logits, target, -100, 0.0, "mean")
+    assert np.isnan(loss) and loss.dtype == np.float32 and divisor == 0
+    grad = k.cross_entropy_reduced_backward(np.array(1.0, np.float32), logp, target, -100, 0.0, divisor)
+    assert grad.dtype == np.float32 and not grad.any()
+    assert k.cross_entropy_reduced(logits, target, -100, 0.0, "sum")[0] == 0
+    with pytest.raises(ValueError, match="cross_entropy_reduced: reduction"):
+        k.cross_entropy_reduced(logits, target, -100, 0.0, "none")
+    with pytest.raises(ValueError, match="cross_entropy_reduced_backward: grad must be 0-d"):
+        k.cross_entropy_reduced_backward(np.ones(3, np.float32), logp, target, -100, 0.0, divisor)
+
+
 def test_cross_entropy_float32_and_errors():
     logits = np.zeros((2, 3), dtype=np.float32)
     target = np.array([0, 1])

@@ -306,6 +306,25 @@ def test_scaled_dot_product_attention(backend, data, mask_kind):
              wrt=[0, 1, 2])
 
 
+@given(data=st.data(), with_bias=st.booleans(), lead=st.sampled_from([(), (3,), (2, 3)]))
+def test_linear(backend, data, with_bias, lead):
+    """x Wᵀ + b over x [*, in] (1-D, 2-D and batched x), gradients for all three."""
+    inputs = [lead + (4,), (5, 4)] + [(5,)] * with_bias
+    check_op(backend, data, lambda x, w, *b: F.linear(x, w, b[0] if b else None),
+             lambda x, w, *b: x @ w.T + (b[0] if b else 0), inputs,
+             torch_op=lambda x, w, *b: TF.linear(x, w, b[0] if b else None))
+
+
+def test_linear_rejects_bad_shapes():
+    x, w = tc.zeros(2, 4), tc.zeros(5, 4)
+    with pytest.raises(ValueError, match=r"linear: input \(2, 3\) must end in in_features=4"):
+        F.linear(tc.zeros(2, 3), w)
+    with pytest.raises(ValueError, match="linear: weight must be"):
+        F.linear(x, tc.zeros(4))
+    with pytest.raises(ValueError, match=r"linear: bias must have shape \(5,\)"):
+        F.linear(x, w, tc.zeros(4))
+
+
 @pytest.mark.parametrize("act", list(ref.ACTIVATIONS))
 @given(data=st.data(), with_bias=st.booleans())
 def test_bias_act(backend, data, act, with_bias):

@@ -169,6 +169,18 @@ class Backend(Protocol):
     def cross_entropy_backward(self, grad_rows: Array, logp: Array, target: Array,
                                ignore_index: int, label_smoothing: float) -> Array:
         """grad_rows [N] (d loss / d per-row loss) -> d logits [N, C]."""
+    def cross_entropy_reduced(self, logits: Array, target: Array, ignore_index: int,
+                              label_smoothing: float, reduction: str
+                              ) -> tuple[Array, Array, Array]:
+        """``reduction`` "sum" | "mean" of ``cross_entropy``'s per-row losses (the mean
+        over the rows not ignored, NaN when all are).  Returns (loss 0-d, log_softmax
+        [N, C], divisor: a float64 0-d array, 1 or the count of kept rows).  The
+        reference composes ``cross_entropy`` with primitives (written against ``xp``,
+        so CuPy inherits it); Numba runs one kernel."""
+    def cross_entropy_reduced_backward(self, grad: Array, logp: Array, target: Array,
+                                       ignore_index: int, label_smoothing: float,
+                                       divisor: Array) -> Array:
+        """grad 0-d (d loss) -> d logits [N, C]: each row's gradient is grad / divisor."""
 
     # ----- normalisation -----------------------------------------------------------
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None,

@@ -8,7 +8,7 @@ from .elementwise import (abs, add, clip, compare, cos, div, erf, exp, gelu, lea
                           sqrt, sub, tanh, unary, where)
 from .embedding import dropout, embedding
 from .indexing import getitem, setitem
-from .linalg import matmul
+from .linalg import linear, matmul
 from .loss import binary_cross_entropy_with_logits, cross_entropy, l1_loss, mse_loss
 from .movement import (astype, broadcast_to, cat, chunk, clone, concatenate, expand, flatten, flip, pad,
                        permute, repeat, reshape, split, squeeze, stack, to_device, transpose, unsqueeze)

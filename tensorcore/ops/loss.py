@@ -11,16 +11,26 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 class CrossEntropy(Function):
-    """Per-row loss of logits [N, C] against integer targets [N]."""
+    """Loss of logits [N, C] against integer targets [N]: per row ("none"), or summed
+    or averaged over the rows not ignored in one backend call ("sum", "mean")."""
 
-    def forward(self, logits, target, ignore_index, label_smoothing):
+    def forward(self, logits, target, ignore_index, label_smoothing, reduction):
         self.target, self.ignore_index, self.label_smoothing = target, ignore_index, label_smoothing
-        loss, self.logp = self.backend.cross_entropy(logits, target, ignore_index, label_smoothing)
+        if reduction == "none":
+            self.divisor = None
+            loss, self.logp = self.backend.cross_entropy(logits, target, ignore_index, label_smoothing)
+        else:
+            loss, self.logp, self.divisor = self.backend.cross_entropy_reduced(logits, target, ignore_index,
+                                                                               label_smoothing, reduction)
         return loss
 
     def backward(self, g):
-        grad = self.backend.cross_entropy_backward(g, self.logp, self.target, self.ignore_index, self.label_smoothing)
-        return grad, None, None, None
+        args = (g, self.logp, self.target, self.ignore_index, self.label_smoothing)
+        if self.divisor is None:
+            grad = self.backend.cross_entropy_backward(*args)
+        else:
+            grad = self.backend.cross_entropy_reduced_backward(*args, self.divisor)
+        return grad, None, None, None, None
 
 
 def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
@@ -52,14 +62,8 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, redu
     if logits.ndim > 2:  # move classes last and flatten the spatial positions into rows
         logits = permute(logits, (0,) + tuple(range(2, logits.ndim)) + (1,))
     rows = reshape(logits, (-1, logits.shape[-1]))
-    flat_target = reshape(target, (-1,))
-    loss = CrossEntropy.apply(rows, flat_target.detach(), int(ignore_index), float(label_smoothing))
-    if reduction == "none":
-        return reshape(loss, target.shape)
-    if reduction == "sum":
-        return loss.sum()
-    kept = (flat_target != ignore_index).to(dtype=loss.dtype).sum()
-    return loss.sum() / kept
+    loss = CrossEntropy.apply(rows, reshape(target, (-1,)), int(ignore_index), float(label_smoothing), reduction)
+    return reshape(loss, target.shape) if reduction == "none" else loss
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:  # noqa: A002

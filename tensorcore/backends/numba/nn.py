@@ -15,11 +15,13 @@ import numpy as np
 
 from .kernels import fast_path
 from ..numpy.act import check_activation
+from ..numpy.softmax import check_reduction
 
 Array = Any
 
 _FUSED_UNARY = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 SMALL = 1 << 16  # elements below which a parallel kernel's start-up costs more than its work
+SMALL_SUM = 1 << 12  # elements below which NumPy's reduction is as quick as a kernel call
 
 
 def _rows(a: Array, width: int) -> Array:
@@ -29,6 +31,25 @@ def _rows(a: Array, width: int) -> Array:
 
 class NumbaNNKernels:
     """Activation, softmax family, layer/group/batch norm and embedding backward."""
+
+    # ----- reductions --------------------------------------------------------------
+    def reduce(self, op: str, a: Array, axes: Any, keepdims: bool) -> Array:
+        """A sum over every axis but one whose values lie in runs of 16 or more (an NCHW
+        bias gradient) runs one parallel kernel; everything else the reference's."""
+        if op != "sum" or not fast_path(a) or axes is None or a.ndim < 2 or a.size < SMALL_SUM:
+            return super().reduce(op, a, axes, keepdims)
+        summed = {ax % a.ndim for ax in axes}
+        kept = [ax for ax in range(a.ndim) if ax not in summed]
+        if len(kept) != 1 or len(summed) != len(axes):
+            return super().reduce(op, a, axes, keepdims)
+        axis = kept[0]
+        inner = math.prod(a.shape[axis + 1:])
+        if inner < 16:
+            return super().reduce(op, a, axes, keepdims)
+        from .kernels.reductions import channel_sums
+
+        sums = channel_sums(np.ascontiguousarray(a).reshape(-1, a.shape[axis], inner))
+        return sums.reshape([n if i == axis else 1 for i, n in enumerate(a.shape)]) if keepdims else sums
 
     # ----- activations -------------------------------------------------------------
     def unary(self, op: str, a: Array) -> Array:
@@ -187,6 +208,46 @@ class NumbaNNKernels:
         return K.cross_entropy_rows_backward(np.ascontiguousarray(grad_rows),
                                              np.ascontiguousarray(logp), target,
                                              ignore_index, float(label_smoothing))
+
+    def cross_entropy_reduced(self, logits: Array, target: Array, ignore_index: int,
+                              label_smoothing: float, reduction: str
+                              ) -> tuple[Array, Array, Array]:
+        if not fast_path(logits) or logits.ndim != 2 or logits.shape[0] == 0:
+            return super().cross_entropy_reduced(logits, target, ignore_index, label_smoothing,
+                                                 reduction)
+        from .kernels import softmax as K
+
+        op = "cross_entropy_reduced"
+        check_reduction(op, reduction)
+        self._check_targets(op, logits.shape, target)
+        target = np.ascontiguousarray(target, dtype=np.int64)
+        logp, total, kept, bad = K.cross_entropy_total(np.ascontiguousarray(logits), target,
+                                                       ignore_index, float(label_smoothing))
+        if bad >= 0:
+            self._check_target_range(op, logits.shape[1], target, ignore_index)  # raises
+        divisor = float(kept) if reduction == "mean" else 1.0
+        loss = total / divisor if divisor else math.nan
+        return np.array(loss, dtype=logits.dtype), logp, np.array(divisor)
+
+    def cross_entropy_reduced_backward(self, grad: Array, logp: Array, target: Array,
+                                       ignore_index: int, label_smoothing: float,
+                                       divisor: Array) -> Array:
+        if (not fast_path(grad, logp) or logp.ndim != 2 or logp.shape[0] == 0
+                or grad.ndim != 0 or not isinstance(divisor, np.ndarray)):
+            return super().cross_entropy_reduced_backward(grad, logp, target, ignore_index,
+                                                          label_smoothing, divisor)
+        from .kernels import softmax as K
+
+        op = "cross_entropy_reduced_backward"
+        self._check_targets(op, logp.shape, target)
+        target = np.ascontiguousarray(target, dtype=np.int64)
+        d = float(divisor)
+        dx, bad = K.cross_entropy_total_backward(float(grad) / d if d else math.inf,
+                                                 np.ascontiguousarray(logp), target,
+                                                 ignore_index, float(label_smoothing))
+        if bad >= 0:
+            self._check_target_range(op, logp.shape[1], target, ignore_index)  # raises
+        return dx
 
     # ----- normalisation -----------------------------------------------------------
     @staticmethod

@@ -203,7 +203,8 @@ class NumbaSpatialKernels:
         cols = self._columns(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
         w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
         if algorithm == DIRECT:
-            y = K.small_k_forward(w_rows, cols.reshape(groups, -1, n, ho * wo), shift, ACT_CODES[act])
+            y = np.empty((n, cout, ho * wo), dtype=x.dtype)
+            K.small_k_forward_(y, w_rows, cols.reshape(groups, -1, n, ho * wo), shift, ACT_CODES[act])
         else:
             y = K.unswap_bias_act(np.matmul(w_rows, cols).reshape(cout, n, ho * wo), shift,
                                   ACT_CODES[act])

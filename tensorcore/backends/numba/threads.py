@@ -114,8 +114,10 @@ class SizedKernel:
         functools.update_wrapper(self, dispatcher.py_func)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        configure()
-        _use_threads(1 if _work((*args, *kwargs.values())) < SERIAL_BELOW else _pools.num_threads)
+        if _pools is None:
+            configure()
+        _use_threads(1 if _work((*args, *kwargs.values()) if kwargs else args) < SERIAL_BELOW
+                     else _pools.num_threads)
         return self.dispatcher(*args, **kwargs)
 
     def bind(self, *args: Any) -> Callable[[], Any]:
@@ -134,7 +136,11 @@ class SizedKernel:
 
 
 def _work(args: tuple) -> int:
-    return sum(a.size for a in args if isinstance(a, np.ndarray))
+    work = 0
+    for a in args:  # a plain loop: this runs on every kernel call
+        if isinstance(a, np.ndarray):
+            work += a.size
+    return work
 
 
 _calling_thread = threading.local()  # .threads: the Numba thread count this thread last set

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy
+
 Array = Any
+REDUCTIONS = ("mean", "sum")  # the reductions of cross_entropy_reduced
+
+
+def check_reduction(op: str, reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
 class NumpySoftmaxKernels:
@@ -92,6 +100,37 @@ class NumpySoftmaxKernels:
             d -= label_smoothing / classes
         d *= xp.where(keep, grad_rows, 0)[:, None]
         return d.astype(logp.dtype, copy=False)
+
+    def cross_entropy_reduced(self, logits: Array, target: Array, ignore_index: int,
+                              label_smoothing: float, reduction: str) -> tuple[Array, Array, Array]:
+        """The per-row losses of ``cross_entropy`` summed ("sum") or averaged over the
+        rows not ignored ("mean"; NaN when every row is), summed in float64: (loss 0-d,
+        log_softmax [N, C], the divisor as a float64 0-d array for the backward)."""
+        xp = self.xp
+        check_reduction("cross_entropy_reduced", reduction)
+        loss, logp = self.cross_entropy(logits, target, ignore_index, label_smoothing)
+        if reduction == "mean":
+            divisor = xp.asarray((target != ignore_index).sum(), dtype=xp.float64)
+        else:
+            divisor = xp.ones((), dtype=xp.float64)
+        with numpy.errstate(invalid="ignore"):  # 0 / 0: every row ignored
+            total = loss.sum(dtype=xp.float64) / divisor
+        return xp.asarray(total, dtype=loss.dtype), logp, divisor
+
+    def cross_entropy_reduced_backward(self, grad: Array, logp: Array, target: Array,
+                                       ignore_index: int, label_smoothing: float,
+                                       divisor: Array) -> Array:
+        """d logits [N, C] of ``cross_entropy_reduced``'s loss, given its gradient
+        ``grad`` (0-d) and the forward's divisor: each row's loss has gradient
+        grad / divisor."""
+        xp = self.xp
+        if grad.ndim != 0:
+            raise ValueError(f"cross_entropy_reduced_backward: grad must be 0-d (the "
+                             f"gradient of the reduced loss), got shape {tuple(grad.shape)}")
+        with numpy.errstate(divide="ignore", invalid="ignore"):  # no row kept: every row gets 0
+            row = xp.asarray(grad / divisor, dtype=logp.dtype)
+        return self.cross_entropy_backward(xp.broadcast_to(row, logp.shape[:1]), logp, target,
+                                           ignore_index, label_smoothing)
 
     def attention(self, q: Array, k: Array, v: Array, mask: Array | None,
                   causal: bool, scale: float) -> tuple[Array, Array]:

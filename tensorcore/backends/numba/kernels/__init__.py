@@ -21,7 +21,16 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def fast_path(*arrays: Any) -> bool:
     """True when every non-None array is a NumPy float32 or float64 array and all of
     them share one dtype."""
-    present = [a for a in arrays if a is not None]
-    return (all(isinstance(a, np.ndarray) for a in present)
-            and present[0].dtype in FLOAT_DTYPES
-            and all(a.dtype == present[0].dtype for a in present))
+    dtype = None
+    for a in arrays:  # a plain loop: this runs on every call of a Numba method
+        if a is None:
+            continue
+        if not isinstance(a, np.ndarray):
+            return False
+        if dtype is None:
+            dtype = a.dtype
+            if dtype not in FLOAT_DTYPES:
+                return False
+        elif a.dtype != dtype:
+            return False
+    return dtype is not None

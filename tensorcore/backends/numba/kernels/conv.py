@@ -18,7 +18,7 @@ the same element.  For small planes of unchanged size, ``im2col_same_`` /
 one shifted copy across all N planes (``col2im_same_`` writes its result in NCHW order).
 
 ``unswap_bias_act`` puts a forward product [Cout, N, Ho*Wo] into NCHW order with the
-bias and activation applied on the way.  ``small_k_forward`` / ``small_k_weight_grad``
+bias and activation applied on the way.  ``small_k_forward_`` / ``small_k_weight_grad``
 replace the BLAS products when the contraction C/groups * kh * kw is short (a first
 layer on 1-3 input channels).
 """
@@ -238,17 +238,17 @@ def _image_blocks(n, hw):
 
 
 @kernel
-def small_k_forward(w, cols, bias, code):
+def small_k_forward_(y, w, cols, bias, code):
     """y [N, Cout, Ho*Wo] = act(w @ cols + bias) per group, for w [groups, Cout/groups, K]
     and cols [groups, K, N, Ho*Wo], written straight into NCHW order.  For a short
     contraction (a first layer's few input channels) the product is memory-bound: one
     task per (output channel, block of images) accumulates the block, contiguous in
     cols, in L1 with long vector loops, then writes it out with the epilogue; this
-    beats a BLAS call plus the NCHW reordering."""
+    beats a BLAS call plus the NCHW reordering.  The output is an argument so that it
+    counts in the kernel's size: it is K/Cout times the inputs' (``SizedKernel``)."""
     groups, cg, k = w.shape
     n, hw = cols.shape[2], cols.shape[3]
     t = cols.dtype.type
-    y = np.empty((n, groups * cg, hw), dtype=cols.dtype)
     flat = cols.reshape(groups, k, n * hw)
     per, blocks = _image_blocks(n, hw)
     for task in prange(groups * cg * blocks):
@@ -266,13 +266,12 @@ def small_k_forward(w, cols, bias, code):
                 acc[p] += wk * src[p]
         for i in range(i0, i1):
             act_row(code, acc[(i - i0) * hw:(i - i0 + 1) * hw], t(1.0), bias[co], y[i, co])
-    return y
 
 
 @kernel
 def small_k_weight_grad(grad, cols):
     """dw [groups, Cout/groups, K] = grad @ cols^T per group, from grad [N, Cout, Ho*Wo]
-    and cols [groups, K, N, Ho*Wo]: the adjoint of ``small_k_forward`` in the weight.
+    and cols [groups, K, N, Ho*Wo]: the adjoint of ``small_k_forward_`` in the weight.
     One output channel per task: it gathers its gradient planes a block of images at a
     time (contiguous, in L1), then takes K long dot products with cols."""
     groups, k, n, hw = cols.shape

@@ -1,10 +1,13 @@
-"""Vectorised reductions over one contiguous 1-D row, for use inside kernels."""
+"""Vectorised reductions over one contiguous 1-D row, for use inside kernels, and the
+per-channel sum of [outer, C, inner] (a convolution's bias gradient)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .jit import helper
+from numba import prange
+
+from .jit import helper, kernel
 
 
 _LANES = 64  # four AVX-512 registers of float32: one block's max need not wait for the last
@@ -70,3 +73,23 @@ def moments(seg):
         m2 += float(block_m2) + delta * delta * count * n_b / total
         count = total
     return mean, m2
+
+
+@kernel
+def channel_sums(x):
+    """[C] sums of x [outer, C, inner] over its outer and inner axes (an NCHW tensor's
+    per-channel sums): one channel per task, each contiguous run of ``inner`` values
+    summed in x's dtype with vector loops, the runs accumulated in float64."""
+    t = x.dtype.type
+    outer, channels, inner = x.shape
+    out = np.empty(channels, dtype=x.dtype)
+    for ch in prange(channels):
+        total = 0.0
+        for o in range(outer):
+            run = x[o, ch]
+            s = t(0.0)
+            for i in range(inner):
+                s += run[i]
+            total += s
+        out[ch] = total
+    return out

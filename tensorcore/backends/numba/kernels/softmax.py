@@ -14,7 +14,7 @@ import math
 import numpy as np
 from numba import prange
 
-from .jit import helper, kernel, wide_vectors
+from .jit import helper, inlined, kernel, wide_vectors
 from .mathfn import fexp
 from .reductions import row_max
 
@@ -93,45 +93,99 @@ def log_softmax_rows_backward(grad, y):
     return out
 
 
+@inlined
+def _row_loss(row, res, target, ignore_index, smoothing):
+    """Write log_softmax(row) into ``res``; return the row's loss
+    ``(1-s) * -logp[target] + s * mean(-logp)`` (0 when ``target`` is ignored)."""
+    t = row.dtype.type
+    shift = _log_sum_exp(row)
+    total = t(0.0)
+    for c in range(row.size):
+        v = row[c] - shift
+        res[c] = v
+        total += v
+    if target == ignore_index:
+        return t(0.0)
+    return -((t(1.0) - t(smoothing)) * res[target] + t(smoothing) * total / t(row.size))
+
+
+@inlined
+def _row_grad(lp, res, target, g, ignore_index, smoothing):
+    """Write d loss / d logits of one row, ``g * (softmax - q)`` with q the smoothed
+    one-hot target, into ``res`` (zeros when ``target`` is ignored)."""
+    t = lp.dtype.type
+    if target == ignore_index:
+        for c in range(lp.size):
+            res[c] = t(0.0)
+        return
+    uniform = t(smoothing) / t(lp.size)
+    for c in range(lp.size):
+        res[c] = g * (fexp(lp[c]) - uniform)
+    res[target] -= g * (t(1.0) - t(smoothing))
+
+
+@helper
+def _check_targets(target, ignore_index, classes):
+    """(rows not ignored, the first row whose target names no class, or -1)."""
+    kept = 0
+    for r in range(target.size):
+        if target[r] != ignore_index:
+            if target[r] < 0 or target[r] >= classes:
+                return kept, r
+            kept += 1
+    return kept, -1
+
+
 @kernel
 def cross_entropy_rows(logits, target, ignore_index, smoothing):
     """Per-row loss ``(1-s) * -logp[target] + s * mean(-logp)`` (0 on ignored rows)
     and log_softmax(logits)."""
-    t = logits.dtype.type
-    rows, classes = logits.shape
+    rows = logits.shape[0]
     logp = np.empty_like(logits)
     loss = np.empty(rows, dtype=logits.dtype)
     for r in prange(rows):
         wide_vectors()
-        row, res = logits[r], logp[r]
-        shift = _log_sum_exp(row)
-        total = t(0.0)
-        for c in range(classes):
-            v = row[c] - shift
-            res[c] = v
-            total += v
-        if target[r] == ignore_index:
-            loss[r] = t(0.0)
-        else:
-            loss[r] = -((t(1.0) - t(smoothing)) * logp[r, target[r]]
-                        + t(smoothing) * total / t(classes))
+        loss[r] = _row_loss(logits[r], logp[r], target[r], ignore_index, smoothing)
     return loss, logp
 
 
 @kernel
 def cross_entropy_rows_backward(grad_rows, logp, target, ignore_index, smoothing):
     """d logits = grad_row * (softmax - q) with q the smoothed one-hot target."""
-    t = logp.dtype.type
-    rows, classes = logp.shape
     out = np.empty_like(logp)
-    uniform = t(smoothing) / t(classes)
-    for r in prange(rows):
-        if target[r] == ignore_index:
-            for c in range(classes):
-                out[r, c] = t(0.0)
-            continue
-        g, lp, res = grad_rows[r], logp[r], out[r]
-        for c in range(classes):
-            res[c] = g * (fexp(lp[c]) - uniform)
-        out[r, target[r]] -= g * (t(1.0) - t(smoothing))
+    for r in prange(logp.shape[0]):
+        _row_grad(logp[r], out[r], target[r], grad_rows[r], ignore_index, smoothing)
     return out
+
+
+@kernel
+def cross_entropy_total(logits, target, ignore_index, smoothing):
+    """(log_softmax(logits), the float64 sum of the per-row losses of
+    ``cross_entropy_rows``, the number of rows not ignored, the first row whose target
+    names no class or -1); nothing is computed when a target names no class."""
+    rows, classes = logits.shape
+    logp = np.empty_like(logits)
+    loss = np.empty(rows, dtype=logits.dtype)
+    kept, bad = _check_targets(target, ignore_index, classes)
+    todo = rows if bad < 0 else 0  # (a conditional inside prange() keeps the loop serial)
+    for r in prange(todo):
+        wide_vectors()
+        loss[r] = _row_loss(logits[r], logp[r], target[r], ignore_index, smoothing)
+    total = 0.0
+    for r in range(todo):
+        total += loss[r]
+    return logp, total, kept, bad
+
+
+@kernel
+def cross_entropy_total_backward(grad, logp, target, ignore_index, smoothing):
+    """(d logits of ``grad`` times the sum of the per-row losses, the first row whose
+    target names no class or -1); nothing is computed when a target names no class."""
+    t = logp.dtype.type
+    out = np.empty_like(logp)
+    _, bad = _check_targets(target, ignore_index, logp.shape[1])
+    g = t(grad)
+    todo = logp.shape[0] if bad < 0 else 0
+    for r in prange(todo):
+        _row_grad(logp[r], out[r], target[r], g, ignore_index, smoothing)
+    return out, bad
