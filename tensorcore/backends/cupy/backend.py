@@ -22,7 +22,7 @@ from .lora import CupyLoraKernels
 from .nn import CupyNNKernels
 from .optim import CupyOptimKernels
 from .random import CupyRandomKernels
-from .util import DeviceBuffers
+from .util import DeviceBuffers, dense
 from ..numpy.backend import NumpyBackend
 
 
@@ -53,7 +53,7 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
     def copy(self, a):
         """A C-contiguous copy: one device-to-device memcpy when ``a`` is C-contiguous
         (a copy kernel's launch costs the host several times more)."""
-        if not _dense(a):
+        if not dense(a):
             return a.copy()
         out = cupy.empty(a.shape, dtype=a.dtype)
         out.data.copy_from_device_async(a.data, a.nbytes)
@@ -62,7 +62,7 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
     def copy_(self, dst, src) -> None:
         """dst[...] = src, as one memcpy when both are C-contiguous of one shape and dtype."""
         if type(src) is cupy.ndarray and src.shape == dst.shape and src.dtype == dst.dtype \
-                and _dense(src) and _dense(dst):
+                and dense(src) and dense(dst):
             dst.data.copy_from_device_async(src.data, src.nbytes)
         else:
             dst[...] = src
@@ -92,11 +92,6 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
         return out
 
 
-def _dense(a) -> bool:
-    """C-contiguous with at least one element (a memcpy covers it)."""
-    return a.flags.c_contiguous and a.size > 0
-
-
 def _join_dense(arrays, axis: int, out):
     """``arrays`` joined along ``axis`` by 2-D memcpys (each array is ``outer`` rows of
     its bytes, the result ``outer`` rows of all of them), or None when an array or
@@ -107,12 +102,12 @@ def _join_dense(arrays, axis: int, out):
     shape[axis] = sum(a.shape[axis] for a in arrays)
     rest = first.shape[:axis] + first.shape[axis + 1:]
     for a in arrays:
-        if type(a) is not cupy.ndarray or a.dtype != first.dtype or not _dense(a) \
+        if type(a) is not cupy.ndarray or a.dtype != first.dtype or not dense(a) \
                 or a.shape[:axis] + a.shape[axis + 1:] != rest:
             return None
     if out is None:
         out = cupy.empty(tuple(shape), dtype=first.dtype)
-    elif out.dtype != first.dtype or not _dense(out) or out.shape != tuple(shape):
+    elif out.dtype != first.dtype or not dense(out) or out.shape != tuple(shape):
         return None
     outer = math.prod(shape[:axis])
     pitch, stream, offset = out.nbytes // outer, cupy.cuda.get_current_stream().ptr, 0

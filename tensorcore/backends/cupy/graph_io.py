@@ -27,16 +27,12 @@ import cupy
 import numpy as np
 
 from . import loader
+from .util import dense
 
 SOURCE = "graph_io.cu"
 RING = 32
 _THREADS = 256
 _MAPPED_PORTABLE = 0x2 | 0x1  # cudaHostAllocMapped | cudaHostAllocPortable: the device writes a word of it
-
-
-def dense(a: Any) -> bool:
-    """One C-contiguous block with at least one element."""
-    return a.size > 0 and a.flags.c_contiguous
 
 
 class GraphIO:

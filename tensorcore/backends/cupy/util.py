@@ -43,6 +43,11 @@ def contiguous(a: Any) -> Any:
     return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
 
 
+def dense(a: Any) -> bool:
+    """One C-contiguous block with at least one element (a memcpy covers it)."""
+    return a.size > 0 and a.flags.c_contiguous
+
+
 def ptr(a: Any | None) -> Any:
     """The array itself, or a null pointer for an optional argument left out."""
     return NULL if a is None else a
