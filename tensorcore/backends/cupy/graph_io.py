@@ -69,7 +69,7 @@ class GraphIO:
             self.nbytes[first + i] = b.nbytes
         if any(ok):
             largest = max(b.nbytes for b, d in zip(buffers, ok) if d)
-            blocks = min(loader.grid_for(-(-largest // 16), _THREADS), 65535)
+            blocks = loader.grid_for(-(-largest // 16), _THREADS)  # capped at a few per SM
             loader.kernel(SOURCE, "graph_io_copy_kernel")(
                 (blocks, len(buffers)), (_THREADS,),
                 (self.table, np.int32(RING), np.int32(self.width), self.launches, np.int32(first),
