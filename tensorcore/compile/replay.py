@@ -18,12 +18,14 @@ loop over those calls.
 separate warm-up run would repeat the plan's effects), with every allocation served by
 a private memory pool: the pool is the plan's arena -- blocks freed during the capture
 are reused by later kernels in stream order -- and it lives as long as the graph, so
-every buffer the graph touches stays valid.  A call copies the inputs
-into the input buffers and launches the graph, both on the caller's stream (a graph
-runs on whichever stream launches it), so stream order alone puts the launch after the
-copies and the caller's next work after the launch; the host never synchronizes.  A caller on another stream than the previous one first waits
-for that stream, so the previous caller's outputs are copied out before they are
-overwritten.
+every buffer the graph touches stays valid.  A call launches the graph on the
+caller's stream (a graph runs on whichever stream launches it), and the graph copies
+the call's inputs in and its outputs out itself (``backends/cupy/graph_io.py``), so
+stream order alone puts the launch after the caller's earlier work and the caller's
+next work after the launch; the host never synchronizes.  A caller on another stream
+than the previous one first waits for that stream, so the previous caller's outputs
+are copied out before they are overwritten; the first caller waits for the plan's own
+stream, where the constants and the I/O counters were set up.
 
 Both take the external buffers as live root arrays (``roots``, by storage) and the
 opaque objects (random generators) by position, so a plan loaded from disk binds the
@@ -183,7 +185,6 @@ class CudaGraphReplay:
         self.cupy, self.plan, self.backend, self.objects = cupy, plan, backend, objects
         self.copy_, self.copy = _method(backend, "copy_"), _method(backend, "copy")
         graph = plan.graph
-        self.io = GraphIO(len(graph.inputs), len(graph.output_refs()))
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
         # What the backend keeps for this stream (convolution scratch, counters) is
@@ -194,6 +195,7 @@ class CudaGraphReplay:
         self.handed_over = cupy.cuda.Event(disable_timing=True)  # the previous caller's stream, when it changes
         self.blocks: list[Any] = []
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
+            self.io = GraphIO(len(graph.inputs), len(graph.output_refs()))
             self.memory = cupy.empty(plan.fixed_bytes + ALIGN["cuda"], dtype=np.uint8)
             base = self.memory.data + (-self.memory.data.ptr % ALIGN["cuda"])
             fixed = {}
@@ -229,7 +231,9 @@ class CudaGraphReplay:
         self.env = env  # every array the graph touches lives as long as the graph
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
         self.arena_bytes = int(self.pool.total_bytes())
-        self.last_user: Any = None  # the stream of the previous call
+        # the stream of the previous call; at first the plan's own, so the first call
+        # waits for the constants and the I/O counters it set up there
+        self.last_user: Any = self.stream
 
     def _array(self, pointer: Any, v: Value) -> Any:
         return self.cupy.ndarray(v.shape, v.dtype, memptr=pointer, strides=v.strides)
@@ -279,7 +283,7 @@ class CudaGraphReplay:
         ``fresh`` the outputs are the plan's own buffers."""
         cupy = self.cupy
         user = cupy.cuda.get_current_stream()
-        if self.last_user is not None and self.last_user.ptr != user.ptr:
+        if self.last_user.ptr != user.ptr:
             # the previous caller's launch and its copies of the outputs (enqueued before
             # this call could take the plan) come before this launch overwrites them
             self.handed_over.record(self.last_user)
