@@ -265,10 +265,10 @@ def test_pooling(kernel, stride, padding):
           REF.avg_pool2d_backward(g, x.shape, kernel, stride, padding))
 
 
-# 2x2 windows at stride 2 over widths of whole pairs of packs take the packed kernel (odd
+# 2x2 windows at stride 2 over widths that are multiples of 4 take the paired kernel (odd
 # heights drop the last row); ties and NaNs check which tap wins.
 @pytest.mark.parametrize("dtype", STORAGE_DTYPES)
-@pytest.mark.parametrize("shape", [(2, 3, 9, 16), (1, 2, 4, 32)])
+@pytest.mark.parametrize("shape", [(2, 3, 9, 16), (1, 2, 4, 32), (3, 1, 6, 4), (1, 5, 2, 12)])
 def test_max_pool_2x2_packed(monkeypatch, dtype, shape):
     x = RNG.integers(-3, 3, size=shape).astype(np.float64)  # few values: many ties
     x.reshape(-1)[::7] = np.nan
@@ -282,7 +282,7 @@ def test_max_pool_2x2_packed(monkeypatch, dtype, shape):
 
 
 def test_max_pool_2x2_other_widths_take_the_general_kernel(monkeypatch):
-    x = rand(2, 3, 6, 12)  # 12 is not a whole number of pack pairs
+    x = rand(2, 3, 6, 10)  # 10 is not a multiple of 4
     names = launched(monkeypatch, nn)
     y, arg = GPU.max_pool2d(on_gpu(x), (2, 2), (2, 2), (0, 0))
     assert names == ["max_pool_fwd_kernel"]

@@ -299,9 +299,9 @@ class CupyNNKernels:
         y = cupy.empty(shape, dtype=x.dtype)
         argmax = cupy.empty(shape, dtype=numpy.int64)
         h, w = x.shape[2:]
-        packs = y.size // pack_width(x.dtype)
-        if _halving(kernel, stride, padding) and w % (2 * pack_width(x.dtype)) == 0 and aligned(x):
-            launch(POOL, "max_pool_2x2_kernel", x.dtype, packs, (x, y, argmax, packs, h, w, h // 2))
+        if _halving(kernel, stride, padding) and w % 4 == 0 and x.size <= INT32_LIMIT and aligned(x):
+            pairs = y.size // 2
+            launch(POOL, "max_pool_2x2_kernel", x.dtype, pairs, (x, y, argmax, pairs, h, w, h // 2))
             return y, argmax
         launch(POOL, "max_pool_fwd_kernel", x.dtype, y.size,
                (x, y, argmax, *self._pool_args(x.shape, out_hw, kernel, stride, padding)))

@@ -2,7 +2,7 @@
 //
 // Bound: memory.  Launch: 1-D grid-stride, 256 threads.  Forward: one thread per
 // output element, looping over its window; 2x2 windows at stride 2 (the common
-// downsampling) take max_pool_2x2_kernel, one thread per 16-byte output pack.
+// downsampling) take max_pool_2x2_kernel, one thread per pair of outputs.
 // Average-pool backward: one thread per input element, gathering from every window
 // that contains it (no atomics, deterministic).  Max-pool backward: one thread per
 // output, scattering to its argmax (the protocol passes no window geometry to it).
@@ -53,77 +53,67 @@ __global__ void max_pool_fwd_kernel(const T* __restrict__ x, T* __restrict__ y,
     });
 }
 
-// 2x2 windows at stride 2 without padding, W a multiple of two packs (the host checks;
-// OW = W / 2, OH = H / 2): one thread per pack of P outputs in a row, read as two whole
-// input packs from each of the window's two rows, written as one pack of values and P
-// int64 argmax.  Each thread takes two packs per grid stride (q and q + stride) and
-// reads both before reducing either: eight 16-byte loads in flight.  Same taps order
+// N consecutive elements of T, moved as whole 4-, 8- or 16-byte words with evict-first
+// hints (__ldcs / __stcs): a pooling reads each input byte once and writes each output
+// byte once, so neither should displace cached data.
+template <int BYTES> struct Word;
+template <> struct Word<4> { typedef unsigned int type; };
+template <> struct Word<8> { typedef uint2 type; };
+template <> struct Word<16> { typedef uint4 type; };
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Run {
+    typedef typename Word<(sizeof(T) * N < 16 ? sizeof(T) * N : 16)>::type W;
+    static const int WORDS = sizeof(T) * N / sizeof(W);
+    T v[N];
+
+    __device__ __forceinline__ void load_once(const T* p) {
+#pragma unroll
+        for (int i = 0; i < WORDS; ++i)
+            reinterpret_cast<W*>(v)[i] = __ldcs(reinterpret_cast<const W*>(p) + i);
+    }
+    __device__ __forceinline__ void store_once(T* p) const {
+#pragma unroll
+        for (int i = 0; i < WORDS; ++i)
+            __stcs(reinterpret_cast<W*>(p) + i, reinterpret_cast<const W*>(v)[i]);
+    }
+};
+
+// 2x2 windows at stride 2 without padding, W a multiple of 4 (the host checks; OH = H / 2,
+// OW = W / 2).  One thread per pair of outputs in a row: it reads four input columns of
+// each of the window's two rows and writes two values and two int64 argmax, so a warp's
+// every load and store is one contiguous run (the bandwidth of a copy).  Same taps order
 // and NaN rule as max_pool_fwd_kernel.  32-bit indices: the host keeps the input below
 // 2^31 elements.
 template <typename T>
-struct Window2x2 {
-    Pack<T> row0[2], row1[2];
-    unsigned int top;  // the first tap, flat inside the plane
-};
-
-template <typename T>
-__device__ __forceinline__ Window2x2<T> load_window(const T* __restrict__ x, unsigned int q,
-                                                    unsigned int uW, unsigned int uOH,
-                                                    unsigned int plane_size) {
-    const int P = Pack<T>::N;
-    const unsigned int row_packs = uW / (2 * P);
-    const unsigned int orow = q / row_packs, k = q - orow * row_packs;  // orow = plane * OH + oy
-    const unsigned int plane = orow / uOH, oy = orow - plane * uOH;
-    Window2x2<T> w;
-    w.top = 2 * oy * uW + 2 * P * k;
-    const T* base = x + (size_t)plane * plane_size + w.top;
-    const Pack<T>* r0 = reinterpret_cast<const Pack<T>*>(base);
-    const Pack<T>* r1 = reinterpret_cast<const Pack<T>*>(base + uW);
-    w.row0[0] = r0[0];
-    w.row0[1] = r0[1];
-    w.row1[0] = r1[0];
-    w.row1[1] = r1[1];
-    return w;
-}
-
-template <typename T>
-__device__ __forceinline__ void store_window_max(const Window2x2<T>& w, unsigned int q,
-                                                 unsigned int uW, T* __restrict__ y,
-                                                 long long* __restrict__ argmax) {
-    typedef acc_t<T> A;
-    const int P = Pack<T>::N;
-    Pack<T> out;
-    long long arg[P];
-#pragma unroll
-    for (int e = 0; e < P; ++e) {
-        const int j = 2 * e;  // the window's left column inside the two packs
-        A best = neg_inf<A>();
-        arg[e] = -1;
-        take_max(load_acc(w.row0[j / P].v[j % P]), w.top + j, best, arg[e]);
-        take_max(load_acc(w.row0[(j + 1) / P].v[(j + 1) % P]), w.top + j + 1, best, arg[e]);
-        take_max(load_acc(w.row1[j / P].v[j % P]), w.top + uW + j, best, arg[e]);
-        take_max(load_acc(w.row1[(j + 1) / P].v[(j + 1) % P]), w.top + uW + j + 1, best, arg[e]);
-        out.v[e] = store_as<T>(best);
-    }
-    reinterpret_cast<Pack<T>*>(y)[q] = out;
-    longlong2* ap = reinterpret_cast<longlong2*>(argmax);
-#pragma unroll
-    for (int e = 0; e < P / 2; ++e) ap[q * (P / 2) + e] = make_longlong2(arg[2 * e], arg[2 * e + 1]);
-}
-
-template <typename T>
 __global__ void max_pool_2x2_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                    long long* __restrict__ argmax, long long out_packs,
+                                    long long* __restrict__ argmax, long long out_pairs,
                                     long long H, long long W, long long OH) {
-    const unsigned int uW = (unsigned int)W, uOH = (unsigned int)OH, n = (unsigned int)out_packs;
-    const unsigned int plane_size = (unsigned int)H * uW;
+    typedef acc_t<T> A;
+    const unsigned int uW = (unsigned int)W, uOH = (unsigned int)OH, n = (unsigned int)out_pairs;
+    const unsigned int plane_size = (unsigned int)H * uW, row_pairs = uW / 4;
     const unsigned int stride = gridDim.x * blockDim.x;
-    for (unsigned int q = blockIdx.x * blockDim.x + threadIdx.x; q < n; q += 2 * stride) {
-        const bool second = q + stride < n;
-        const Window2x2<T> a = load_window(x, q, uW, uOH, plane_size);
-        const Window2x2<T> b = load_window(x, second ? q + stride : q, uW, uOH, plane_size);
-        store_window_max(a, q, uW, y, argmax);
-        if (second) store_window_max(b, q + stride, uW, y, argmax);
+    for (unsigned int q = blockIdx.x * blockDim.x + threadIdx.x; q < n; q += stride) {
+        const unsigned int orow = q / row_pairs, k = q - orow * row_pairs;  // orow = plane * OH + oy
+        const unsigned int plane = orow / uOH, oy = orow - plane * uOH;
+        const unsigned int top = 2 * oy * uW + 4 * k;  // the first tap, flat inside the plane
+        Run<T, 4> row0, row1;
+        row0.load_once(x + (size_t)plane * plane_size + top);
+        row1.load_once(x + (size_t)plane * plane_size + top + uW);
+        Run<T, 2> out;
+        long long arg[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            A best = neg_inf<A>();
+            arg[e] = -1;
+            take_max(load_acc(row0.v[2 * e]), top + 2 * e, best, arg[e]);
+            take_max(load_acc(row0.v[2 * e + 1]), top + 2 * e + 1, best, arg[e]);
+            take_max(load_acc(row1.v[2 * e]), top + uW + 2 * e, best, arg[e]);
+            take_max(load_acc(row1.v[2 * e + 1]), top + uW + 2 * e + 1, best, arg[e]);
+            out.v[e] = store_as<T>(best);
+        }
+        out.store_once(y + 2 * (size_t)q);
+        __stcs(reinterpret_cast<longlong2*>(argmax) + q, make_longlong2(arg[0], arg[1]));
     }
 }
 
