@@ -225,19 +225,28 @@ class CupyLinalgKernels:
         q3, k3, v3 = (contiguous(t).reshape(b * h, t.shape[2], t.shape[3]) for t in (q, k, v))
         scores = cupy.empty((b * h, lq, lk), dtype=q.dtype)
         bmm(q3, k3, scores, trans_b=True, alpha=scale)
-        strides = (0, 0, 0, 0)
-        if mask is not None:
-            mask = cupy.broadcast_to(mask.astype(q.dtype, copy=False), (b, h, lq, lk))
-            strides = tuple(s // mask.itemsize for s in mask.strides)
-        # results allocated 4-D (as the reference's), written through 3-D views
-        probs = cupy.empty((b, h, lq, lk), dtype=q.dtype)
-        grid, block, tpr = row_launch(b * h * lq, lk)
-        kernel(SOFTMAX, "attn_softmax_kernel", q.dtype)(
-            grid, block, (scores, ptr(mask), probs, b * h * lq, lk, h, lq, int(causal),
-                          *strides, tpr))
+        if mask is None and not causal:  # the plain row softmax, rows cached in registers
+            probs = self._softmax(scores, False).reshape(b, h, lq, lk)
+        else:
+            probs = self._masked_probs(scores, mask, causal, (b, h, lq, lk))
         out = cupy.empty((b, h, lq, dv), dtype=q.dtype)
         bmm(probs.reshape(b * h, lq, lk), v3, out.reshape(b * h, lq, dv))
         return out, probs
+
+    def _masked_probs(self, scores, mask, causal: bool, shape: tuple[int, int, int, int]):
+        """softmax(scores + mask) over the last axis, j > i hidden when ``causal``: the
+        probabilities, allocated 4-D (as the reference's)."""
+        b, h, lq, lk = shape
+        strides = (0, 0, 0, 0)
+        if mask is not None:
+            mask = cupy.broadcast_to(mask.astype(scores.dtype, copy=False), shape)
+            strides = tuple(s // mask.itemsize for s in mask.strides)
+        probs = cupy.empty(shape, dtype=scores.dtype)
+        grid, block, tpr = row_launch(b * h * lq, lk)
+        kernel(SOFTMAX, "attn_softmax_kernel", scores.dtype)(
+            grid, block, (scores, ptr(mask), probs, b * h * lq, lk, h, lq, int(causal),
+                          *strides, tpr))
+        return probs
 
     def attention_backward(self, grad, q, k, v, probs, scale):
         if not (has_kernels(grad, q, k, v, probs) and cublas.supports(q.dtype) and q.ndim == 4):
