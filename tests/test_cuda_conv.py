@@ -182,13 +182,15 @@ def test_every_weight_grad_tile(mode, plan):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
 @pytest.mark.parametrize("splits", [1, 4])
-def test_fused_epilogue(mode, act, splits):
+@pytest.mark.parametrize("images, cout", [(2, 40), (1, 5)])
+def test_fused_epilogue(mode, act, splits, images, cout):
     """bias + activation + residual * scale, fused in the GEMM's epilogue (splits=1) or in
-    the split-K reduce kernel."""
-    geometry = ((2, 24, 10, 9), (40, 24, 3, 3), (1, 1), (1, 1), (1, 1))
+    the split-K reduce kernel (four outputs per thread; 1 x 5 x 10 x 9 = 450 outputs are
+    not a whole number of fours, so the reduce's one-per-thread path runs too)."""
+    geometry = ((images, 24, 10, 9), (cout, 24, 3, 3), (1, 1), (1, 1), (1, 1))
     geo = geometry[2:] + (1,)
     x, w, gx, gw, conv = conv_case(geometry, mode, False)
-    bias = rounded(RNG.standard_normal(40), mode)
+    bias = rounded(RNG.standard_normal(cout), mode)
     residual = rounded(RNG.standard_normal(conv.shape), mode)
     want = REF.conv2d(x, w, *geo, bias=bias, act=act, residual=residual, residual_scale=0.7)
     tile = conv_plan.tiles(conv_plan.FPROP, kernel_precision(mode))[1]

@@ -182,7 +182,7 @@ def _launch(kernel: str, plan: Plan, dtype: Any, prec: int, grid: tuple, args: t
 def _reduce(part: Any, out: Any, splits: int, plane: int, nout: int, bias: Any = None,
             residual: Any = None, act: str = "none", scale: float = 1.0) -> None:
     """out = epilogue(sum of the splits' float32 partials)."""
-    loader.launch(SOURCE, "conv_splitk_reduce_kernel", out.dtype, out.size,
+    loader.launch(SOURCE, "conv_splitk_reduce_kernel", out.dtype, -(-out.size // 4),
                        (part, out, NULL if bias is None else bias,
                         NULL if residual is None else residual, out.size, splits, plane, nout,
                         ACT_CODES[act], float(scale)))

@@ -36,7 +36,8 @@
 //                               .trans or scalar TF32 fragment loads).  Grid (M tiles,
 //                               N tiles, splits).
 //   conv_splitk_reduce_kernel   out[i] = epilogue(sum over splits of part[s][i]): split-K
-//                               partials in float32, 1-D grid-stride.  Memory bound.
+//                               partials in float32, four outputs per thread, 1-D
+//                               grid-stride.  Memory bound.
 //
 // With splits > 1 the GEMM kernels write float32 partials at the output's own index
 // (part[split * total + idx]), every split writing its whole tile, zeros included.
@@ -100,6 +101,15 @@ __global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst
     }
 }
 
+// Four outputs per thread when total is a multiple of four (then every split's partials
+// are 16-byte aligned): one 16-byte load per split, evict-first (each partial is read
+// once), up to four splits' loads in flight; the outputs past the last whole four (all of
+// them otherwise) one per thread.
+template <typename T>
+struct alignas(4 * sizeof(T)) Four {
+    T v[4];
+};
+
 template <typename T>
 __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __restrict__ out,
                                           const T* __restrict__ bias,
@@ -108,7 +118,36 @@ __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __r
                                           long long act, double scale) {
     typedef acc_t<T> A;
     const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long fours = total % 4 ? 0 : total / 4;
+    const float4* p = reinterpret_cast<const float4*>(part);
+    for (long long q = first; q < fours; q += step) {
+        float4 a = __ldcs(p + q);
+        long long s = 1;
+        for (; s + 3 < splits; s += 4) {
+            float4 b[3], c = __ldcs(p + s * fours + q);
+#pragma unroll
+            for (int k = 0; k < 3; ++k) b[k] = __ldcs(p + (s + 1 + k) * fours + q);
+            a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
+#pragma unroll
+            for (int k = 0; k < 3; ++k) {
+                a.x += b[k].x; a.y += b[k].y; a.z += b[k].z; a.w += b[k].w;
+            }
+        }
+        for (; s < splits; ++s) {
+            const float4 c = __ldcs(p + s * fours + q);
+            a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
+        }
+        const float sum[4] = {a.x, a.y, a.z, a.w};
+        const long long i = 4 * q, j = (i / plane) % nout;  // one channel for all four
+        Four<T> o;                                           // when plane % 4 == 0
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            o.v[e] = conv_epilogue<T>((A)sum[e], bias, residual, i + e,
+                                      plane % 4 ? ((i + e) / plane) % nout : j, (int)act, (A)scale);
+        *reinterpret_cast<Four<T>*>(out + i) = o;
+    }
+    for (long long i = 4 * fours + first; i < total; i += step) {
         A v = (A)0;
         for (long long s = 0; s < splits; ++s) v += (A)part[s * total + i];
         out[i] = conv_epilogue<T>(v, bias, residual, i, (i / plane) % nout, (int)act, (A)scale);
