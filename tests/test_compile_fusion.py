@@ -102,6 +102,29 @@ def test_residual_and_scale_fold_into_the_conv(backend, form):
     assert check_compiled(f, x, r, backend=backend)["fuse_epilogue"] == 2
 
 
+@pytest.mark.parametrize("shortcut_first", [False, True])
+def test_a_residual_shared_by_two_convs_goes_to_the_spatial_one(backend, shortcut_first):
+    """shortcut(x) + conv3x3(h): either operand could take the other as its residual; the
+    3x3 convolution takes it (a 1x1 one may be a GEMM with its epilogue outside), in
+    whichever order the two were computed."""
+    w3, b3 = conv_params(3, 4)
+    w1, b1 = conv_params(3, 4, k=1)
+    x, h = tc.randn(2, 3, 5, 5), tc.randn(2, 3, 5, 5)
+
+    def f(x, h):
+        if shortcut_first:
+            s = F.conv2d(x, w1, b1)
+            return s + F.conv2d(h, w3, b3, padding=1)
+        y = F.conv2d(h, w3, b3, padding=1)
+        return F.conv2d(x, w1, b1) + y
+
+    graph = fuse_epilogue(traced(f, x, h))
+    assert ops(graph) == ["conv2d", "conv2d"] and graph.stats["fuse_epilogue"] == 1
+    fused = [n for n in graph.nodes if "residual" in n.kwargs]
+    assert len(fused) == 1 and graph.values[fused[0].args[1].value].shape[2:] == (3, 3)
+    assert check_compiled(f, x, h, backend=backend)["fuse_epilogue"] == 1
+
+
 @pytest.mark.parametrize("act", ACTS)
 def test_activation_folds_into_a_conv_and_bias_act_into_a_conv_without_bias(backend, act):
     w, b = conv_params()
@@ -467,7 +490,7 @@ def test_resnet_block_with_an_output_scale(backend, scale, folds):
         want = block(x, temb)
     done = compiled.plan_info()[0]["passes"]
     assert done["fuse_norm"] == 1  # the time embedding into norm2 (the block passes act='silu' itself)
-    assert done["fuse_epilogue"] == 2 + folds  # time_emb_proj's bias; the shortcut conv's residual (and scale)
+    assert done["fuse_epilogue"] == 2 + folds  # time_emb_proj's bias; conv2's residual (and scale)
     assert_matches(got, want, backend)
 
 

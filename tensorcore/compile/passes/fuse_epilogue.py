@@ -19,7 +19,8 @@ A ``matmul(a, b)`` whose result only ``bias_act(y, bias, act, axis=-1)`` reads b
 one ``matmul_bias_act(a, b, bias, act)`` call, which takes in a following
 ``unary(act, y)`` as well when bias_act had no activation (a Linear, then SiLU).
 
-The fused call takes the place of the last call it absorbed, so the convolution's or
+When both operands of an add are open convolutions, a 1x1 one is tried last (see
+``_pointwise``).  The fused call takes the place of the last call it absorbed, so the convolution's or
 product's own arguments must not be written in between; its result is that call's.
 The backends compute the epilogue with the same operations in the same order; where a
 kernel fuses them in registers (the GPU convolution) the results agree to rounding.
@@ -63,7 +64,9 @@ def fuse_epilogue(graph: Graph) -> Graph:
     placed: dict[int, Node | None] = {}  # position -> its new call (None: folded away)
     folded = 0
     for position, node in enumerate(graph.nodes):
-        for v in [r.value for r in node_refs(node) if r.value in open_calls]:
+        candidates = [r.value for r in node_refs(node) if r.value in open_calls]
+        candidates.sort(key=lambda v: _pointwise(open_calls[v].node, values))
+        for v in candidates:
             call = open_calls[v]
             if not (uses.only_reader(values, v, node, position) and uses.unwritten(call.reads, call.first, position)):
                 continue
@@ -110,6 +113,13 @@ class _Numbers:
         if position is None or self.values[operand.value].dtype != dtype:
             return None
         return self.graph.nodes[position].args[1]
+
+
+def _pointwise(call: Node, values: list[Value]) -> bool:
+    """Whether ``call`` is a 1x1 convolution: such a call may run as a plain GEMM whose
+    epilogue is separate kernels (cuBLAS on the GPU), so a residual both it and a spatial
+    convolution could take goes to the spatial one, which fuses it."""
+    return call.op == "conv2d" and values[call.args[1].value].shape[2:] == (1, 1)
 
 
 def _start(graph: Graph, node: Node, values: list[Value]) -> Node | None:
