@@ -226,7 +226,8 @@ class CupyLinalgKernels:
         scores = cupy.empty((b * h, lq, lk), dtype=q.dtype)
         bmm(q3, k3, scores, trans_b=True, alpha=scale)
         if mask is None and not causal:  # the plain row softmax, rows cached in registers
-            probs = self._softmax(scores, False).reshape(b, h, lq, lk)
+            probs = cupy.empty((b, h, lq, lk), dtype=q.dtype)  # allocated 4-D, as the reference's
+            self._softmax(scores, False, out=probs)
         else:
             probs = self._masked_probs(scores, mask, causal, (b, h, lq, lk))
         out = cupy.empty((b, h, lq, dv), dtype=q.dtype)

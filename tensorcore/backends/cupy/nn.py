@@ -67,9 +67,11 @@ class CupyNNKernels:
     xp: Any
 
     # ----- softmax family ----------------------------------------------------------
-    def _softmax(self, x, log: bool):
+    def _softmax(self, x, log: bool, out=None):
+        """softmax (log_softmax) along the last axis, into ``out`` (a contiguous array of
+        x's size and dtype) when given."""
         x, rows, cols = as_rows(x)
-        y = empty_as(x)
+        y = empty_as(x) if out is None else out.reshape(rows, cols)
         grid, block, tpr = row_launch(rows, cols)
         vec = cols % pack_width(x.dtype) == 0 and aligned(x, y)
         kernel(SOFTMAX, "softmax_fwd_kernel", x.dtype)(grid, block,
