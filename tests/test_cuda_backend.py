@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from tensorcore.backends.cupy import elementwise as ew, nn  # noqa: E402
+from tensorcore.backends.cupy import elementwise as ew, linalg, nn  # noqa: E402
 from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
 from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
 from gpu_check import ACTS, RNG, as_float32, check, on_gpu, rand  # noqa: E402
@@ -345,6 +345,30 @@ def test_matmul_transposed_views_and_half():
     assert h.dtype == np.float16
     check(h, a.astype(np.float16).astype(np.float64).T @ b.astype(np.float16).astype(np.float64).T,
           np.float16)
+
+
+# A product of at most 8 rows with a weight's transpose (a Linear on a few rows) is one
+# kernel with the bias and activation fused; the fused call equals matmul then bias_act
+# exactly (the product is rounded to the dtype before the bias either way).  9 rows and a
+# weight not stored transposed take cuBLAS.
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("rows, k, n, few", [(1, 512, 384, True), (3, 8, 5, True),
+                                             (8, 64, 1, True), (9, 16, 7, False)])
+def test_few_rows_times_a_weight(monkeypatch, dtype, rows, k, n, few):
+    a, w, bias = rand(rows, k), rand(n, k), rand(n)
+    ga, gw, gb = on_gpu(a, dtype), on_gpu(w, dtype), on_gpu(bias, dtype)
+    names: list[str] = []
+    real = linalg.kernel
+    monkeypatch.setattr(linalg, "kernel", lambda f, name, dt: names.append(name) or real(f, name, dt))
+    y = GPU.matmul(ga, gw.T)
+    assert ("linear_rows_kernel" in names) == few
+    exact = [cp.asnumpy(t).astype(np.float64) for t in (ga, gw)]
+    check(y, exact[0] @ exact[1].T, dtype)
+    fused = GPU.matmul_bias_act(ga, gw.T, gb, "silu")
+    np.testing.assert_array_equal(cp.asnumpy(fused), cp.asnumpy(GPU.bias_act(y, gb, "silu", -1)))
+    names.clear()
+    GPU.matmul(ga, cp.ascontiguousarray(gw.T))  # the same product, b stored row-major
+    assert "linear_rows_kernel" not in names
 
 
 # ----- RNG -----------------------------------------------------------------------------

@@ -19,10 +19,15 @@ from . import cublas
 from . import conv_igemm
 from .loader import kernel, launch
 from ..numpy.act import check_activation
-from .util import INT32_LIMIT, contiguous, empty_as, has_kernels, ptr, row_launch
+from .elementwise import ACT_CODES
+from .util import (INT32_LIMIT, aligned, contiguous, empty_as, has_kernels, pack_width, ptr,
+                   row_launch)
 
 CONV = "im2col.cu"
 SOFTMAX = "softmax.cu"
+LINEAR_ROWS = "linear_rows.cu"
+MAX_ROWS = 8  # rows of a the few-rows product takes (MAX_ROWS in linear_rows.cu)
+THREADS = 256
 
 
 def allow_tf32() -> bool:
@@ -55,6 +60,26 @@ def bmm(a, b, out, trans_a: bool = False, trans_b: bool = False, alpha: float = 
                 out.data.ptr, max(1, n), m * n, batch, out.dtype, alpha, beta, allow_tf32())
 
 
+def _few_rows(a, b) -> bool:
+    """Whether ``a @ b`` is a product of at most MAX_ROWS rows with the transpose of a
+    row-major weight that linear_rows.cu takes: a [M, K] and b.T [N, K] C-contiguous, one
+    dtype, K whole packs, 16-byte aligned."""
+    return (a.ndim == 2 and b.ndim == 2 and 0 < a.shape[0] <= MAX_ROWS and b.shape[1] > 0
+            and a.dtype == b.dtype and a.shape[1] % pack_width(a.dtype) == 0 and a.shape[1] > 0
+            and a.flags.c_contiguous and b.T.flags.c_contiguous and aligned(a, b))
+
+
+def _linear_rows(a, b, bias, act: str):
+    """act(a @ b + bias) by linear_rows.cu (see ``_few_rows``); bias [N] or None."""
+    (m, k), n = a.shape, b.shape[1]
+    y = cupy.empty((m, n), dtype=a.dtype)
+    bias = None if bias is None else contiguous(bias)
+    warps = THREADS // 32
+    kernel(LINEAR_ROWS, "linear_rows_kernel", a.dtype)(
+        (-(-n // warps),), (THREADS,), (a, b.T, ptr(bias), y, m, n, k, ACT_CODES[act]))
+    return y
+
+
 class CupyLinalgKernels:
     """matmul, conv2d and its gradients, attention."""
 
@@ -65,6 +90,8 @@ class CupyLinalgKernels:
         if (not has_kernels(a, b) or not cublas.supports(a.dtype) or a.ndim == 0 or b.ndim == 0
                 or a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]):
             return super().matmul(a, b)
+        if _few_rows(a, b):
+            return _linear_rows(a, b, None, "none")
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
         batch = numpy.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
@@ -93,6 +120,9 @@ class CupyLinalgKernels:
         """The cuBLAS product, then ``bias_act``'s kernel run in place on the product's
         buffer: the two eager calls' arithmetic without the second array."""
         check_activation("matmul_bias_act", act)
+        if (_few_rows(a, b) and has_kernels(a, b, *(() if bias is None else (bias,)))
+                and (bias is None or (bias.shape == b.shape[1:] and bias.dtype == a.dtype))):
+            return _linear_rows(a, b, bias, act)
         y = self.matmul(a, b)
         if y.ndim == 0 or not has_kernels(y, *(() if bias is None else (bias,))) or not y.flags.c_contiguous:
             return self.bias_act(y, bias, act, -1)
