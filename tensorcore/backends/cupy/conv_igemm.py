@@ -47,6 +47,7 @@ _CTYPES = {"float32": "float", "float16": "half_t", "bfloat16": "bf16_t"}
 _INT32 = 2**31 - 1
 _GRID_Z = 65535
 _ALIGN = 256  # bytes between scratch arrays
+PACK_ROWS = 64  # rows of a pack tile (PACK_ROWS in cuda/conv_igemm.cu)
 
 Pair = tuple[int, int]
 
@@ -151,8 +152,8 @@ class _Pack:
                 math.prod(self.dst.shape[:-1]), *self.strides)
 
     def blocks(self) -> int:
-        """32-row x 32-channel tiles of dst."""
-        return -(-math.prod(self.dst.shape[:-1]) // 32) * -(-self.dst.shape[-1] // 32)
+        """PACK_ROWS-row x 32-channel tiles of dst."""
+        return -(-math.prod(self.dst.shape[:-1]) // PACK_ROWS) * -(-self.dst.shape[-1] // 32)
 
 
 def _pack(first: _Pack, second: _Pack | None, round_tf32: bool) -> None:

@@ -9,7 +9,7 @@
 //
 //   conv_pack_kernel            dst[n][h][w][c] = src[n, c, h, w] (any strides), c < Cp,
 //                               for two tensors in one launch (an activation and a weight):
-//                               the rows q = (n, h, w) of dst in tiles of 32 rows x 32
+//                               the rows q = (n, h, w) of dst in tiles of 64 rows x 32
 //                               channels transposed through shared memory (tiles span
 //                               images, so 3 x 3 weight planes keep every thread busy).
 //                               1-D grid of both packs' tiles, block (32, 8).  Memory bound.
@@ -47,29 +47,34 @@
 #include "common.cuh"
 #include "conv_igemm.cuh"
 
-// One 32-row x 32-channel tile of a pack: rows q = (n, h, w) of dst [rows][Cp] from
-// src[n, c, h, w] read through element strides (sn, sc, sh, sw).
+// One PACK_ROWS-row x 32-channel tile of a pack: rows q = (n, h, w) of dst [rows][Cp] from
+// src[n, c, h, w] read through element strides (sn, sc, sh, sw).  Each thread reads
+// PACK_ROWS / 8 elements and writes as many, so that large activations keep enough
+// loads in flight per thread.
+#define PACK_ROWS 64
+
 template <typename T>
 __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restrict__ dst,
                                           long long C, long long H, long long W, long long Cp,
                                           long long rows, long long sn, long long sc,
                                           long long sh, long long sw, bool round_tf32, int q0,
-                                          int c0, T (&tile)[32][33]) {
+                                          int c0, T (&tile)[32][PACK_ROWS + 1]) {
     const int hw = (int)(H * W);
     const T zero = store_as<T>((acc_t<T>)0);
-    {  // read: this thread's row q = (n, p), channels c0 + threadIdx.y + 8j
-        const int q = q0 + threadIdx.x, n = q / hw, p = q - n * hw;
+#pragma unroll
+    for (int r = 0; r < PACK_ROWS / 32; ++r) {  // read: row q = (n, p), channels c0 + threadIdx.y + 8j
+        const int q = q0 + threadIdx.x + 32 * r, n = q / hw, p = q - n * hw;
         // a plane with sh == W * sw needs no (h, w) split of p
         const long long at = n * sn + (sh == W * sw ? p * sw : (p / (int)W) * sh + (p % (int)W) * sw);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int c = c0 + threadIdx.y + 8 * j;
-            tile[threadIdx.y + 8 * j][threadIdx.x] = c < C && q < rows ? src[at + c * sc] : zero;
+            tile[threadIdx.y + 8 * j][threadIdx.x + 32 * r] = c < C && q < rows ? src[at + c * sc] : zero;
         }
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // write: row q0 + threadIdx.y + 8j, channel c0 + threadIdx.x
+    for (int j = 0; j < PACK_ROWS / 8; ++j) {  // write: row q0 + threadIdx.y + 8j, channel c0 + threadIdx.x
         const long long q = q0 + threadIdx.y + 8 * j;
         const int c = c0 + threadIdx.x;
         if (q < rows && c < Cp)
@@ -77,8 +82,6 @@ __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restri
     }
 }
 
-// Two packs in one launch (the second may be empty: rows1 = 0): blocks [0, blocks0) tile
-// the first, the rest the second.
 template <typename T>
 __global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst0, long long C0,
                                  long long H0, long long W0, long long Cp0, long long rows0,
@@ -87,17 +90,18 @@ __global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst
                                  long long H1, long long W1, long long Cp1, long long rows1,
                                  long long sn1, long long sc1, long long sh1, long long sw1,
                                  long long round_tf32) {
-    __shared__ T tile[32][33];
-    const int row_tiles0 = (int)((rows0 + 31) / 32), blocks0 = row_tiles0 * (int)((Cp0 + 31) / 32);
+    __shared__ T tile[32][PACK_ROWS + 1];
+    const int row_tiles0 = (int)((rows0 + PACK_ROWS - 1) / PACK_ROWS);
+    const int blocks0 = row_tiles0 * (int)((Cp0 + 31) / 32);
     int b = blockIdx.x;
     if (b < blocks0) {
         pack_tile(src0, dst0, C0, H0, W0, Cp0, rows0, sn0, sc0, sh0, sw0, round_tf32 != 0,
-                  32 * (b % row_tiles0), 32 * (b / row_tiles0), tile);
+                  PACK_ROWS * (b % row_tiles0), 32 * (b / row_tiles0), tile);
     } else {
         b -= blocks0;
-        const int row_tiles1 = (int)((rows1 + 31) / 32);
+        const int row_tiles1 = (int)((rows1 + PACK_ROWS - 1) / PACK_ROWS);
         pack_tile(src1, dst1, C1, H1, W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32 != 0,
-                  32 * (b % row_tiles1), 32 * (b / row_tiles1), tile);
+                  PACK_ROWS * (b % row_tiles1), 32 * (b / row_tiles1), tile);
     }
 }
 
