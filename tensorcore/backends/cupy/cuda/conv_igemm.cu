@@ -62,19 +62,21 @@ __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restri
     const int hw = (int)(H * W);
     const T zero = store_as<T>((acc_t<T>)0);
 #pragma unroll
-    for (int r = 0; r < PACK_ROWS / 32; ++r) {  // read: row q = (n, p), channels c0 + threadIdx.y + 8j
+    for (int r = 0; r < PACK_ROWS / 32; ++r) {  // read: row q = (n, p), channels c0 + y + 8j
         const int q = q0 + threadIdx.x + 32 * r, n = q / hw, p = q - n * hw;
         // a plane with sh == W * sw needs no (h, w) split of p
-        const long long at = n * sn + (sh == W * sw ? p * sw : (p / (int)W) * sh + (p % (int)W) * sw);
+        const long long at =
+            n * sn + (sh == W * sw ? p * sw : (p / (int)W) * sh + (p % (int)W) * sw);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int c = c0 + threadIdx.y + 8 * j;
-            tile[threadIdx.y + 8 * j][threadIdx.x + 32 * r] = c < C && q < rows ? src[at + c * sc] : zero;
+            tile[threadIdx.y + 8 * j][threadIdx.x + 32 * r] =
+                c < C && q < rows ? src[at + c * sc] : zero;
         }
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < PACK_ROWS / 8; ++j) {  // write: row q0 + threadIdx.y + 8j, channel c0 + threadIdx.x
+    for (int j = 0; j < PACK_ROWS / 8; ++j) {  // write: row q0 + y + 8j, channel c0 + x
         const long long q = q0 + threadIdx.y + 8 * j;
         const int c = c0 + threadIdx.x;
         if (q < rows && c < Cp)

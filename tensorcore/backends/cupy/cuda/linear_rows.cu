@@ -36,7 +36,8 @@ __global__ void linear_rows_kernel(const T* __restrict__ a, const T* __restrict_
             if (m < M) {
                 const Pack<T> ap = ar[m * packs + i];
 #pragma unroll
-                for (int e = 0; e < Pack<T>::N; ++e) acc[m] += load_acc(ap.v[e]) * load_acc(wp.v[e]);
+                for (int e = 0; e < Pack<T>::N; ++e)
+                    acc[m] += load_acc(ap.v[e]) * load_acc(wp.v[e]);
             }
         }
     }

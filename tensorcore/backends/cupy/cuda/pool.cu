@@ -94,7 +94,8 @@ __global__ void max_pool_2x2_kernel(const T* __restrict__ x, T* __restrict__ y,
     const unsigned int plane_size = (unsigned int)H * uW, row_pairs = uW / 4;
     const unsigned int stride = gridDim.x * blockDim.x;
     for (unsigned int q = blockIdx.x * blockDim.x + threadIdx.x; q < n; q += stride) {
-        const unsigned int orow = q / row_pairs, k = q - orow * row_pairs;  // orow = plane * OH + oy
+        // orow = plane * OH + oy
+        const unsigned int orow = q / row_pairs, k = q - orow * row_pairs;
         const unsigned int plane = orow / uOH, oy = orow - plane * uOH;
         const unsigned int top = 2 * oy * uW + 4 * k;  // the first tap, flat inside the plane
         Run<T, 4> row0, row1;
