@@ -37,11 +37,10 @@ import numpy as np
 
 from ...backends.base import ACTIVATIONS, Backend
 from ..graph import Graph, Node, Ref, Value, node_refs
-from .uses import Uses, fresh_block, full_call, rewritten
+from .uses import ACTS, Uses, fresh_block, full_call, rewritten
 
 _CONV = inspect.signature(Backend.conv2d)
 _EPILOGUE_DEFAULTS = {"bias": None, "act": "none", "residual": None, "residual_scale": 1.0}
-_ACTS = frozenset(ACTIVATIONS) - {"none"}
 
 
 @dataclasses.dataclass(eq=False)
@@ -154,7 +153,7 @@ def _fold(graph: Graph, call: Node, node: Node, v: int, values: list[Value], num
             return None
         return Node(node.index, "matmul_bias_act", (*call.args, node.args[1], node.args[2]), {}, node.out)
     if call.op == "matmul_bias_act":
-        if node.op != "unary" or node.args[1:] != (Ref(v),) or node.args[0] not in _ACTS or call.args[3] != "none":
+        if node.op != "unary" or node.args[1:] != (Ref(v),) or node.args[0] not in ACTS or call.args[3] != "none":
             return None
         return Node(node.index, "matmul_bias_act", (*call.args[:3], node.args[0]), {}, node.out)
     epilogue = _conv_epilogue(call.kwargs, node, v, y, values, numbers)
@@ -169,7 +168,7 @@ def _conv_epilogue(kwargs: dict, node: Node, v: int, y: Value, values: list[Valu
     continue the epilogue's order ``(act(y + bias) + residual) * residual_scale``."""
     plain = "act" not in kwargs and "residual" not in kwargs and "residual_scale" not in kwargs
     args = node.args
-    if node.op == "unary" and len(args) == 2 and args[1] == Ref(v) and args[0] in _ACTS and plain:
+    if node.op == "unary" and len(args) == 2 and args[1] == Ref(v) and args[0] in ACTS and plain:
         return {**kwargs, "act": args[0]}
     if node.op == "bias_act" and args[0] == Ref(v) and plain and "bias" not in kwargs and _along(args, y, 1, values):
         return {**kwargs, **({} if args[1] is None else {"bias": args[1]}), "act": args[2]}

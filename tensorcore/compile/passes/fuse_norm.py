@@ -22,12 +22,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from ...backends.base import ACTIVATIONS, Backend
+from ...backends.base import Backend
 from ..graph import Graph, Node, Ref, Value
-from .uses import Uses, Views, fresh_block, rewritten
+from .uses import ACTS, Uses, Views, fresh_block, rewritten
 
 _GROUP_NORM = inspect.signature(Backend.group_norm)
-_ACTS = frozenset(ACTIVATIONS) - {"none"}
 
 
 def fuse_norm(graph: Graph) -> Graph:
@@ -62,7 +61,7 @@ def fuse_norm(graph: Graph) -> Graph:
                     folded += 1
             if params["act"] == "none" and type(node.out) is tuple and type(node.out[0]) is Ref:
                 norms[node.out[0].value] = (position, node)
-        elif node.op == "unary" and len(node.args) == 2 and node.args[0] in _ACTS and not node.kwargs \
+        elif node.op == "unary" and len(node.args) == 2 and node.args[0] in ACTS and not node.kwargs \
                 and type(node.args[1]) is Ref and node.args[1].value in norms and type(node.out) is Ref:
             y, out = node.args[1].value, values[node.out.value]
             if not (uses.only_reader(values, y, node, position) and fresh_block(graph, node, out)

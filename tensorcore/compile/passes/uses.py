@@ -11,7 +11,8 @@
   it is the call's one result);
 * ``full_call``: the ``full`` call that made a one-element array (``2 * y`` traces one
   for the 2), whose number a fused call may take instead;
-* ``rewritten``: the graph with calls replaced or dropped by position.
+* ``rewritten``: the graph with calls replaced or dropped by position;
+* ``ACTS``: the activations a fused call applies (every one but "none").
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ...backends.base import ACTIVATIONS
 from ..graph import Graph, Node, Ref, Value, node_refs
 from ..plan import made_by
+
+ACTS = frozenset(ACTIVATIONS) - {"none"}
 
 
 @dataclasses.dataclass
