@@ -117,8 +117,10 @@ class CupyLinalgKernels:
         return out
 
     def matmul_bias_act(self, a, b, bias, act: str):
-        """The cuBLAS product, then ``bias_act``'s kernel run in place on the product's
-        buffer: the two eager calls' arithmetic without the second array."""
+        """A product of few rows (``_few_rows``) in one kernel with the bias and the
+        activation; otherwise the cuBLAS product, then ``bias_act``'s kernel run in place
+        on the product's buffer.  Either way the two eager calls' arithmetic without the
+        second array."""
         check_activation("matmul_bias_act", act)
         if (_few_rows(a, b) and has_kernels(a, b, *(() if bias is None else (bias,)))
                 and (bias is None or (bias.shape == b.shape[1:] and bias.dtype == a.dtype))):

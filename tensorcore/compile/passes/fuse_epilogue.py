@@ -20,8 +20,9 @@ one ``matmul_bias_act(a, b, bias, act)`` call, which takes in a following
 ``unary(act, y)`` as well when bias_act had no activation (a Linear, then SiLU).
 
 When both operands of an add are open convolutions, a 1x1 one is tried last (see
-``_pointwise``).  The fused call takes the place of the last call it absorbed, so the convolution's or
-product's own arguments must not be written in between; its result is that call's.
+``_pointwise``).  The fused call takes the place of the last call it absorbed, so the
+convolution's or product's own arguments must not be written in between; its result is
+that call's.
 The backends compute the epilogue with the same operations in the same order; where a
 kernel fuses them in registers (the GPU convolution) the results agree to rounding.
 """

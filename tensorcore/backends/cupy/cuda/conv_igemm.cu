@@ -84,6 +84,8 @@ __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restri
     }
 }
 
+// Two packs in one launch (the second may be empty: rows1 = 0): blocks [0, blocks0) tile
+// the first, the rest the second.
 template <typename T>
 __global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst0, long long C0,
                                  long long H0, long long W0, long long Cp0, long long rows0,
@@ -107,15 +109,16 @@ __global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst
     }
 }
 
-// Four outputs per thread when total is a multiple of four (then every split's partials
-// are 16-byte aligned): one 16-byte load per split, evict-first (each partial is read
-// once), up to four splits' loads in flight; the outputs past the last whole four (all of
-// them otherwise) one per thread.
+// Four consecutive outputs, stored as one 8- or 16-byte word.
 template <typename T>
 struct alignas(4 * sizeof(T)) Four {
     T v[4];
 };
 
+// Four outputs per thread when total is a multiple of four (then every split's partials
+// are 16-byte aligned): one 16-byte load per split, evict-first (each partial is read
+// once), up to four splits' loads in flight; the outputs past the last whole four (all of
+// them otherwise) one per thread.
 template <typename T>
 __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __restrict__ out,
                                           const T* __restrict__ bias,

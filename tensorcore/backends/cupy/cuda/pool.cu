@@ -82,7 +82,7 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Run {
 // 2x2 windows at stride 2 without padding, W a multiple of 4 (the host checks; OH = H / 2,
 // OW = W / 2).  One thread per pair of outputs in a row: it reads four input columns of
 // each of the window's two rows and writes two values and two int64 argmax, so a warp's
-// every load and store is one contiguous run (the bandwidth of a copy).  Same taps order
+// every load and store is one contiguous run.  Same taps order
 // and NaN rule as max_pool_fwd_kernel.  32-bit indices: the host keeps the input below
 // 2^31 elements.
 template <typename T>
