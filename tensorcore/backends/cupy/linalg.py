@@ -17,7 +17,7 @@ import numpy
 
 from . import cublas
 from . import conv_igemm
-from .loader import kernel, launch
+from .loader import THREADS, kernel, launch
 from ..numpy.act import check_activation
 from .elementwise import ACT_CODES
 from .util import (INT32_LIMIT, aligned, contiguous, empty_as, has_kernels, pack_width, ptr,
@@ -27,7 +27,6 @@ CONV = "im2col.cu"
 SOFTMAX = "softmax.cu"
 LINEAR_ROWS = "linear_rows.cu"
 MAX_ROWS = 8  # rows of a the few-rows product takes (MAX_ROWS in linear_rows.cu)
-THREADS = 256
 
 
 def allow_tf32() -> bool:

@@ -48,8 +48,8 @@ def _max_pool_halving(src, out, arg, w, ho, wo):
     for oh in range(ho):
         for ow in range(wo):
             k = 2 * oh * w + 2 * ow
-            best = src[k]  # the first value: nothing to compare it with but NaN
-            best, pos, nan = best, t(0.0), t(0.0) if best != best else t(-1.0)
+            best, pos = src[k], t(0.0)  # the first value: nothing to compare it with
+            nan = t(0.0) if best != best else t(-1.0)
             best, pos, nan = _window_pick(best, pos, nan, src[k + 1], t(1.0))
             best, pos, nan = _window_pick(best, pos, nan, src[k + w], t(2.0))
             best, pos, nan = _window_pick(best, pos, nan, src[k + w + 1], t(3.0))
