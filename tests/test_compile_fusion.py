@@ -268,7 +268,7 @@ def test_fused_plans_survive_the_disk_cache(tmp_path, backend):
         want = block(*args)
     assert loaded.cache_info().disk_loads == 1
     table = first.plan_info()[0]["graph"]
-    assert "matmul_bias_act" in table and "shift=" in table and "residual=" in table
+    assert "matmul_bias_act" in table and "group_norm_conv2d(" in table and "residual=" in table
     assert_matches(got, want, backend)
 
 
@@ -374,11 +374,11 @@ def test_each_pass_switched_off_gives_the_old_graph(backend):
     fn = lambda x, emb: F.conv2d(F.silu(gn(x + emb[:, :, None, None])), w, b, padding=1) + x  # noqa: E731
     with tc.no_grad():
         for off in ("fuse_epilogue", "fuse_norm"):
-            switches = {"fuse_elementwise": False, off: False}
+            switches = {"fuse_elementwise": False, "fuse_norm_conv": False, off: False}
             compiled, _ = compiled_twice(fn, x, emb, passes=switches)
             done = compiled.plan_info()[0]["passes"]
             reference, _ = compiled_twice(fn, x, emb, passes={"fuse_elementwise": False, "fuse_epilogue": False,
-                                                              "fuse_norm": False})
+                                                              "fuse_norm": False, "fuse_norm_conv": False})
             assert off not in done and len(done) == 1
             table, old = compiled.plan_info()[0]["graph"], reference.plan_info()[0]["graph"]
             if off == "fuse_epilogue":
@@ -470,9 +470,9 @@ def test_unet_compiled_with_every_pass_equals_eager(backend):
         compiled, got = compiled_twice(model, x, t)
         want = model(x, t)
     done = compiled.plan_info()[0]["passes"]
-    assert done["fuse_epilogue"] > 0 and done["fuse_norm"] > 0
+    assert done["fuse_epilogue"] > 0 and done["fuse_norm"] > 0 and done["fuse_norm_conv"] > 0
     table = compiled.plan_info()[0]["graph"]
-    assert "residual=" in table and "shift=" in table and "matmul_bias_act(" in table
+    assert "residual=" in table and "group_norm_conv2d(" in table and "matmul_bias_act(" in table
     got, want = (getattr(o, "sample", o) for o in (got, want))
     if backend == "cupy":
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)

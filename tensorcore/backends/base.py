@@ -136,6 +136,14 @@ class Backend(Protocol):
         """Cross-correlation with a fused epilogue:
         ``(act(conv(x, w) + bias[None, :, None, None]) + residual) * residual_scale``,
         terms left out when not given; residual has the output's shape."""
+    def group_norm_conv2d(self, x: Array, norm: tuple, w: Array, stride: Pair, padding: Pair,
+                          dilation: Pair, groups: int, bias: Array | None = None,
+                          act: str = "none", residual: Array | None = None,
+                          residual_scale: float = 1.0) -> Array:
+        """``conv2d(group_norm(x, *norm)[0], w, ...)`` in one call, ``norm`` being
+        group_norm's arguments after x: (weight, bias, groups, eps, act, shift).  A backend
+        may normalize x as the convolution reads it, never writing the normalized
+        tensor.  Only compiled plans call it (a GroupNorm whose one reader is a conv)."""
     def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
                           padding: Pair, dilation: Pair, groups: int) -> Array:
         """Gradient of conv2d w.r.t. its input; also the forward of conv_transpose2d."""

@@ -40,7 +40,8 @@ from ... import settings
 from . import loader
 from .elementwise import ACT_CODES
 from .util import NULL, contiguous
-from . import conv_plan
+from . import conv_norm, conv_plan
+from .conv_norm import GroupNormIn
 from .conv_plan import FPROP, PREC_16, PREC_3XTF32, PREC_TF32, SOURCE, WGRAD, Plan
 
 _CTYPES = {"float32": "float", "float16": "half_t", "bfloat16": "bf16_t"}
@@ -123,10 +124,12 @@ def _scratch_arrays(*layout: tuple[tuple[int, ...], Any]) -> list[Any]:
 
 
 def clear_scratch(stream: int | None = None) -> None:
-    """Drop the scratch buffers of one stream (a handle), or of every stream."""
+    """Drop the scratch buffers (and GroupNorm counters) of one stream (a handle), or of
+    every stream."""
     with _scratch_lock:
         for key in [k for k in _scratch if stream is None or k[1] == stream]:
             del _scratch[key]
+    conv_norm.clear_counters(stream)
 
 
 # ----- kernels ------------------------------------------------------------------------------
@@ -156,12 +159,14 @@ class _Pack:
         return -(-math.prod(self.dst.shape[:-1]) // PACK_ROWS) * -(-self.dst.shape[-1] // 32)
 
 
-def _pack(first: _Pack, second: _Pack | None, round_tf32: bool) -> None:
-    """One launch packing one or two tensors."""
+def _pack(first: _Pack, second: _Pack | None, round_tf32: bool, norm: tuple = ()) -> None:
+    """One launch packing one or two tensors, the first normalized on the way when
+    ``norm`` holds conv_norm.pack_args."""
     rest = second.args() if second else (first.src, first.dst, 0, 1, 1, 1, 0, 0, 0, 0, 0)
     blocks = first.blocks() + (second.blocks() if second else 0)
-    loader.kernel(SOURCE, "conv_pack_kernel", first.src.dtype)(
-        (blocks,), (32, 8), (*first.args(), *rest, int(round_tf32)))
+    name = "conv_pack_norm_kernel" if norm else "conv_pack_kernel"
+    loader.kernel(SOURCE, name, first.src.dtype)(
+        (blocks,), (32, 8), (*first.args(), *norm, *rest, int(round_tf32)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -225,16 +230,18 @@ def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kerne
 # ----- the three passes -------------------------------------------------------------------
 def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation: Pair,
             groups: int, bias: Any = None, act: str = "none", residual: Any = None,
-            residual_scale: float = 1.0) -> Any | None:
+            residual_scale: float = 1.0, norm: GroupNormIn | None = None) -> Any | None:
     """(act(conv2d(x, w) + bias) + residual) * residual_scale, or None when the kernels
     do not cover the call.  bias / residual (when given) have x's dtype; residual has the
-    output's shape."""
+    output's shape.  ``norm``: x is first normalized by that GroupNorm (+ activation),
+    inside the pack; the caller has checked ``conv_norm.covers``."""
     n, c, h, wd = x.shape
     cout, r, s = w.shape[0], w.shape[2], w.shape[3]
     (ho, wo), itemsize = out_hw, x.dtype.itemsize
     cp = _padded(c, itemsize)
     epilogue = tuple(a for a in (bias, residual) if a is not None)
-    reason = _reason((x, w, *epilogue), groups, (n * h * wd * cp, cout * r * s * cp, n * ho * wo))
+    normed = norm.arrays() if norm is not None else ()
+    reason = _reason((x, w, *epilogue, *normed), groups, (n * h * wd * cp, cout * r * s * cp, n * ho * wo))
     if not _covered("forward", reason):
         return None
     prec = _precision(x.dtype)
@@ -244,11 +251,15 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     reuse_w = (r == s == 1 and cp == c and not rounded and w.flags.c_contiguous
                and w.data.ptr % 16 == 0)
     out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
-    xh, wp, part = _scratch_arrays(((n, h, wd, cp), x.dtype),
-                                   ((0,) if reuse_w else (cout, r, s, cp), x.dtype),
-                                   _partials(plan, out.size))
+    xh, wp, part, *stats = _scratch_arrays(((n, h, wd, cp), x.dtype),
+                                           ((0,) if reuse_w else (cout, r, s, cp), x.dtype),
+                                           _partials(plan, out.size),
+                                           *(conv_norm.scratch_layout(x, norm.groups) if norm else ()))
     packed_w = None if reuse_w else _Pack(w, wp, c, r, s, _strides(w))
-    _pack(_Pack(x, xh, c, h, wd, _strides(x)), packed_w, rounded)
+    if norm is not None:
+        conv_norm.coefficients(x, norm, *stats)
+    _pack(_Pack(x, xh, c, h, wd, _strides(x)), packed_w, rounded,
+          conv_norm.pack_args(norm, stats[0], n) if norm else ())
     if reuse_w:  # a 1x1 weight [Cout, C] is already the packed layout
         wp = w
     bias = None if bias is None else contiguous(bias)  # the kernels index both densely

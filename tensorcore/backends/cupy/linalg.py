@@ -16,7 +16,7 @@ import cupy
 import numpy
 
 from . import cublas
-from . import conv_igemm
+from . import conv_igemm, conv_norm
 from .loader import THREADS, kernel, launch
 from ..numpy.act import check_activation
 from .elementwise import ACT_CODES
@@ -180,6 +180,45 @@ class CupyLinalgKernels:
         elif fused:
             return y
         return self._conv_epilogue(y, bias, act, residual, residual_scale)
+
+    def group_norm_conv2d(self, x, norm, w, stride, padding, dilation, groups, bias=None,
+                          act="none", residual=None, residual_scale=1.0):
+        """The GroupNorm applied inside the implicit-GEMM pack (``conv_norm``) where the
+        kernels cover the call; else GroupNorm, then conv2d."""
+        fused = self._group_norm_in(x, norm, w, stride, padding, dilation, groups)
+        if fused is not None:
+            ho, wo = self._conv_geometry("group_norm_conv2d", x.shape, w.shape, stride, padding,
+                                         dilation, groups)
+            self._check_epilogue("group_norm_conv2d", (x.shape[0], w.shape[0], ho, wo), bias,
+                                 act, residual)
+            if all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype)
+                   for a in (bias, residual)):
+                y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups, bias,
+                                       act, residual, residual_scale, norm=fused)
+                if y is not None:
+                    return y
+        return super().group_norm_conv2d(x, norm, w, stride, padding, dilation, groups, bias,
+                                         act, residual, residual_scale)
+
+    def _group_norm_in(self, x, norm, w, stride, padding, dilation, groups):
+        """``norm`` as a conv_norm.GroupNormIn when the pack can apply it (CuPy arrays of
+        one dtype, valid GroupNorm arguments, a convolution the implicit GEMM runs, x
+        laid out for the statistics kernel), else None."""
+        if not isinstance(norm, tuple) or len(norm) != 6:
+            return None
+        weight, nbias, ngroups, eps, nact, shift = norm
+        arrays = [a for a in (weight, nbias, shift) if a is not None]
+        if not has_kernels(x, w, *arrays) or x.ndim != 4 or w.ndim != 4 \
+                or self._as_gemm(x.shape, w.shape, stride, padding, dilation, groups, x, w):
+            return None
+        self._check_groups("group_norm", x, ngroups)
+        check_activation("group_norm", nact)
+        for name, p in (("weight", weight), ("bias", nbias)):
+            self._check_param("group_norm", name, p, x.shape[1:2])
+        if shift is not None:
+            shift = self._shift_planes("group_norm", x, shift).reshape(x.shape[:2])
+        fused = conv_norm.GroupNormIn(weight, nbias, ngroups, eps, nact, shift)
+        return fused if conv_norm.covers(x, fused) else None
 
     def _conv2d_gemm(self, x, w, out_hw, stride, padding, dilation, groups):
         """conv2d as im2col + cuBLAS GEMM (or the xp reference where cuBLAS can't)."""

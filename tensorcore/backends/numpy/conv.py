@@ -98,6 +98,18 @@ class NumpyConvKernels:
         return self._conv_epilogue(self.xp.ascontiguousarray(out), bias, act, residual,
                                    residual_scale)
 
+    def group_norm_conv2d(self, x: Array, norm: tuple, w: Array, stride: Pair, padding: Pair,
+                          dilation: Pair, groups: int, bias: Array | None = None,
+                          act: str = "none", residual: Array | None = None,
+                          residual_scale: float = 1.0) -> Array:
+        """The two calls it stands for: GroupNorm (+ activation), then the convolution."""
+        if not isinstance(norm, tuple) or len(norm) != 6:
+            raise TypeError(f"group_norm_conv2d: norm must be group_norm's arguments after x, "
+                            f"(weight, bias, groups, eps, act, shift), got {norm!r}")
+        y = self.group_norm(x, *norm)[0]
+        return self.conv2d(y, w, stride, padding, dilation, groups, bias, act, residual,
+                           residual_scale)
+
     @staticmethod
     def _check_epilogue(op: str, out_shape: Shape, bias: Array | None, act: str,
                         residual: Array | None) -> None:

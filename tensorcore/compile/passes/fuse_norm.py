@@ -45,7 +45,7 @@ def fuse_norm(graph: Graph) -> Graph:
                 and type(node.out) is Ref and fresh_block(graph, node, values[node.out.value]):
             sums[node.out.value] = (position, node)
         elif node.op == "group_norm":
-            params = _params(node)
+            params = group_norm_params(node)
             if params is None:
                 continue
             x = params["x"]
@@ -68,7 +68,7 @@ def fuse_norm(graph: Graph) -> Graph:
                     and out.shape == values[y].shape):
                 continue
             norm_position, norm = norms.pop(y)
-            params = _params(norm)
+            params = group_norm_params(norm)
             params["act"] = node.args[0]
             placed[norm_position] = _group_norm(norm, params, (node.out, *norm.out[1:]))
             placed[position] = None
@@ -79,7 +79,7 @@ def fuse_norm(graph: Graph) -> Graph:
     return rewritten(graph, placed, "fuse_norm", folded, values=values, storages=storages)
 
 
-def _params(node: Node) -> dict | None:
+def group_norm_params(node: Node) -> dict | None:
     """A group_norm call's arguments by name (defaults filled in), or None when they do
     not bind to the protocol's signature."""
     try:

@@ -13,6 +13,9 @@
 //                               channels transposed through shared memory (tiles span
 //                               images, so 3 x 3 weight planes keep every thread busy).
 //                               1-D grid of both packs' tiles, block (32, 8).  Memory bound.
+//   conv_pack_norm_kernel       the same, the activation normalized on the way (a GroupNorm
+//                               + activation folded into the convolution: per-(n, c) scale
+//                               and beta from groupnorm_stats.cu).
 //   conv_fprop_kernel           out[n, j, y, x] = sum over taps (r, s) and channels c of
 //                               act[n][iy][ix][c] * w[j][r][s][c].  GEMM rows are output
 //                               pixels (BM per block), columns output channels (BN), K
@@ -53,12 +56,12 @@
 // loads in flight per thread.
 #define PACK_ROWS 64
 
-template <typename T>
+template <typename T, typename Load>
 __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restrict__ dst,
                                           long long C, long long H, long long W, long long Cp,
                                           long long rows, long long sn, long long sc,
                                           long long sh, long long sw, bool round_tf32, int q0,
-                                          int c0, T (&tile)[32][PACK_ROWS + 1]) {
+                                          int c0, T (&tile)[32][PACK_ROWS + 1], Load load) {
     const int hw = (int)(H * W);
     const T zero = store_as<T>((acc_t<T>)0);
 #pragma unroll
@@ -71,7 +74,7 @@ __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restri
         for (int j = 0; j < 4; ++j) {
             const int c = c0 + threadIdx.y + 8 * j;
             tile[threadIdx.y + 8 * j][threadIdx.x + 32 * r] =
-                c < C && q < rows ? src[at + c * sc] : zero;
+                c < C && q < rows ? load(src[at + c * sc], n, c) : zero;
         }
     }
     __syncthreads();
@@ -84,8 +87,52 @@ __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restri
     }
 }
 
+// A pack's elements as they are.
+struct AsIs {
+    template <typename T> __device__ __forceinline__ T operator()(T v, int, int) const { return v; }
+};
+
+// A GroupNorm (+ activation) applied on the way: act((v + shift[n, c]) * scale[n, c] +
+// beta[n, c]), the shifted value rounded to T first as the one-pass GroupNorm rounds it.
+// coef = [scale | beta], each [N][C] in the accumulation type (groupnorm_stats.cu).
+template <typename T> struct Normalize {
+    const acc_t<T>* coef;
+    const T* shift;
+    long long C, NC;
+    int act;
+    __device__ __forceinline__ T operator()(T v, int n, int c) const {
+        const long long nc = n * C + c;
+        const acc_t<T> x = load_acc(add_shift(v, shift, nc));
+        return store_as<T>(act_fwd(act, x * coef[nc] + coef[NC + nc]));
+    }
+};
+
 // Two packs in one launch (the second may be empty: rows1 = 0): blocks [0, blocks0) tile
-// the first, the rest the second.
+// the first, the rest the second; the first is read through `load0`.
+template <typename T, typename Load>
+__device__ __forceinline__ void pack_two(const T* __restrict__ src0, T* __restrict__ dst0,
+                                         long long C0, long long H0, long long W0, long long Cp0,
+                                         long long rows0, long long sn0, long long sc0,
+                                         long long sh0, long long sw0, Load load0,
+                                         const T* __restrict__ src1, T* __restrict__ dst1,
+                                         long long C1, long long H1, long long W1, long long Cp1,
+                                         long long rows1, long long sn1, long long sc1,
+                                         long long sh1, long long sw1, bool round_tf32) {
+    __shared__ T tile[32][PACK_ROWS + 1];
+    const int row_tiles0 = (int)((rows0 + PACK_ROWS - 1) / PACK_ROWS);
+    const int blocks0 = row_tiles0 * (int)((Cp0 + 31) / 32);
+    int b = blockIdx.x;
+    if (b < blocks0) {
+        pack_tile(src0, dst0, C0, H0, W0, Cp0, rows0, sn0, sc0, sh0, sw0, round_tf32,
+                  PACK_ROWS * (b % row_tiles0), 32 * (b / row_tiles0), tile, load0);
+    } else {
+        b -= blocks0;
+        const int row_tiles1 = (int)((rows1 + PACK_ROWS - 1) / PACK_ROWS);
+        pack_tile(src1, dst1, C1, H1, W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32,
+                  PACK_ROWS * (b % row_tiles1), 32 * (b / row_tiles1), tile, AsIs());
+    }
+}
+
 template <typename T>
 __global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst0, long long C0,
                                  long long H0, long long W0, long long Cp0, long long rows0,
@@ -94,19 +141,26 @@ __global__ void conv_pack_kernel(const T* __restrict__ src0, T* __restrict__ dst
                                  long long H1, long long W1, long long Cp1, long long rows1,
                                  long long sn1, long long sc1, long long sh1, long long sw1,
                                  long long round_tf32) {
-    __shared__ T tile[32][PACK_ROWS + 1];
-    const int row_tiles0 = (int)((rows0 + PACK_ROWS - 1) / PACK_ROWS);
-    const int blocks0 = row_tiles0 * (int)((Cp0 + 31) / 32);
-    int b = blockIdx.x;
-    if (b < blocks0) {
-        pack_tile(src0, dst0, C0, H0, W0, Cp0, rows0, sn0, sc0, sh0, sw0, round_tf32 != 0,
-                  PACK_ROWS * (b % row_tiles0), 32 * (b / row_tiles0), tile);
-    } else {
-        b -= blocks0;
-        const int row_tiles1 = (int)((rows1 + PACK_ROWS - 1) / PACK_ROWS);
-        pack_tile(src1, dst1, C1, H1, W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32 != 0,
-                  PACK_ROWS * (b % row_tiles1), 32 * (b / row_tiles1), tile);
-    }
+    pack_two(src0, dst0, C0, H0, W0, Cp0, rows0, sn0, sc0, sh0, sw0, AsIs(), src1, dst1, C1, H1,
+             W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32 != 0);
+}
+
+// conv_pack_kernel with the first tensor (an activation [N, C, H, W]) normalized as it is
+// packed: a GroupNorm + activation folded into the convolution that reads its result.
+template <typename T>
+__global__ void conv_pack_norm_kernel(const T* __restrict__ src0, T* __restrict__ dst0,
+                                      long long C0, long long H0, long long W0, long long Cp0,
+                                      long long rows0, long long sn0, long long sc0,
+                                      long long sh0, long long sw0,
+                                      const acc_t<T>* __restrict__ coef,
+                                      const T* __restrict__ shift, long long N0, long long act,
+                                      const T* __restrict__ src1, T* __restrict__ dst1,
+                                      long long C1, long long H1, long long W1, long long Cp1,
+                                      long long rows1, long long sn1, long long sc1,
+                                      long long sh1, long long sw1, long long round_tf32) {
+    const Normalize<T> load0{coef, shift, C0, N0 * C0, (int)act};
+    pack_two(src0, dst0, C0, H0, W0, Cp0, rows0, sn0, sc0, sh0, sw0, load0, src1, dst1, C1, H1,
+             W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32 != 0);
 }
 
 // Four consecutive outputs, stored as one 8- or 16-byte word.

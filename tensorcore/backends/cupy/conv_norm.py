@@ -1,0 +1,112 @@
+"""A GroupNorm (+ activation) applied inside a convolution's operand pack.
+
+When a convolution is the one reader of a GroupNorm's result (a ResBlock's
+``conv(silu(norm(x)))``; ``tc.compile`` rewrites it to ``group_norm_conv2d``), the
+normalized tensor need never exist: one kernel (cuda/groupnorm_stats.cu) reads x once
+for the statistics and leaves, per sample and channel, the affine map
+``scale = rstd * weight``, ``beta = bias - mean * scale``; the convolution's pack kernel
+(cuda/conv_igemm.cu), which reads x anyway, applies ``act((x + shift) * scale + beta)``
+as it goes.  Against a GroupNorm that writes its result and a pack that reads it back,
+that spares a write and a read of the whole tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import cupy
+import numpy
+
+from . import loader
+from .elementwise import ACT_CODES
+from .util import NULL, acc_dtype, aligned, pack_width, ptr
+
+SOURCE = "groupnorm_stats.cu"
+STATS_THREADS, STATS_PACKS = 256, 4  # per block, per thread (groupnorm_stats.cu)
+_GRID_Y = 65535
+
+
+@dataclass(frozen=True)
+class GroupNormIn:
+    """group_norm's arguments after x (checked by the caller): weight and bias [C] or
+    None, groups, eps, act, shift [N, C] contiguous or None."""
+
+    weight: Any
+    bias: Any
+    groups: int
+    eps: float
+    act: str
+    shift: Any
+
+    def arrays(self) -> tuple:
+        return tuple(a for a in (self.weight, self.bias, self.shift) if a is not None)
+
+
+def covers(x: Any, norm: GroupNormIn) -> bool:
+    """Whether the statistics kernel reads x: C-contiguous, 16-byte aligned, every
+    statistic a whole number of 16-byte packs, at most 65535 statistics; the
+    parameters contiguous."""
+    n, c = x.shape[:2]
+    stat_len = x.size // (n * norm.groups)
+    return (x.flags.c_contiguous and aligned(x) and stat_len % pack_width(x.dtype) == 0
+            and n * norm.groups <= _GRID_Y
+            and all(a.flags.c_contiguous for a in norm.arrays()))
+
+
+def chunks(x: Any, groups: int) -> int:
+    """Blocks per statistic: enough that a block's threads hold at most STATS_PACKS packs
+    each, and about two blocks per SM overall while every thread still gets a pack."""
+    stats = x.shape[0] * groups
+    packs = x.size // stats // pack_width(x.dtype)
+    fill = min(-(-2 * loader.sm_count() // stats), -(-packs // STATS_THREADS))
+    return max(-(-packs // (STATS_THREADS * STATS_PACKS)), fill, 1)
+
+
+def scratch_layout(x: Any, groups: int) -> tuple[tuple[tuple[int, ...], Any], ...]:
+    """(shape, dtype) of the coefficients [2, N, C] and of the chunks' partials."""
+    acc = acc_dtype(x.dtype)
+    return ((2, *x.shape[:2]), acc), ((x.shape[0] * groups * chunks(x, groups) * 3,), acc)
+
+
+def coefficients(x: Any, norm: GroupNormIn, coef: Any, part: Any) -> None:
+    """coef [2, N, C] = the per-(sample, channel) scale and beta of the GroupNorm of x."""
+    n, c = x.shape[:2]
+    stats = n * norm.groups
+    stat_len = x.size // stats
+    loader.kernel(SOURCE, "group_norm_coef_kernel", x.dtype)(
+        (chunks(x, norm.groups), stats), (STATS_THREADS,),
+        (x, ptr(norm.shift), ptr(norm.weight), ptr(norm.bias), part, _counters(stats), coef,
+         stat_len, stat_len * norm.groups // c, c, n * c, float(norm.eps)))
+
+
+def pack_args(norm: GroupNormIn, coef: Any, n: int) -> tuple:
+    """The normalization arguments of conv_pack_norm_kernel, after the first tensor's."""
+    return coef, NULL if norm.shift is None else norm.shift, n, ACT_CODES[norm.act]
+
+
+# ----- arrival counters ---------------------------------------------------------------------
+_counter_arrays: dict[tuple[int, int], list[Any]] = {}
+_counter_lock = threading.Lock()
+
+
+def _counters(count: int) -> Any:
+    """``count`` zeroed arrival counters of this (device, stream).  The kernel leaves them
+    zero, so they are set once; kernels on one stream run in order, so they never share
+    them at once.  A set that is outgrown is kept alive: a captured graph may use it."""
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
+    held = _counter_arrays.get(key)
+    if held is None or held[-1].size < count:
+        with _counter_lock:
+            held = _counter_arrays.setdefault(key, [])
+            size = max(count, 2 * held[-1].size if held else 0, 1024)
+            held.append(cupy.zeros(size, dtype=numpy.uint32))
+    return held[-1]
+
+
+def clear_counters(stream: int | None = None) -> None:
+    """Drop the counters of one stream (a handle), or of every stream."""
+    with _counter_lock:
+        for key in [k for k in _counter_arrays if stream is None or k[1] == stream]:
+            del _counter_arrays[key]

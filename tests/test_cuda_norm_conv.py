@@ -1,0 +1,166 @@
+"""GroupNorm applied inside the implicit-GEMM convolution's pack (backends/cupy/conv_norm.py)
+against the NumPy backend in float64.
+
+The bound is the convolution's (test_cuda_conv.py) with the normalized input's own error
+added to each product's: the statistics in float32 (a few ulps of the accumulation type,
+``STATS``), the shifted input rounded to the dtype as eager rounds it (so the reference
+rounds it too), and the normalized value rounded to the dtype as the pack stores it
+(``stored``).  The magnitude of a normalized value is that of its terms,
+``|xhat * weight| + |bias|``, through the activation's slope.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import tensorcore as tc
+from test_cuda_conv import ACT_SLOPE, MODES, RNG, on_gpu, precision, ran_implicit_gemm, rounded
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+from tensorcore.backends.cupy import conv_norm, conv_plan  # noqa: E402
+from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
+from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
+
+GPU, REF = CupyBackend(), NumpyBackend()
+STATS = 2.0**-18  # relative error of float32 mean / rstd over up to ~10^5 values
+
+
+def normalized_reference(x, weight, bias, groups, act, shift, mode):
+    """(y, |terms| of y) in float64: x + shift rounded to the dtype (eager's add), then
+    GroupNorm and the activation."""
+    xs = rounded(x + shift[:, :, None, None], mode) if shift is not None else x
+    n, c = x.shape[:2]
+    grouped = xs.reshape(n, groups, -1)
+    xhat = ((grouped - grouped.mean(-1, keepdims=True))
+            / np.sqrt(grouped.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
+    w = np.ones(c) if weight is None else weight
+    b = np.zeros(c) if bias is None else bias
+    affine = xhat * w[:, None, None] + b[:, None, None]
+    y = REF.unary(act, affine) if act != "none" else affine
+    terms = ACT_SLOPE * (np.abs(xhat * w[:, None, None]) + np.abs(b[:, None, None]))
+    return y, terms
+
+
+def check(xs, cout, k, stride, padding, groups, act, affine, shifted, mode, epilogue=False):
+    n, c = xs[:2]
+    geo = ((stride, stride), (padding, padding), (1, 1), 1)
+    x = rounded(RNG.standard_normal(xs) * 2 + 0.5, mode)
+    w = rounded(RNG.standard_normal((cout, c, k, k)), mode)
+    weight = rounded(RNG.standard_normal(c), mode) if affine else None
+    bias = rounded(RNG.standard_normal(c), mode) if affine else None
+    shift = rounded(RNG.standard_normal((n, c)), mode) if shifted else None
+    y, terms = normalized_reference(x, weight, bias, groups, act, shift, mode)
+    conv_bias = rounded(RNG.standard_normal(cout), mode) if epilogue else None
+    want = REF.conv2d(y, w, *geo, bias=conv_bias)
+    residual = rounded(RNG.standard_normal(want.shape), mode) if epilogue else None
+    if epilogue:
+        want = want + residual
+    gpu = lambda a: None if a is None else on_gpu(a, mode)  # noqa: E731
+    norm = (gpu(weight), gpu(bias), groups, 1e-5, act, gpu(shift))
+    with precision(mode):
+        got = GPU.group_norm_conv2d(on_gpu(x, mode), norm, on_gpu(w, mode), *geo,
+                                    bias=gpu(conv_bias), residual=gpu(residual))
+    _, _, product, stored = MODES[mode]
+    terms_count = c * k * k
+    magnitude = REF.conv2d(terms, np.abs(w), *geo)
+    bound = 2 * ((product + stored + STATS + 2 * terms_count * 2.0**-24) * magnitude
+                 + stored * np.abs(want)) + (2.0**-24 if mode == "fp16" else 1e-30)
+    got = cp.asnumpy(got).astype(np.float64)
+    excess = np.abs(got - want) / bound
+    worst = np.unravel_index(np.argmax(excess), excess.shape)
+    assert excess.max() <= 1.0, (f"{mode}: error {abs(got - want)[worst]:.3g} at {worst} exceeds "
+                                 f"bound {bound[worst]:.3g} (want {want[worst]:.6g})")
+
+
+@st.composite
+def cases(draw):
+    """Shapes whose every group is a whole number of 16-byte packs in each dtype."""
+    groups, per_group = draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([1, 2, 3, 8]))
+    h, w = draw(st.integers(1, 12)), draw(st.sampled_from([8, 16]))
+    k, stride = draw(st.sampled_from([3, 1])), draw(st.integers(1, 2))
+    # a 1x1 convolution without stride or padding is a plain GEMM on NCHW (cuBLAS, no pack)
+    padding = 1 if k == 3 or stride == 1 else draw(st.integers(0, 1))
+    return dict(xs=(draw(st.integers(1, 3)), groups * per_group, h, w), cout=draw(st.integers(1, 19)),
+                k=k, stride=stride, padding=padding, groups=groups,
+                act=draw(st.sampled_from(["none", "silu", "gelu", "relu"])), affine=draw(st.booleans()),
+                shifted=draw(st.booleans()), epilogue=draw(st.booleans()))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(case=cases())
+def test_normalized_conv_matches_float64(mode, case):
+    """Every such case takes the fused path: the GroupNorm kernel never runs."""
+    conv_plan.reset_stats()
+    with mock.patch.object(GPU, "group_norm", side_effect=AssertionError("GroupNorm ran on its own")):
+        check(**case, mode=mode)
+    assert ran_implicit_gemm("forward")
+
+
+@pytest.mark.parametrize("shape, groups", [((1, 6, 3, 3), 3), ((1, 8, 4, 4), 2)])
+def test_uncovered_layouts_take_the_two_calls(shape, groups):
+    """A group of 2 x 9 float32 values is not a whole number of packs; a channels-last x is
+    not what the statistics kernel reads.  Both run GroupNorm, then the convolution."""
+    x = cp.asarray(RNG.standard_normal(shape).astype(np.float32))
+    if shape[1] == 8:
+        x = cp.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    w = cp.asarray(RNG.standard_normal((4, shape[1], 3, 3)).astype(np.float32))
+    norm = (None, None, groups, 1e-5, "silu", None)
+    assert GPU._group_norm_in(x, norm, w, (1, 1), (1, 1), (1, 1), 1) is None
+    got = GPU.group_norm_conv2d(x, norm, w, (1, 1), (1, 1), (1, 1), 1)
+    want = GPU.conv2d(GPU.group_norm(x, *norm)[0], w, (1, 1), (1, 1), (1, 1), 1)
+    cp.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_captured_normalized_conv_replays_as_eager():
+    """The last block of each statistic resets its arrival counter, so a graph replays the
+    statistics kernel: each replay on new data equals the eager call."""
+    x = cp.asarray(RNG.standard_normal((2, 64, 32, 32)).astype(np.float32))
+    w = cp.asarray(RNG.standard_normal((16, 64, 3, 3)).astype(np.float32))
+    shift = cp.asarray(RNG.standard_normal((2, 64)).astype(np.float32))
+    norm = (None, None, 8, 1e-5, "silu", shift)
+    step = lambda: GPU.group_norm_conv2d(x, norm, w, (1, 1), (1, 1), (1, 1), 1)  # noqa: E731
+    assert conv_norm.chunks(x, 8) > 1  # several blocks per statistic: the counters count
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        step()  # warm: compile, size the scratch buffer and the counters
+        stream.synchronize()
+        stream.begin_capture()
+        captured = step()
+        graph = stream.end_capture()
+        for _ in range(3):
+            for a in (x, shift):
+                a[...] = cp.asarray(RNG.standard_normal(a.shape).astype(np.float32))
+            graph.launch(stream)
+            eager = step()
+            stream.synchronize()
+            assert cp.array_equal(captured, eager)
+            assert int(conv_norm._counters(16).sum()) == 0
+
+
+def test_a_compiled_unet_folds_its_norms_into_the_convolutions():
+    import diffusion
+
+    with tc.use_backend("cupy"):
+        tc.manual_seed(0)
+        model = diffusion.UNet2D(sample_size=16, in_channels=4, out_channels=4, block_out_channels=(32, 64),
+                                 layers_per_block=1, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                 up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8).eval()
+        x, t = tc.randn(1, 4, 16, 16), tc.tensor([10.0])
+        with tc.no_grad():
+            compiled = tc.compile(model, cache_dir=False)
+            compiled(x, t)
+            got = compiled(x, t)
+            want = model(x, t)
+            off = tc.compile(model, cache_dir=False, passes={"fuse_norm_conv": False})
+            off(x, t)
+            apart = off(x, t)
+        assert compiled.plan_info()[0]["passes"]["fuse_norm_conv"] >= 5
+        got, want, apart = (getattr(o, "sample", o).numpy() for o in (got, want, apart))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, apart, rtol=1e-4, atol=1e-4)
