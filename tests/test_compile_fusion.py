@@ -135,12 +135,19 @@ def test_activation_folds_into_a_conv_and_bias_act_into_a_conv_without_bias(back
         graph = fuse_epilogue(traced(fn, x))
         assert ops(graph) == ["conv2d"] and set(graph.nodes[0].kwargs) == kwargs
         assert graph.nodes[0].kwargs["act"] == act
-        passes = check_compiled(fn, x, backend=backend) if act != "tanh" or backend != "numba" else None
-        assert passes is None or passes["fuse_epilogue"] == 1
+        if backend == "numba" and act in ("tanh", "gelu"):  # see the next test
+            compiled, got = compiled_twice(fn, x)
+            np.testing.assert_allclose(got.numpy(), fn(x).numpy(), rtol=1e-6, atol=1e-7)
+            passes = compiled.plan_info()[0]["passes"]
+        else:
+            passes = check_compiled(fn, x, backend=backend)
+        assert passes["fuse_epilogue"] == 1
 
 
 def test_tanh_epilogue_on_numba_is_within_rounding():
-    """Numba's eager tanh is NumPy's; its fused epilogue uses the kernel's own tanh."""
+    """Numba's eager tanh is NumPy's; its fused epilogue uses the kernel's own tanh.  (Its
+    GELU's erf, eager and fused, is one source compiled twice, which LLVM may contract
+    differently: on some versions they differ in the last bit.)"""
     with tc.use_backend("numba"):
         w, b = conv_params()
         x = tc.randn(2, 3, 5, 5)

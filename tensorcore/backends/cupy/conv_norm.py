@@ -46,11 +46,12 @@ class GroupNormIn:
 
 def covers(x: Any, norm: GroupNormIn) -> bool:
     """Whether the statistics kernel reads x: C-contiguous, 16-byte aligned, every
-    statistic a whole number of 16-byte packs, at most 65535 statistics; the
-    parameters contiguous."""
+    statistic a whole number of 16-byte packs (and, with a shift, which is per plane,
+    every plane), at most 65535 statistics; the parameters contiguous."""
     n, c = x.shape[:2]
-    stat_len = x.size // (n * norm.groups)
-    return (x.flags.c_contiguous and aligned(x) and stat_len % pack_width(x.dtype) == 0
+    pack = pack_width(x.dtype)
+    unit = x.size // (n * c) if norm.shift is not None else x.size // (n * norm.groups)
+    return (x.flags.c_contiguous and aligned(x) and unit % pack == 0
             and n * norm.groups <= _GRID_Y
             and all(a.flags.c_contiguous for a in norm.arrays()))
 
