@@ -306,7 +306,7 @@ def test_activation_folds_into_group_norm(backend, act):
     graph = fuse_norm(traced(fn, x))
     assert ops(graph) == ["group_norm"] and graph.nodes[0].kwargs == {"act": act}
     with tc.no_grad():
-        if act == "tanh" and backend == "numba":  # eager tanh is NumPy's, the kernel's differs in the last bit
+        if act in ("tanh", "gelu") and backend == "numba":  # last bit: see test_tanh_epilogue_on_numba_is_within_rounding
             compiled, got = compiled_twice(fn, x)
             np.testing.assert_allclose(got.numpy(), fn(x).numpy(), rtol=1e-6, atol=1e-7)
         else:

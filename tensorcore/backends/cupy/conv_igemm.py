@@ -15,8 +15,10 @@ so every global-to-shared copy is a 16-byte ``cp.async``; any input strides are 
 as they are.  Outputs are written NCHW through shared memory (the forward's
 accumulators staged there so that stores coalesce), with bias, activation, residual
 add and scale fused in.  Problems whose output tiles would not
-fill the GPU split K into float32 partials, summed (and finished by the epilogue) in a
-reduce kernel.  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
+fill the GPU split K into float32 partials: in the forward kernel the last split of a
+tile to finish sums them and writes the epilogue (arrival counters, ``counters.py``);
+the weight gradient's are summed by a reduce kernel.  A GroupNorm (+ activation) the
+convolution's input needs may be applied inside its pack (``conv_norm.py``).  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
 small * big), accurate to float32.
 
 Scratch memory (packed operands, partials) comes from one buffer per (device, stream)
@@ -40,7 +42,7 @@ from ... import settings
 from . import loader
 from .elementwise import ACT_CODES
 from .util import NULL, contiguous
-from . import conv_norm, conv_plan
+from . import conv_norm, conv_plan, counters
 from .conv_norm import GroupNormIn
 from .conv_plan import FPROP, PREC_16, PREC_3XTF32, PREC_TF32, SOURCE, WGRAD, Plan
 
@@ -129,7 +131,7 @@ def clear_scratch(stream: int | None = None) -> None:
     with _scratch_lock:
         for key in [k for k in _scratch if stream is None or k[1] == stream]:
             del _scratch[key]
-    conv_norm.clear_counters(stream)
+    counters.clear(stream)
 
 
 # ----- kernels ------------------------------------------------------------------------------
@@ -185,13 +187,10 @@ def _launch(kernel: str, plan: Plan, dtype: Any, prec: int, grid: tuple, args: t
         grid, (tile.threads,), args, shared_mem=smem)
 
 
-def _reduce(part: Any, out: Any, splits: int, plane: int, nout: int, bias: Any = None,
-            residual: Any = None, act: str = "none", scale: float = 1.0) -> None:
-    """out = epilogue(sum of the splits' float32 partials)."""
+def _reduce(part: Any, out: Any, splits: int) -> None:
+    """out = the sum of the splits' float32 partials (the weight gradient's)."""
     loader.launch(SOURCE, "conv_splitk_reduce_kernel", out.dtype, -(-out.size // 4),
-                       (part, out, NULL if bias is None else bias,
-                        NULL if residual is None else residual, out.size, splits, plane, nout,
-                        ACT_CODES[act], float(scale)))
+                  (part, out, out.size, splits))
 
 
 def _int32(*values: int) -> tuple:
@@ -214,17 +213,13 @@ def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kerne
     tile, splits = plan.tile, plan.splits
     rows = n * -(-oh // phases[0]) * -(-ow // phases[1])  # phase (0, 0) is the largest
     grid = (-(-rows // tile.bm), -(-nout // tile.bn), phases[0] * phases[1] * splits)
-    if splits > 1:  # the GEMM writes partials, the reduce kernel the epilogue
-        epilogue = (part, NULL, NULL, 0, 1.0)
-    else:
-        epilogue = (NULL, NULL if bias is None else bias, NULL if residual is None else residual,
-                    ACT_CODES[act_name], scale)
+    # with a K split, the last split of each output tile to finish sums the partials
+    tiles = counters.arrival_counters(grid[0] * grid[1] * phases[0] * phases[1]) if splits > 1 else NULL
     _launch(FPROP, plan, out.dtype, prec, grid,
-            (act, wpk, out, *epilogue[:3],
+            (act, wpk, out, part if splits > 1 else NULL, tiles, NULL if bias is None else bias,
+             NULL if residual is None else residual,
              *_int32(n, ih, iw, cp, nout, oh, ow, *kernel_hw, *step, *base, *tap_delta,
-                     *phases, *tap_step, splits, epilogue[3]), numpy.float32(epilogue[4])))
-    if splits > 1:
-        _reduce(part, out, splits, oh * ow, nout, bias, residual, act_name, scale)
+                     *phases, *tap_step, splits, ACT_CODES[act_name]), numpy.float32(scale)))
 
 
 # ----- the three passes -------------------------------------------------------------------
@@ -327,5 +322,5 @@ def weight_grad(grad: Any, x: Any, w_shape: tuple, stride: Pair, padding: Pair,
              *_int32(n, ho, wo, h, wd, cout, cop, c, cp, r, s, *stride, *padding, *dilation,
                      splits)))
     if splits > 1:
-        _reduce(part, dw, splits, 1, 1)
+        _reduce(part, dw, splits)
     return dw

@@ -12,14 +12,12 @@ that spares a write and a read of the whole tensor.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-import cupy
-import numpy
 
 from . import loader
+from .counters import arrival_counters
 from .elementwise import ACT_CODES
 from .util import NULL, acc_dtype, aligned, pack_width, ptr
 
@@ -78,36 +76,10 @@ def coefficients(x: Any, norm: GroupNormIn, coef: Any, part: Any) -> None:
     stat_len = x.size // stats
     loader.kernel(SOURCE, "group_norm_coef_kernel", x.dtype)(
         (chunks(x, norm.groups), stats), (STATS_THREADS,),
-        (x, ptr(norm.shift), ptr(norm.weight), ptr(norm.bias), part, _counters(stats), coef,
+        (x, ptr(norm.shift), ptr(norm.weight), ptr(norm.bias), part, arrival_counters(stats), coef,
          stat_len, stat_len * norm.groups // c, c, n * c, float(norm.eps)))
 
 
 def pack_args(norm: GroupNormIn, coef: Any, n: int) -> tuple:
     """The normalization arguments of conv_pack_norm_kernel, after the first tensor's."""
     return coef, NULL if norm.shift is None else norm.shift, n, ACT_CODES[norm.act]
-
-
-# ----- arrival counters ---------------------------------------------------------------------
-_counter_arrays: dict[tuple[int, int], list[Any]] = {}
-_counter_lock = threading.Lock()
-
-
-def _counters(count: int) -> Any:
-    """``count`` zeroed arrival counters of this (device, stream).  The kernel leaves them
-    zero, so they are set once; kernels on one stream run in order, so they never share
-    them at once.  A set that is outgrown is kept alive: a captured graph may use it."""
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
-    held = _counter_arrays.get(key)
-    if held is None or held[-1].size < count:
-        with _counter_lock:
-            held = _counter_arrays.setdefault(key, [])
-            size = max(count, 2 * held[-1].size if held else 0, 1024)
-            held.append(cupy.zeros(size, dtype=numpy.uint32))
-    return held[-1]
-
-
-def clear_counters(stream: int | None = None) -> None:
-    """Drop the counters of one stream (a handle), or of every stream."""
-    with _counter_lock:
-        for key in [k for k in _counter_arrays if stream is None or k[1] == stream]:
-            del _counter_arrays[key]
