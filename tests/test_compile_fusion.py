@@ -521,7 +521,7 @@ def test_every_cuda_group_norm_kernel_adds_the_shift_as_eager_does(shape, groups
             "chosen": lambda x, sh: be.group_norm(x, w, b, groups, 1e-5, "silu", shift=sh),
             "two-pass": lambda x, sh: be._plane_forward(x, w, b, (n, groups), c // groups, False, 1e-5, "silu",
                                                         shift=sh),
-            "cluster": lambda x, sh: groupnorm._clustered(x, sh, w, b, (n, groups), stat_len, s, 1e-5, "silu"),
+            "cluster": lambda x, sh: groupnorm.clustered(x, sh, w, b, (n, groups), stat_len, s, 1e-5, "silu"),
             "resident": lambda x, sh: groupnorm._resident(x, sh, w, b, (n, groups), stat_len, s, 1e-5, "silu"),
         }
         for name, run in runs.items():

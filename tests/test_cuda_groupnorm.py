@@ -77,7 +77,7 @@ def forward(kernel: str, x, w, b, groups: int, act: str):
         return GPU._plane_forward(x, w, b, (n, groups), c // groups, False, 1e-5, act)
     if loader.compute_capability() < 90:
         pytest.skip("one-pass GroupNorm kernels need Hopper")
-    run = {"resident": groupnorm._resident, "cluster": groupnorm._clustered}[kernel]
+    run = {"resident": groupnorm._resident, "cluster": groupnorm.clustered}[kernel]
     return run(x, None, w, b, (n, groups), c // groups * s, s, 1e-5, act)  # no shift
 
 

@@ -1,5 +1,6 @@
-"""GroupNorm applied inside the implicit-GEMM convolution's pack (backends/cupy/conv_norm.py)
-against the NumPy backend in float64.
+"""GroupNorm applied inside the implicit-GEMM convolution's pack (backends/cupy/conv_norm.py):
+bit for bit the eager GroupNorm, then the convolution, and against the NumPy backend in
+float64.
 
 The bound is the convolution's (test_cuda_conv.py) with the normalized input's own error
 added to each product's: the statistics in float32 (a few ulps of the accumulation type,
@@ -23,7 +24,7 @@ from test_cuda_conv import ACT_SLOPE, MODES, RNG, on_gpu, precision, ran_implici
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from tensorcore.backends.cupy import conv_norm, conv_plan, counters  # noqa: E402
+from tensorcore.backends.cupy import conv_plan, counters  # noqa: E402
 from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
 from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
 
@@ -47,7 +48,9 @@ def normalized_reference(x, weight, bias, groups, act, shift, mode):
     return y, terms
 
 
-def check(xs, cout, k, stride, padding, groups, act, affine, shifted, mode, epilogue=False, seed=0):
+def check(xs, cout, k, stride, padding, groups, act, affine, shifted, mode, epilogue=False, seed=0) -> bool:
+    """Bound the fused call against float64 and compare it with the two eager calls;
+    returns whether it ran fused (the GroupNorm kernel did not run)."""
     rng = np.random.default_rng(seed)
     n, c = xs[:2]
     geo = ((stride, stride), (padding, padding), (1, 1), 1)
@@ -64,10 +67,13 @@ def check(xs, cout, k, stride, padding, groups, act, affine, shifted, mode, epil
     summands = np.abs(conv) + np.abs(conv_bias)[None, :, None, None] + np.abs(residual)
     gpu = lambda a: None if a is None else on_gpu(a, mode)  # noqa: E731
     norm = (gpu(weight), gpu(bias), groups, 1e-5, act, gpu(shift))
+    gx, gw = on_gpu(x, mode), on_gpu(w, mode)
+    epilogue_args = dict(bias=gpu(conv_bias), residual=gpu(residual)) if epilogue else {}
     with precision(mode):
-        got = GPU.group_norm_conv2d(on_gpu(x, mode), norm, on_gpu(w, mode), *geo,
-                                    bias=gpu(conv_bias) if epilogue else None,
-                                    residual=gpu(residual) if epilogue else None)
+        with mock.patch.object(GPU, "group_norm", wraps=GPU.group_norm) as group_norm:
+            got = GPU.group_norm_conv2d(gx, norm, gw, *geo, **epilogue_args)
+        eager = GPU.conv2d(GPU.group_norm(gx, *norm)[0], gw, *geo, **epilogue_args)
+    assert cp.array_equal(got, eager), "not the eager result bit for bit"
     _, _, product, stored = MODES[mode]
     terms_count = c * k * k
     magnitude = REF.conv2d(terms, np.abs(w), *geo)
@@ -78,6 +84,7 @@ def check(xs, cout, k, stride, padding, groups, act, affine, shifted, mode, epil
     worst = np.unravel_index(np.argmax(excess), excess.shape)
     assert excess.max() <= 1.0, (f"{mode}: error {abs(got - want)[worst]:.3g} at {worst} exceeds "
                                  f"bound {bound[worst]:.3g} (want {want[worst]:.6g})")
+    return not group_norm.called
 
 
 @st.composite
@@ -96,18 +103,21 @@ def cases(draw):
 
 @pytest.mark.parametrize("mode", MODES)
 @given(case=cases())
-def test_normalized_conv_matches_float64(mode, case):
-    """Where the statistics kernel reads whole packs (of a group, or of a plane when there
-    is a per-plane shift) the GroupNorm kernel never runs; elsewhere it does, then the
-    convolution."""
+def test_normalized_conv_matches_eager_and_float64(mode, case):
+    """Fused where planes are whole 16-byte packs (eager's cluster GroupNorm runs on all
+    of these small tensors), else the two calls; the same result either way."""
     n, c, h, w = case["xs"]
-    unit = h * w if case["shifted"] else c // case["groups"] * h * w
-    fused = unit % (16 // np.dtype(MODES[mode][0]).itemsize) == 0
     conv_plan.reset_stats()
-    with mock.patch.object(GPU, "group_norm", wraps=GPU.group_norm) as group_norm:
-        check(**case, mode=mode)
-    assert group_norm.called != fused
+    fused = check(**case, mode=mode)
+    assert fused == (h * w % (16 // np.dtype(MODES[mode][0]).itemsize) == 0)
     assert ran_implicit_gemm("forward")
+
+
+@pytest.mark.parametrize("mode", ["tf32", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 128, 64, 64), (1, 256, 32, 32), (1, 512, 16, 16), (2, 64, 16, 16)])
+def test_unet_sized_inputs_run_fused_and_equal_eager(mode, shape):
+    for shifted in (False, True):
+        assert check(shape, 32, 3, 1, 1, 32, "silu", True, shifted, mode, epilogue=True, seed=shape[1])
 
 
 @pytest.mark.parametrize("shape, groups", [((1, 6, 3, 3), 3), ((1, 8, 4, 4), 2)])
@@ -133,7 +143,6 @@ def test_a_captured_normalized_conv_replays_as_eager():
     shift = cp.asarray(RNG.standard_normal((2, 64)).astype(np.float32))
     norm = (None, None, 8, 1e-5, "silu", shift)
     step = lambda: GPU.group_norm_conv2d(x, norm, w, (1, 1), (1, 1), (1, 1), 1)  # noqa: E731
-    assert conv_norm.chunks(x, 8) > 1  # several blocks per statistic: the counters count
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         step()  # warm: compile, size the scratch buffer and the counters

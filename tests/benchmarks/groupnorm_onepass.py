@@ -68,14 +68,14 @@ def main() -> None:
             y.data.ptr, x.data.ptr, x.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
             cp.cuda.get_current_stream().ptr)) * 1e3
         resident = run("resident", lambda: gn._resident(*args), x, ref)
-        cluster = run("cluster", lambda: gn._clustered(*args), x, ref)
+        cluster = run("cluster", lambda: gn.clustered(*args), x, ref)
         two_pass = run("two-pass", lambda: GPU._plane_forward(x, w, b, (n, groups), c // groups,
                                                                 False, 1e-5, "none"), x, ref)
         tx, tw, tb = (torch.from_dlpack(a) for a in (x, w, b))
         t = queued_ms(lambda: F.group_norm(tx, groups, tw, tb, 1e-5)) * 1e3
         best = min(float(v) for v in (resident, cluster, two_pass) if v != "-")
         first = gn.forward_kernels(n * groups, stat_len // (16 // x.itemsize))[0]
-        picked = "cluster" if first is gn._clustered else "resident"
+        picked = "cluster" if first is gn.clustered else "resident"
         print(f"{str(list(shape)):>20s} {dtype:>7s} {x.nbytes / 2**20:5.0f} {copy:6.1f} "
               f"{resident:>8s} {cluster:>7s} {two_pass:>8s} {t:6.1f} {t / best:6.2f}x  {picked}")
 

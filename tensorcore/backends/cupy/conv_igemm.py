@@ -15,10 +15,8 @@ so every global-to-shared copy is a 16-byte ``cp.async``; any input strides are 
 as they are.  Outputs are written NCHW through shared memory (the forward's
 accumulators staged there so that stores coalesce), with bias, activation, residual
 add and scale fused in.  Problems whose output tiles would not
-fill the GPU split K into float32 partials: in the forward kernel the last split of a
-tile to finish sums them and writes the epilogue (arrival counters, ``counters.py``);
-the weight gradient's are summed by a reduce kernel.  A GroupNorm (+ activation) the
-convolution's input needs may be applied inside its pack (``conv_norm.py``).  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
+fill the GPU split K into float32 partials, summed (and finished by the epilogue) in a
+reduce kernel.  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
 small * big), accurate to float32.
 
 Scratch memory (packed operands, partials) comes from one buffer per (device, stream)
@@ -187,10 +185,13 @@ def _launch(kernel: str, plan: Plan, dtype: Any, prec: int, grid: tuple, args: t
         grid, (tile.threads,), args, shared_mem=smem)
 
 
-def _reduce(part: Any, out: Any, splits: int) -> None:
-    """out = the sum of the splits' float32 partials (the weight gradient's)."""
+def _reduce(part: Any, out: Any, splits: int, plane: int, nout: int, bias: Any = None,
+            residual: Any = None, act: str = "none", scale: float = 1.0) -> None:
+    """out = epilogue(sum of the splits' float32 partials)."""
     loader.launch(SOURCE, "conv_splitk_reduce_kernel", out.dtype, -(-out.size // 4),
-                  (part, out, out.size, splits))
+                       (part, out, NULL if bias is None else bias,
+                        NULL if residual is None else residual, out.size, splits, plane, nout,
+                        ACT_CODES[act], float(scale)))
 
 
 def _int32(*values: int) -> tuple:
@@ -213,13 +214,17 @@ def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kerne
     tile, splits = plan.tile, plan.splits
     rows = n * -(-oh // phases[0]) * -(-ow // phases[1])  # phase (0, 0) is the largest
     grid = (-(-rows // tile.bm), -(-nout // tile.bn), phases[0] * phases[1] * splits)
-    # with a K split, the last split of each output tile to finish sums the partials
-    tiles = counters.arrival_counters(grid[0] * grid[1] * phases[0] * phases[1]) if splits > 1 else NULL
+    if splits > 1:  # the GEMM writes partials, the reduce kernel the epilogue
+        epilogue = (part, NULL, NULL, 0, 1.0)
+    else:
+        epilogue = (NULL, NULL if bias is None else bias, NULL if residual is None else residual,
+                    ACT_CODES[act_name], scale)
     _launch(FPROP, plan, out.dtype, prec, grid,
-            (act, wpk, out, part if splits > 1 else NULL, tiles, NULL if bias is None else bias,
-             NULL if residual is None else residual,
+            (act, wpk, out, *epilogue[:3],
              *_int32(n, ih, iw, cp, nout, oh, ow, *kernel_hw, *step, *base, *tap_delta,
-                     *phases, *tap_step, splits, ACT_CODES[act_name]), numpy.float32(scale)))
+                     *phases, *tap_step, splits, epilogue[3]), numpy.float32(epilogue[4])))
+    if splits > 1:
+        _reduce(part, out, splits, oh * ow, nout, bias, residual, act_name, scale)
 
 
 # ----- the three passes -------------------------------------------------------------------
@@ -322,5 +327,5 @@ def weight_grad(grad: Any, x: Any, w_shape: tuple, stride: Pair, padding: Pair,
              *_int32(n, ho, wo, h, wd, cout, cop, c, cp, r, s, *stride, *padding, *dilation,
                      splits)))
     if splits > 1:
-        _reduce(part, dw, splits)
+        _reduce(part, dw, splits, 1, 1)
     return dw

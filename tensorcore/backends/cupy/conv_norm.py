@@ -8,6 +8,11 @@ for the statistics and leaves, per sample and channel, the affine map
 (cuda/conv_igemm.cu), which reads x anyway, applies ``act((x + shift) * scale + beta)``
 as it goes.  Against a GroupNorm that writes its result and a pack that reads it back,
 that spares a write and a read of the whole tensor.
+
+Compiled plans are bit-identical to eager calls on the GPU, so the fusion runs only
+where it reproduces eager GroupNorm exactly: where eager would run the cluster kernel,
+whose split of the statistics and arithmetic the statistics kernel and the pack repeat.
+Elsewhere ``group_norm_conv2d`` makes the two calls.
 """
 
 from __future__ import annotations
@@ -16,13 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from . import loader
+from . import groupnorm, loader
 from .counters import arrival_counters
 from .elementwise import ACT_CODES
 from .util import NULL, acc_dtype, aligned, pack_width, ptr
 
 SOURCE = "groupnorm_stats.cu"
-STATS_THREADS, STATS_PACKS = 256, 4  # per block, per thread (groupnorm_stats.cu)
 _GRID_Y = 65535
 
 
@@ -43,30 +47,30 @@ class GroupNormIn:
 
 
 def covers(x: Any, norm: GroupNormIn) -> bool:
-    """Whether the statistics kernel reads x: C-contiguous, 16-byte aligned, every
-    statistic a whole number of 16-byte packs (and, with a shift, which is per plane,
-    every plane), at most 65535 statistics; the parameters contiguous."""
+    """Whether the pack gives what eager GroupNorm gives, bit for bit: where eager runs the
+    cluster kernel (groupnorm.py: Hopper, x contiguous and 16-byte aligned, planes of
+    whole packs, the cluster kernel chosen first), whose split the statistics kernel
+    repeats; parameters contiguous, at most 65535 statistics."""
     n, c = x.shape[:2]
     pack = pack_width(x.dtype)
-    unit = x.size // (n * c) if norm.shift is not None else x.size // (n * norm.groups)
-    return (x.flags.c_contiguous and aligned(x) and unit % pack == 0
-            and n * norm.groups <= _GRID_Y
-            and all(a.flags.c_contiguous for a in norm.arrays()))
+    stats, stat_packs = n * norm.groups, x.size // (n * norm.groups) // pack
+    return (loader.compute_capability() >= 90 and x.flags.c_contiguous and aligned(x)
+            and (x.size // (n * c)) % pack == 0 and stats <= _GRID_Y
+            and all(a.flags.c_contiguous for a in norm.arrays())
+            and _threads(x, norm.groups) is not None
+            and groupnorm.forward_kernels(stats, stat_packs)[0] is groupnorm.clustered)
 
 
-def chunks(x: Any, groups: int) -> int:
-    """Blocks per statistic: enough that a block's threads hold at most STATS_PACKS packs
-    each, and about two blocks per SM overall while every thread still gets a pack."""
-    stats = x.shape[0] * groups
-    packs = x.size // stats // pack_width(x.dtype)
-    fill = min(-(-2 * loader.sm_count() // stats), -(-packs // STATS_THREADS))
-    return max(-(-packs // (STATS_THREADS * STATS_PACKS)), fill, 1)
+def _threads(x: Any, groups: int) -> int | None:
+    """The cluster kernel's threads per block for this tensor (None: it does not run)."""
+    share = -(-(x.size // (x.shape[0] * groups) // pack_width(x.dtype)) // groupnorm.CLUSTER)
+    return groupnorm.cluster_threads(share)
 
 
 def scratch_layout(x: Any, groups: int) -> tuple[tuple[tuple[int, ...], Any], ...]:
     """(shape, dtype) of the coefficients [2, N, C] and of the chunks' partials."""
     acc = acc_dtype(x.dtype)
-    return ((2, *x.shape[:2]), acc), ((x.shape[0] * groups * chunks(x, groups) * 3,), acc)
+    return ((2, *x.shape[:2]), acc), ((x.shape[0] * groups * groupnorm.CLUSTER * 3,), acc)
 
 
 def coefficients(x: Any, norm: GroupNormIn, coef: Any, part: Any) -> None:
@@ -75,7 +79,7 @@ def coefficients(x: Any, norm: GroupNormIn, coef: Any, part: Any) -> None:
     stats = n * norm.groups
     stat_len = x.size // stats
     loader.kernel(SOURCE, "group_norm_coef_kernel", x.dtype)(
-        (chunks(x, norm.groups), stats), (STATS_THREADS,),
+        (groupnorm.CLUSTER, stats), (_threads(x, norm.groups),),
         (x, ptr(norm.shift), ptr(norm.weight), ptr(norm.bias), part, arrival_counters(stats), coef,
          stat_len, stat_len * norm.groups // c, c, n * c, float(norm.eps)))
 

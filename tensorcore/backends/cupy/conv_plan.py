@@ -104,7 +104,7 @@ def instances() -> list[str]:
 # ratios matter, they weigh tensor-core time against the split-K partials' traffic
 _RATE = {PREC_16: 600e12, PREC_TF32: 300e12, PREC_3XTF32: 100e12}
 _BANDWIDTH = 3.0e12
-_LAUNCH_S = 3e-6  # the split sum's tail: the last split's pass, or the reduce kernel's launch
+_LAUNCH_S = 3e-6  # the reduce kernel's launch and tail
 MAX_SPLITS = 128
 _MIN_K_TILES_PER_SPLIT = 4
 _WORKSPACE_LIMIT = 64 * 2**20  # bytes of float32 partials a split may use

@@ -1,6 +1,6 @@
 """Arrival counters: zeroed uint32 arrays, one set per (device, stream), for kernels
-whose last block to finish a piece of work does the rest (the GroupNorm statistics'
-merge, a split-K convolution's sum).  Each such kernel resets the counters it used, so
+whose last block to finish a piece of work does the rest (the merge of the
+GroupNorm statistics, groupnorm_stats.cu).  Each such kernel resets the counters it used, so
 they are zero again for the next launch (a replayed CUDA graph included) and are set
 only once; kernels on one stream run in order, so they never share them at once."""
 

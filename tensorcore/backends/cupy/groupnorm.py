@@ -48,16 +48,16 @@ def forward_kernels(stats: int, stat_packs: int) -> tuple[Callable, ...]:
     resident kernel, whose single wave streams the whole tensor, goes first
     (tests/benchmarks/groupnorm_onepass.py compares them)."""
     share = -(-stat_packs // CLUSTER)
-    threads = _cluster_threads(share)
+    threads = cluster_threads(share)
     if threads is not None:
         full = 4 * share >= 3 * threads * GN_PACKS
         one_wave = stats * CLUSTER <= loader.sm_count() * (CLUSTER_THREADS_PER_SM // threads)
         if full or one_wave:
-            return _clustered, _resident
-    return _resident, _clustered
+            return clustered, _resident
+    return _resident, clustered
 
 
-def _cluster_threads(share: int) -> int | None:
+def cluster_threads(share: int) -> int | None:
     """Threads per cluster block holding ``share`` packs, None when none can."""
     return next((t for t in (256, 512) if share <= t * GN_PACKS), None)
 
@@ -133,9 +133,9 @@ def _resident_kernel(dtype: Any, device: int) -> Any:
     return raw.kernel
 
 
-def _clustered(x, shift, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
+def clustered(x, shift, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
     """groupnorm_cluster.cu, or None for groups too large for a cluster's registers."""
-    threads = _cluster_threads(-(-(stat_len // pack_width(x.dtype)) // CLUSTER))
+    threads = cluster_threads(-(-(stat_len // pack_width(x.dtype)) // CLUSTER))
     if threads is None:
         return None
     y, mean, rstd = _outputs(x, stats)

@@ -38,15 +38,12 @@
 //                               pixels; both tiles are stored K-major ([k][row], ldmatrix
 //                               .trans or scalar TF32 fragment loads).  Grid (M tiles,
 //                               N tiles, splits).
-//   conv_splitk_reduce_kernel   dw[i] = sum over splits of part[s][i]: the weight
-//                               gradient's split-K partials in float32, four outputs per
-//                               thread, 1-D grid-stride.  Memory bound.
+//   conv_splitk_reduce_kernel   out[i] = epilogue(sum over splits of part[s][i]): split-K
+//                               partials in float32, four outputs per thread, 1-D
+//                               grid-stride.  Memory bound.
 //
 // With splits > 1 the GEMM kernels write float32 partials at the output's own index
-// (part[split * total + idx]), every split writing its whole tile, zeros included.  In
-// the forward kernel the last split of each output tile to finish (a counter per tile)
-// then sums them in split order and writes the epilogue; the weight gradient's are
-// summed by conv_splitk_reduce_kernel.
+// (part[split * total + idx]), every split writing its whole tile, zeros included.
 // Bound: tensor-core throughput (the GEMM kernels) when the tiles fill the GPU.
 // Indices: the host keeps packed operands and GEMM extents below 2^31 elements; output
 // indices are 64-bit.
@@ -77,7 +74,7 @@ __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restri
         for (int j = 0; j < 4; ++j) {
             const int c = c0 + threadIdx.y + 8 * j;
             tile[threadIdx.y + 8 * j][threadIdx.x + 32 * r] =
-                c < C && q < rows ? load(src[at + c * sc], n, c, j) : zero;
+                c < C && q < rows ? load(src[at + c * sc], n, c) : zero;
         }
     }
     __syncthreads();
@@ -92,40 +89,21 @@ __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restri
 
 // A pack's elements as they are.
 struct AsIs {
-    template <typename T> __device__ __forceinline__ T operator()(T v, int, int, int) const {
-        return v;
-    }
+    template <typename T> __device__ __forceinline__ T operator()(T v, int, int) const { return v; }
 };
 
 // A GroupNorm (+ activation) applied on the way: act((v + shift[n, c]) * scale[n, c] +
 // beta[n, c]), the shifted value rounded to T first as the one-pass GroupNorm rounds it.
-// coef = [scale | beta], each [N][C] in the accumulation type (groupnorm_stats.cu).  A
-// thread reads the channels c0 + threadIdx.y + 8j (j < 4) of one image at a time, so it
-// holds their coefficients in registers and reloads them only when the image changes
-// (within a tile, only where planes are smaller than the tile).
+// coef = [scale | beta], each [N][C] in the accumulation type (groupnorm_stats.cu).
 template <typename T> struct Normalize {
-    typedef acc_t<T> A;
-    const A* coef;
+    const acc_t<T>* coef;
     const T* shift;
     long long C, NC;
-    int act, held;
-    A scale[4], beta[4], add[4];
-
-    __device__ __forceinline__ T operator()(T v, int n, int c, int j) {
-        if (n != held) {
-            held = n;
-            const int first = c - 8 * j;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const long long nc = (long long)n * C + first + 8 * k;
-                const bool ok = first + 8 * k < C;
-                scale[k] = ok ? coef[nc] : (A)0;
-                beta[k] = ok ? coef[NC + nc] : (A)0;
-                add[k] = ok && shift ? load_acc(shift[nc]) : (A)0;
-            }
-        }
-        const A x = shift ? load_acc(store_as<T>(load_acc(v) + add[j])) : load_acc(v);
-        return store_as<T>(act_fwd(act, x * scale[j] + beta[j]));
+    int act;
+    __device__ __forceinline__ T operator()(T v, int n, int c) const {
+        const long long nc = n * C + c;
+        const acc_t<T> x = load_acc(add_shift(v, shift, nc));
+        return store_as<T>(act_fwd(act, x * coef[nc] + coef[NC + nc]));
     }
 };
 
@@ -180,7 +158,7 @@ __global__ void conv_pack_norm_kernel(const T* __restrict__ src0, T* __restrict_
                                       long long C1, long long H1, long long W1, long long Cp1,
                                       long long rows1, long long sn1, long long sc1,
                                       long long sh1, long long sw1, long long round_tf32) {
-    Normalize<T> load0{coef, shift, C0, N0 * C0, (int)act, -1, {}, {}, {}};
+    const Normalize<T> load0{coef, shift, C0, N0 * C0, (int)act};
     pack_two(src0, dst0, C0, H0, W0, Cp0, rows0, sn0, sc0, sh0, sw0, load0, src1, dst1, C1, H1,
              W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32 != 0);
 }
@@ -191,13 +169,16 @@ struct alignas(4 * sizeof(T)) Four {
     T v[4];
 };
 
-// The weight gradient's split-K partials summed: four outputs per thread when total is a
-// multiple of four (then every split's partials are 16-byte aligned): one 16-byte load
-// per split, evict-first (each partial is read once), up to four splits' loads in flight;
-// the outputs past the last whole four (all of them otherwise) one per thread.
+// Four outputs per thread when total is a multiple of four (then every split's partials
+// are 16-byte aligned): one 16-byte load per split, evict-first (each partial is read
+// once), up to four splits' loads in flight; the outputs past the last whole four (all of
+// them otherwise) one per thread.
 template <typename T>
 __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __restrict__ out,
-                                          long long total, long long splits) {
+                                          const T* __restrict__ bias,
+                                          const T* __restrict__ residual, long long total,
+                                          long long splits, long long plane, long long nout,
+                                          long long act, double scale) {
     typedef acc_t<T> A;
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -220,17 +201,19 @@ __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __r
             const float4 c = __ldcs(p + s * fours + q);
             a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
         }
-        Four<T> o;
-        o.v[0] = store_as<T>((A)a.x);
-        o.v[1] = store_as<T>((A)a.y);
-        o.v[2] = store_as<T>((A)a.z);
-        o.v[3] = store_as<T>((A)a.w);
-        *reinterpret_cast<Four<T>*>(out + 4 * q) = o;
+        const float sum[4] = {a.x, a.y, a.z, a.w};
+        const long long i = 4 * q, j = (i / plane) % nout;  // one channel for all four
+        Four<T> o;                                           // when plane % 4 == 0
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            o.v[e] = conv_epilogue<T>((A)sum[e], bias, residual, i + e,
+                                      plane % 4 ? ((i + e) / plane) % nout : j, (int)act, (A)scale);
+        *reinterpret_cast<Four<T>*>(out + i) = o;
     }
     for (long long i = 4 * fours + first; i < total; i += step) {
         A v = (A)0;
         for (long long s = 0; s < splits; ++s) v += (A)part[s * total + i];
-        out[i] = store_as<T>(v);
+        out[i] = conv_epilogue<T>(v, bias, residual, i, (i / plane) % nout, (int)act, (A)scale);
     }
 }
 
@@ -260,8 +243,7 @@ struct TapAxis {
 template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
 __global__ void __launch_bounds__(WM * WN * 32, MINB)
 conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __restrict__ out,
-                  float* __restrict__ part, unsigned int* __restrict__ arrived,
-                  const T* __restrict__ bias,
+                  float* __restrict__ part, const T* __restrict__ bias,
                   const T* __restrict__ residual, int Nimg, int IH, int IW, int Cp, int Nout,
                   int OH, int OW, int R, int S, int step_h, int step_w, int nb_h, int nb_w,
                   int nd_h, int nd_w, int div_h, int div_w, int rstep, int sstep, int splits,
@@ -420,42 +402,21 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
     const long long total = (long long)Nimg * Nout * plane;
     constexpr int CH_LANES = THREADS >= BM ? THREADS / BM : 1;
     const int nch = imin(BN, Nout - n0);
-    // fn(idx, staged value) for each output of the tile
-    auto each_output = [&](auto fn) {
-        for (int mm = tid % BM; mm < BM; mm += THREADS) {
-            const int m = m0 + mm;
-            if (m >= Mp) break;
-            const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
-            const long long row = ((long long)n * Nout + n0) * plane +
-                                  (long long)(py + u * div_h) * OW + (px + v * div_w);
-            for (int c = tid / BM; c < nch; c += CH_LANES)
-                fn(row + (long long)c * plane, n0 + c, staged[c * LDO + mm]);
+    for (int mm = tid % BM; mm < BM; mm += THREADS) {
+        const int m = m0 + mm;
+        if (m >= Mp) break;
+        const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
+        const long long row = ((long long)n * Nout + n0) * plane +
+                              (long long)(py + u * div_h) * OW + (px + v * div_w);
+        for (int c = tid / BM; c < nch; c += CH_LANES) {
+            const long long idx = row + (long long)c * plane;
+            const float val = staged[c * LDO + mm];
+            if (splits > 1)
+                part[split * total + idx] = val;
+            else
+                out[idx] = conv_epilogue<T>(val, bias, residual, idx, n0 + c, act_code, scale);
         }
-    };
-    if (splits == 1) {
-        each_output([&](long long idx, int channel, float val) {
-            out[idx] = conv_epilogue<T>(val, bias, residual, idx, channel, act_code, scale);
-        });
-        return;
     }
-    // Split K: every split publishes its partials; the last of the tile's splits to
-    // arrive (a counter per tile, reset by that block) sums them in split order, its own
-    // from shared memory, and writes the epilogue.
-    each_output([&](long long idx, int, float val) { part[split * total + idx] = val; });
-    __threadfence();  // this thread's partials are visible before the count says so
-    __syncthreads();
-    __shared__ bool last;
-    const int tile = (phase * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    if (tid == 0) last = atomicAdd(arrived + tile, 1u) == (unsigned int)(splits - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    each_output([&](long long idx, int channel, float val) {
-        float sum = 0.f;
-        for (int s = 0; s < splits; ++s) sum += s == split ? val : __ldcg(part + s * total + idx);
-        out[idx] = conv_epilogue<T>(sum, bias, residual, idx, channel, act_code, scale);
-    });
-    if (tid == 0) arrived[tile] = 0u;
 }
 
 template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>

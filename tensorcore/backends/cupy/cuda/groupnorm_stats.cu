@@ -8,21 +8,23 @@
 //                            beta = b[c] - mean * scale, stored in coef = [scale | beta],
 //                            each [N][C].
 //
-// Grid (chunks, statistics), 256 threads.  A block loads its chunk of a statistic (at
-// most 4 packs per thread, all loads in flight together), reduces an exact two-pass
+// Grid (chunks, statistics), 256 or 512 threads.  A block loads its chunk of a statistic
+// (at most 4 packs per thread, all loads in flight together), reduces an exact two-pass
 // (count, mean, M2) from registers and publishes it in `part`.  The last block of a
 // statistic to arrive (a counter per statistic in `arrived`, reset by that block, so the
 // counters are zero again for the next launch and a captured graph can replay it) merges
 // the chunks' partials in a fixed order and writes the statistic's coefficients.
 // The shifted value is rounded to T, as the one-pass GroupNorm and an eager add round it.
+// With the cluster GroupNorm's split (8 chunks, its thread count) every operation is the
+// one that kernel does, in the same order, so the coefficients give its results bit for
+// bit (the host launches it so).
 // Bound: reading x once; for the small tensors of a batch-1 UNet, the launch latency.
 #include "common.cuh"
 
-#define STATS_THREADS 256
 #define STATS_PACKS 4
 
 template <typename T>
-__global__ void __launch_bounds__(STATS_THREADS)
+__global__ void __launch_bounds__(512)
 group_norm_coef_kernel(const T* __restrict__ x, const T* __restrict__ shift,
                        const T* __restrict__ w, const T* __restrict__ b,
                        acc_t<T>* __restrict__ part, unsigned int* __restrict__ arrived,
@@ -42,7 +44,7 @@ group_norm_coef_kernel(const T* __restrict__ x, const T* __restrict__ shift,
     int held = 0;
 #pragma unroll
     for (int q = 0; q < STATS_PACKS; ++q) {
-        const long long i = lo + threadIdx.x + (long long)q * STATS_THREADS;
+        const long long i = lo + threadIdx.x + (long long)q * blockDim.x;
         if (i < hi) {
             v[q] = in[i];
             add_shift(v[q], shift, first_plane + i * P / S);
@@ -78,7 +80,7 @@ group_norm_coef_kernel(const T* __restrict__ x, const T* __restrict__ shift,
     }
     __syncthreads();
     const long long cpg = stat_len / S, n_c0 = first_plane;  // plane (n, c) = n * C + c
-    for (long long k = threadIdx.x; k < cpg; k += STATS_THREADS) {
+    for (long long k = threadIdx.x; k < cpg; k += blockDim.x) {
         const long long nc = n_c0 + k, c = nc % C;
         const A scale = merged[1] * (w ? load_acc(w[c]) : (A)1);
         coef[nc] = scale;
