@@ -114,8 +114,11 @@ def test_normalized_conv_matches_eager_and_float64(mode, case):
 
 
 @pytest.mark.parametrize("mode", ["tf32", "bf16"])
-@pytest.mark.parametrize("shape", [(1, 128, 64, 64), (1, 256, 32, 32), (1, 512, 16, 16), (2, 64, 16, 16)])
+@pytest.mark.parametrize("shape", [(1, 128, 64, 64), (1, 256, 32, 32), (1, 512, 16, 16), (2, 64, 16, 16),
+                                   (1, 256, 128, 128)])
 def test_unet_sized_inputs_run_fused_and_equal_eager(mode, shape):
+    """The last shape's groups are too large for the cluster kernel: eager runs the
+    resident one, which then gives the coefficients itself."""
     for shifted in (False, True):
         assert check(shape, 32, 3, 1, 1, 32, "silu", True, shifted, mode, epilogue=True, seed=shape[1])
 

@@ -10,9 +10,11 @@ as it goes.  Against a GroupNorm that writes its result and a pack that reads it
 that spares a write and a read of the whole tensor.
 
 Compiled plans are bit-identical to eager calls on the GPU, so the fusion runs only
-where it reproduces eager GroupNorm exactly: where eager would run the cluster kernel,
-whose split of the statistics and arithmetic the statistics kernel and the pack repeat.
-Elsewhere ``group_norm_conv2d`` makes the two calls.
+where it reproduces eager GroupNorm exactly: where eager would run one of the one-pass
+kernels.  For the cluster kernel the statistics kernel repeats its split and arithmetic;
+the resident kernel itself stops after its statistics and writes the coefficients.  The
+pack then computes each value as those kernels do.  Elsewhere ``group_norm_conv2d``
+makes the two calls.
 """
 
 from __future__ import annotations
@@ -47,39 +49,59 @@ class GroupNormIn:
 
 
 def covers(x: Any, norm: GroupNormIn) -> bool:
-    """Whether the pack gives what eager GroupNorm gives, bit for bit: where eager runs the
-    cluster kernel (groupnorm.py: Hopper, x contiguous and 16-byte aligned, planes of
-    whole packs, the cluster kernel chosen first), whose split the statistics kernel
-    repeats; parameters contiguous, at most 65535 statistics."""
+    """Whether the pack gives what eager GroupNorm gives, bit for bit: where eager runs a
+    one-pass kernel (groupnorm.py: Hopper, x contiguous and 16-byte aligned, planes of
+    whole packs), whose statistics the coefficients repeat; parameters contiguous, at
+    most 65535 statistics."""
     n, c = x.shape[:2]
-    pack = pack_width(x.dtype)
-    stats, stat_packs = n * norm.groups, x.size // (n * norm.groups) // pack
     return (loader.compute_capability() >= 90 and x.flags.c_contiguous and aligned(x)
-            and (x.size // (n * c)) % pack == 0 and stats <= _GRID_Y
+            and (x.size // (n * c)) % pack_width(x.dtype) == 0 and n * norm.groups <= _GRID_Y
             and all(a.flags.c_contiguous for a in norm.arrays())
-            and _threads(x, norm.groups) is not None
-            and groupnorm.forward_kernels(stats, stat_packs)[0] is groupnorm.clustered)
+            and _eager_kernel(x, norm.groups) is not None)
 
 
-def _threads(x: Any, groups: int) -> int | None:
-    """The cluster kernel's threads per block for this tensor (None: it does not run)."""
-    share = -(-(x.size // (x.shape[0] * groups) // pack_width(x.dtype)) // groupnorm.CLUSTER)
-    return groupnorm.cluster_threads(share)
+def _eager_kernel(x: Any, groups: int) -> tuple[str, Any] | None:
+    """The one-pass kernel eager GroupNorm runs on x (the first of
+    ``groupnorm.forward_kernels`` that applies) with its launch shape: ("cluster",
+    threads per block) or ("resident", its layout); None when neither applies."""
+    stats = x.shape[0] * groups
+    stat_len = x.size // stats
+    stat_packs = stat_len // pack_width(x.dtype)
+    for run in groupnorm.forward_kernels(stats, stat_packs):
+        if run is groupnorm.clustered:
+            threads = groupnorm.cluster_threads(-(-stat_packs // groupnorm.CLUSTER))
+            if threads is not None:
+                return "cluster", threads
+        else:
+            layout = groupnorm.resident_layout(x, stat_len)
+            if layout is not None:
+                return "resident", layout
+    return None
 
 
 def scratch_layout(x: Any, groups: int) -> tuple[tuple[tuple[int, ...], Any], ...]:
-    """(shape, dtype) of the coefficients [2, N, C] and of the chunks' partials."""
+    """(shape, dtype) of the coefficients [2, N, C] and of the statistics' partials."""
     acc = acc_dtype(x.dtype)
-    return ((2, *x.shape[:2]), acc), ((x.shape[0] * groups * groupnorm.CLUSTER * 3,), acc)
+    kind, shape = _eager_kernel(x, groups)
+    parts = x.shape[0] * groups * groupnorm.CLUSTER * 3 if kind == "cluster" else shape[0] * groupnorm.RES_STATS * 2
+    return ((2, *x.shape[:2]), acc), ((parts,), acc)
 
 
 def coefficients(x: Any, norm: GroupNormIn, coef: Any, part: Any) -> None:
-    """coef [2, N, C] = the per-(sample, channel) scale and beta of the GroupNorm of x."""
+    """coef [2, N, C] = the per-(sample, channel) scale and beta of the GroupNorm of x,
+    the numbers eager's kernel normalizes with: its own statistics (the resident kernel
+    stopping short of the output), or the cluster kernel's repeated by
+    group_norm_coef_kernel."""
     n, c = x.shape[:2]
     stats = n * norm.groups
     stat_len = x.size // stats
+    kind, shape = _eager_kernel(x, norm.groups)
+    if kind == "resident":
+        groupnorm.run_resident(x, norm.shift, norm.weight, norm.bias, stat_len, norm.eps, norm.act,
+                               shape, part, (NULL, NULL, NULL, coef))
+        return
     loader.kernel(SOURCE, "group_norm_coef_kernel", x.dtype)(
-        (groupnorm.CLUSTER, stats), (_threads(x, norm.groups),),
+        (groupnorm.CLUSTER, stats), (shape,),
         (x, ptr(norm.shift), ptr(norm.weight), ptr(norm.bias), part, arrival_counters(stats), coef,
          stat_len, stat_len * norm.groups // c, c, n * c, float(norm.eps)))
 

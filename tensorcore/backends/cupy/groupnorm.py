@@ -25,7 +25,7 @@ import numpy
 from . import loader
 from .loader import kernel
 from .elementwise import ACT_CODES
-from .util import acc_dtype, aligned, contiguous, empty_as, pack_width, ptr
+from .util import NULL, acc_dtype, aligned, contiguous, empty_as, pack_width, ptr
 
 GN_CLUSTER, GN_RESIDENT = "groupnorm_cluster.cu", "groupnorm_resident.cu"
 # blocks per statistic, packs per thread, and threads resident per SM under the kernel's
@@ -94,29 +94,44 @@ def _outputs(x, stats: tuple[int, int]):
 def _resident(x, shift, weight, bias, stats, stat_len: int, s: int, eps: float, act: str):
     """groupnorm_resident.cu: the whole tensor on chip, or None when it does not fit
     (then it has far fewer than 2**31 elements: the kernel's indices are 32-bit)."""
+    layout = resident_layout(x, stat_len)
+    if layout is None:
+        return None
+    y, mean, rstd = _outputs(x, stats)
+    partials = cupy.empty(layout[0] * RES_STATS * 2, dtype=mean.dtype)
+    run_resident(x, shift, weight, bias, stat_len, eps, act, layout, partials, (y, mean, rstd, NULL))
+    return y, mean, rstd
+
+
+def resident_layout(x, stat_len: int) -> tuple[int, int, int] | None:
+    """(grid, packs per block, packs per thread in shared memory) of the resident kernel
+    for x, or None when x does not fit on chip."""
     packs = x.size // pack_width(x.dtype)
     stat_packs = stat_len // pack_width(x.dtype)
     per_block = RES_THREADS * (RES_REG_PACKS + _resident_shared_packs())
-    sms = loader.sm_count()
     # enough blocks for the packs (registers first) and for at most RES_STATS
     # statistics per block, no more than one per SM
     grid = max(-(-packs // (RES_THREADS * RES_REG_PACKS)),
                -(-packs // ((RES_STATS - 1) * stat_packs)))
-    grid = min(grid, sms)
+    grid = min(grid, loader.sm_count())
     chunk = -(-packs // grid)
     if chunk > per_block or chunk > (RES_STATS - 1) * stat_packs:
         return None
-    grid = -(-packs // chunk)
-    smem_packs = max(0, -(-chunk // RES_THREADS) - RES_REG_PACKS)
-    y, mean, rstd = _outputs(x, stats)
-    partials = cupy.empty(grid * RES_STATS * 2, dtype=mean.dtype)
+    return -(-packs // chunk), chunk, max(0, -(-chunk // RES_THREADS) - RES_REG_PACKS)
+
+
+def run_resident(x, shift, weight, bias, stat_len: int, eps: float, act: str,
+                 layout: tuple[int, int, int], partials, outputs: tuple) -> None:
+    """Launch the resident kernel on ``layout``; ``outputs`` = (y, mean, rstd, coef), the
+    unused ones null: (y, mean, rstd) normalizes, coef ([2, N, C]) takes the scale and
+    beta of every channel instead."""
+    grid, chunk, smem_packs = layout
     _resident_kernel(x.dtype, cupy.cuda.runtime.getDevice())(
         (grid,), (RES_THREADS,),
-        (x, ptr(shift), ptr(weight), ptr(bias), y, mean, rstd, partials,
-         *map(numpy.int32, (packs, chunk, stat_len, s, x.shape[1])), float(eps),
-         numpy.int32(ACT_CODES[act])),
+        (x, ptr(shift), ptr(weight), ptr(bias), *outputs[:3], partials, outputs[3],
+         *map(numpy.int32, (x.size // pack_width(x.dtype), chunk, stat_len, x.size // (x.shape[0] * x.shape[1]),
+                            x.shape[1])), float(eps), numpy.int32(ACT_CODES[act])),
         shared_mem=smem_packs * RES_THREADS * PACK_BYTES, enable_cooperative_groups=True)
-    return y, mean, rstd
 
 
 def _resident_shared_packs() -> int:

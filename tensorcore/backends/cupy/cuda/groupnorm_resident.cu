@@ -21,6 +21,10 @@
 // whole tensor, with one barrier in between.  The host checks the fit (chunk <= 1024 *
 // the packs a thread holds, chunk * pack <= (RES_STATS - 1) * stat_len), 16-byte
 // alignment and S % pack == 0, and passes shared memory for the packs held there.
+// With `coef` given the kernel stops after the merge: each statistic's first block
+// writes, per channel of the statistic, scale = rstd * w[c] and beta = b[c] - mean * scale
+// (coef = [scale | beta], each [N][C]), the very numbers it would normalize with, for a
+// consumer that normalizes as it reads x (conv_norm.py); y, mean and rstd are not written.
 // Such tensors have fewer than 2^31 elements, so all index arithmetic is 32-bit: a
 // 64-bit division costs ~150 instructions, and every thread of the GPU would pay it at
 // the same moment here (nothing else runs to hide it).
@@ -92,8 +96,9 @@ group_norm_resident_kernel(const T* __restrict__ x, const T* __restrict__ shift,
                            const T* __restrict__ w,
                            const T* __restrict__ b, T* __restrict__ y,
                            acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
-                           acc_t<T>* __restrict__ partials, int packs, int chunk,
-                           int stat_len, int S, int C, double eps, int act) {
+                           acc_t<T>* __restrict__ partials, acc_t<T>* __restrict__ coef,
+                           int packs, int chunk, int stat_len, int S, int C, double eps,
+                           int act) {
     typedef acc_t<T> A;
     const int P = Pack<T>::N;
     extern __shared__ uint4 stash_words[];
@@ -206,16 +211,29 @@ group_norm_resident_kernel(const T* __restrict__ x, const T* __restrict__ shift,
                         __ldcg(&partials[slot + 1]));
         }
         warp_welford(total);
+        const A rstd = m_rsqrt(total.m2 / total.n + (A)eps);
         if (lane == 0) {
-            const A rstd = m_rsqrt(total.m2 / total.n + (A)eps);
             mean_rstd[warp] = total.mean;
             mean_rstd[RES_STATS + warp] = rstd;
-            if (b_lo == blockIdx.x) {
+            if (b_lo == blockIdx.x && !coef) {
                 mean_out[stat] = total.mean;
                 rstd_out[stat] = rstd;
             }
         }
+        if (coef && b_lo == blockIdx.x) {  // the statistic's channels' scale and beta, as below
+            // lane 0's merge, which the others' may differ from in the last bit
+            const A mean0 = __shfl_sync(0xffffffffu, total.mean, 0);
+            const A rstd0 = __shfl_sync(0xffffffffu, rstd, 0);
+            const int cpg = stat_len / S, NC = packs * P / S;
+            for (int k = lane; k < cpg; k += 32) {
+                const int nc = stat * cpg + k, ch = nc % C;
+                const A scale = rstd0 * (w ? load_acc(w[ch]) : (A)1);
+                coef[nc] = scale;
+                coef[NC + nc] = (b ? load_acc(b[ch]) : (A)0) - mean0 * scale;
+            }
+        }
     }
+    if (coef) return;  // coefficients only: the consumer normalizes
     __syncthreads();
 
     // The channel of this thread's packs, stepped along: no division per pack.
