@@ -171,10 +171,8 @@ struct alignas(4 * sizeof(T)) Four {
 
 // Four outputs per thread when total is a multiple of four (then every split's partials
 // are 16-byte aligned): one 16-byte load per split, evict-first (each partial is read
-// once), the loads of up to SPLITS_IN_FLIGHT splits issued together (the sums are
-// latency bound: a few MB each), added in split order; the outputs past the last whole
-// four (all of them otherwise) one per thread.
-#define SPLITS_IN_FLIGHT 15
+// once), up to four splits' loads in flight; the outputs past the last whole four (all of
+// them otherwise) one per thread.
 template <typename T>
 __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __restrict__ out,
                                           const T* __restrict__ bias,
@@ -188,16 +186,20 @@ __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __r
     const float4* p = reinterpret_cast<const float4*>(part);
     for (long long q = first; q < fours; q += step) {
         float4 a = __ldcs(p + q);
-        for (long long s = 1; s < splits; s += SPLITS_IN_FLIGHT) {
-            float4 b[SPLITS_IN_FLIGHT];
+        long long s = 1;
+        for (; s + 3 < splits; s += 4) {
+            float4 b[3], c = __ldcs(p + s * fours + q);
 #pragma unroll
-            for (int k = 0; k < SPLITS_IN_FLIGHT; ++k)
-                if (s + k < splits) b[k] = __ldcs(p + (s + k) * fours + q);
+            for (int k = 0; k < 3; ++k) b[k] = __ldcs(p + (s + 1 + k) * fours + q);
+            a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
 #pragma unroll
-            for (int k = 0; k < SPLITS_IN_FLIGHT; ++k)
-                if (s + k < splits) {
-                    a.x += b[k].x; a.y += b[k].y; a.z += b[k].z; a.w += b[k].w;
-                }
+            for (int k = 0; k < 3; ++k) {
+                a.x += b[k].x; a.y += b[k].y; a.z += b[k].z; a.w += b[k].w;
+            }
+        }
+        for (; s < splits; ++s) {
+            const float4 c = __ldcs(p + s * fours + q);
+            a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
         }
         const float sum[4] = {a.x, a.y, a.z, a.w};
         const long long i = 4 * q, j = (i / plane) % nout;  // one channel for all four
