@@ -38,7 +38,7 @@ import numpy as np
 
 from ...backends.base import ACTIVATIONS, Backend
 from ..graph import Graph, Node, Ref, Value, node_refs
-from .uses import ACTS, Uses, fresh_block, full_call, rewritten
+from .uses import ACTS, Uses, call_arguments, fresh_block, full_call, rewritten
 
 _CONV = inspect.signature(Backend.conv2d)
 _EPILOGUE_DEFAULTS = {"bias": None, "act": "none", "residual": None, "residual_scale": 1.0}
@@ -131,12 +131,9 @@ def _start(graph: Graph, node: Node, values: list[Value]) -> Node | None:
     if node.op == "matmul":
         ok = len(node.args) == 2 and not node.kwargs and all(type(a) is Ref for a in node.args)
         return node if ok else None
-    try:
-        bound = _CONV.bind(None, *node.args, **node.kwargs)
-    except TypeError:
+    params = call_arguments(_CONV, node)
+    if params is None:
         return None
-    params = dict(bound.arguments)
-    del params["self"]
     geometry = tuple(params.pop(name) for name in ("x", "w", "stride", "padding", "dilation", "groups"))
     epilogue = {name: value for name, value in params.items() if value != _EPILOGUE_DEFAULTS[name]}
     return dataclasses.replace(node, args=geometry, kwargs=epilogue)

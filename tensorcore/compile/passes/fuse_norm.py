@@ -24,7 +24,7 @@ import inspect
 
 from ...backends.base import Backend
 from ..graph import Graph, Node, Ref, Value
-from .uses import ACTS, Uses, Views, fresh_block, rewritten
+from .uses import ACTS, Uses, Views, call_arguments, fresh_block, rewritten
 
 _GROUP_NORM = inspect.signature(Backend.group_norm)
 
@@ -82,14 +82,7 @@ def fuse_norm(graph: Graph) -> Graph:
 def group_norm_params(node: Node) -> dict | None:
     """A group_norm call's arguments by name (defaults filled in), or None when they do
     not bind to the protocol's signature."""
-    try:
-        bound = _GROUP_NORM.bind(None, *node.args, **node.kwargs)
-    except TypeError:
-        return None
-    bound.apply_defaults()
-    params = dict(bound.arguments)
-    del params["self"]
-    return params
+    return call_arguments(_GROUP_NORM, node, defaults=True)
 
 
 def _group_norm(node: Node, params: dict, out: tuple) -> Node:

@@ -21,7 +21,7 @@ import inspect
 from ...backends.base import Backend
 from ..graph import Graph, Node, Ref, node_refs
 from .fuse_norm import group_norm_params
-from .uses import Uses, rewritten
+from .uses import Uses, call_arguments, rewritten
 
 _CONV = inspect.signature(Backend.conv2d)
 _NORM = ("weight", "bias", "groups", "eps", "act", "shift")
@@ -41,7 +41,7 @@ def fuse_norm_conv(graph: Graph) -> Graph:
             if params is not None and _only_y_read(node, uses, values):
                 norms[node.out[0].value] = (position, node, params)
         elif node.op == "conv2d" and type(node.out) is Ref:
-            conv = _conv_params(node)
+            conv = call_arguments(_CONV, node)
             x = conv.get("x") if conv else None
             if type(x) is not Ref or x.value not in norms \
                     or not uses.only_reader(values, x.value, node, position) \
@@ -73,15 +73,3 @@ def _only_y_read(node: Node, uses: Uses, values: list) -> bool:
         if storage in uses.returned or uses.readers.get(storage):
             return False
     return True
-
-
-def _conv_params(node: Node) -> dict | None:
-    """A conv2d call's arguments by name (epilogue keywords only when given), or None
-    when they do not bind to the protocol's signature."""
-    try:
-        bound = _CONV.bind(None, *node.args, **node.kwargs)
-    except TypeError:
-        return None
-    params = dict(bound.arguments)
-    del params["self"]
-    return params

@@ -12,12 +12,14 @@
 * ``full_call``: the ``full`` call that made a one-element array (``2 * y`` traces one
   for the 2), whose number a fused call may take instead;
 * ``rewritten``: the graph with calls replaced or dropped by position;
+* ``call_arguments``: a backend call's arguments by name;
 * ``ACTS``: the activations a fused call applies (every one but "none").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any, Iterable
 
@@ -87,6 +89,20 @@ def rewritten(graph: Graph, placed: dict[int, Node | None], stat: str, count: in
     nodes = [placed.get(p, node) for p, node in enumerate(graph.nodes)]
     stats = {**graph.stats, stat: graph.stats.get(stat, 0) + count}
     return dataclasses.replace(graph, nodes=[n for n in nodes if n is not None], stats=stats, **fields)
+
+
+def call_arguments(signature: inspect.Signature, node: Node, defaults: bool = False) -> dict | None:
+    """``node``'s arguments by name under a backend method's ``signature`` (those left
+    out filled in with ``defaults``), or None when they do not bind to it."""
+    try:
+        bound = signature.bind(None, *node.args, **node.kwargs)
+    except TypeError:
+        return None
+    if defaults:
+        bound.apply_defaults()
+    params = dict(bound.arguments)
+    del params["self"]
+    return params
 
 
 def full_call(graph: Graph, values: list[Value], positions: dict[int, int], ref: Ref) -> int | None:
