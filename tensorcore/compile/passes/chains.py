@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...dtypes import is_floating
-from ..graph import Graph, Node, Ref, Value
+from ..graph import Graph, Node, Ref
 from .uses import Uses, Views, full_call, owns_block
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the fused calls take

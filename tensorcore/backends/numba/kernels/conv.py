@@ -172,7 +172,6 @@ def col2im_same_(cols, n, h, w, ph, pw, dh, dw):
     own buffer) and then writes them out in NCHW order.  Overwrites the entries of
     ``cols`` whose tap reads padding with zeros."""
     c, kh, kw = cols.shape[:3]
-    t = cols.dtype.type
     plane = h * w
     size = n * plane
     dx = np.empty((n, c, h, w), dtype=cols.dtype)
