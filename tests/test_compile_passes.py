@@ -85,7 +85,7 @@ def test_cse_keeps_static_arguments_of_other_types_and_random_draws(backend):
     graph = record(lambda x: (x * 2, x * 2.0, x * 2), tc.randn(4))
     assert ops(graph).count("binary") == 3
     assert ops(common_subexpression_elimination(graph)).count("binary") == 2  # int 2 and float 2.0 differ
-    x = tc.randn(8)
+    x = tc.randn(256)  # two equal masks of 256 draws: probability 2**-256
     f = lambda x: (F.dropout(x, 0.5, training=True), F.dropout(x, 0.5, training=True))  # noqa: E731
     compiled = tc.compile(f, cache_dir=False, passes=["cse"])
     compiled(x)
