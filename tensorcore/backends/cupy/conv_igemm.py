@@ -234,7 +234,7 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     """(act(conv2d(x, w) + bias) + residual) * residual_scale, or None when the kernels
     do not cover the call.  bias / residual (when given) have x's dtype; residual has the
     output's shape.  ``norm``: x is first normalized by that GroupNorm (+ activation),
-    inside the pack; the caller has checked ``conv_norm.covers``."""
+    inside the pack, as ``conv_norm.covered`` returned it."""
     n, c, h, wd = x.shape
     cout, r, s = w.shape[0], w.shape[2], w.shape[3]
     (ho, wo), itemsize = out_hw, x.dtype.itemsize
@@ -254,7 +254,7 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     xh, wp, part, *stats = _scratch_arrays(((n, h, wd, cp), x.dtype),
                                            ((0,) if reuse_w else (cout, r, s, cp), x.dtype),
                                            _partials(plan, out.size),
-                                           *(conv_norm.scratch_layout(x, norm.groups) if norm else ()))
+                                           *(conv_norm.scratch_layout(x, norm) if norm else ()))
     packed_w = None if reuse_w else _Pack(w, wp, c, r, s, _strides(w))
     if norm is not None:
         conv_norm.coefficients(x, norm, *stats)

@@ -19,9 +19,8 @@ makes the two calls.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
-
 
 from . import groupnorm, loader
 from .counters import arrival_counters
@@ -35,7 +34,9 @@ _GRID_Y = 65535
 @dataclass(frozen=True)
 class GroupNormIn:
     """group_norm's arguments after x (checked by the caller): weight and bias [C] or
-    None, groups, eps, act, shift [N, C] contiguous or None."""
+    None, groups, eps, act, shift [N, C] contiguous or None; ``kernel``: the one-pass
+    kernel eager GroupNorm runs on x and its launch shape (``groupnorm.one_pass_choice``),
+    set by ``covered``."""
 
     weight: Any
     bias: Any
@@ -43,47 +44,32 @@ class GroupNormIn:
     eps: float
     act: str
     shift: Any
+    kernel: tuple = ()
 
     def arrays(self) -> tuple:
         return tuple(a for a in (self.weight, self.bias, self.shift) if a is not None)
 
 
-def covers(x: Any, norm: GroupNormIn) -> bool:
-    """Whether the pack gives what eager GroupNorm gives, bit for bit: where eager runs a
-    one-pass kernel (groupnorm.py: Hopper, x contiguous and 16-byte aligned, planes of
-    whole packs), whose statistics the coefficients repeat; parameters contiguous, at
-    most 65535 statistics."""
+def covered(x: Any, norm: GroupNormIn) -> GroupNormIn | None:
+    """``norm`` with its eager kernel when the pack gives what eager GroupNorm gives, bit
+    for bit: where eager runs a one-pass kernel (groupnorm.py: Hopper, x contiguous and
+    16-byte aligned, planes of whole packs), whose statistics the coefficients repeat;
+    parameters contiguous, at most 65535 statistics.  Else None."""
     n, c = x.shape[:2]
-    return (loader.compute_capability() >= 90 and x.flags.c_contiguous and aligned(x)
+    if not (loader.compute_capability() >= 90 and x.flags.c_contiguous and aligned(x)
             and (x.size // (n * c)) % pack_width(x.dtype) == 0 and n * norm.groups <= _GRID_Y
-            and all(a.flags.c_contiguous for a in norm.arrays())
-            and _eager_kernel(x, norm.groups) is not None)
+            and all(a.flags.c_contiguous for a in norm.arrays())):
+        return None
+    choice = groupnorm.one_pass_choice(x, n * norm.groups, x.size // (n * norm.groups))
+    return None if choice is None else replace(norm, kernel=choice)
 
 
-def _eager_kernel(x: Any, groups: int) -> tuple[str, Any] | None:
-    """The one-pass kernel eager GroupNorm runs on x (the first of
-    ``groupnorm.forward_kernels`` that applies) with its launch shape: ("cluster",
-    threads per block) or ("resident", its layout); None when neither applies."""
-    stats = x.shape[0] * groups
-    stat_len = x.size // stats
-    stat_packs = stat_len // pack_width(x.dtype)
-    for run in groupnorm.forward_kernels(stats, stat_packs):
-        if run is groupnorm.clustered:
-            threads = groupnorm.cluster_threads(-(-stat_packs // groupnorm.CLUSTER))
-            if threads is not None:
-                return "cluster", threads
-        else:
-            layout = groupnorm.resident_layout(x, stat_len)
-            if layout is not None:
-                return "resident", layout
-    return None
-
-
-def scratch_layout(x: Any, groups: int) -> tuple[tuple[tuple[int, ...], Any], ...]:
+def scratch_layout(x: Any, norm: GroupNormIn) -> tuple[tuple[tuple[int, ...], Any], ...]:
     """(shape, dtype) of the coefficients [2, N, C] and of the statistics' partials."""
     acc = acc_dtype(x.dtype)
-    kind, shape = _eager_kernel(x, groups)
-    parts = x.shape[0] * groups * groupnorm.CLUSTER * 3 if kind == "cluster" else shape[0] * groupnorm.RES_STATS * 2
+    kind, shape = norm.kernel
+    parts = x.shape[0] * norm.groups * groupnorm.CLUSTER * 3 if kind == "cluster" \
+        else shape[0] * groupnorm.RES_STATS * 2
     return ((2, *x.shape[:2]), acc), ((parts,), acc)
 
 
@@ -95,7 +81,7 @@ def coefficients(x: Any, norm: GroupNormIn, coef: Any, part: Any) -> None:
     n, c = x.shape[:2]
     stats = n * norm.groups
     stat_len = x.size // stats
-    kind, shape = _eager_kernel(x, norm.groups)
+    kind, shape = norm.kernel
     if kind == "resident":
         groupnorm.run_resident(x, norm.shift, norm.weight, norm.bias, stat_len, norm.eps, norm.act,
                                shape, part, (NULL, NULL, NULL, coef))

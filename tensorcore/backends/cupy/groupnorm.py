@@ -77,11 +77,27 @@ def one_pass_group_norm(x, weight, bias, groups: int, eps: float, act: str, shif
     if s % pack or not aligned(x):
         return None
     stat_len = c // groups * s
-    args = (x, shift, weight, bias, (n, groups), stat_len, s, eps, act)
-    for run in forward_kernels(n * groups, stat_len // pack):
-        out = run(*args)
-        if out is not None:
-            return out
+    choice = one_pass_choice(x, n * groups, stat_len)
+    if choice is None:
+        return None
+    run = clustered if choice[0] == "cluster" else _resident
+    return run(x, shift, weight, bias, (n, groups), stat_len, s, eps, act)
+
+
+def one_pass_choice(x, stats: int, stat_len: int) -> tuple[str, Any] | None:
+    """The one-pass kernel that runs on x (contiguous, aligned, planes of whole packs):
+    the first of ``forward_kernels`` that applies, with its launch shape, ("cluster",
+    threads per block) or ("resident", ``resident_layout``); None when neither does."""
+    stat_packs = stat_len // pack_width(x.dtype)
+    for run in forward_kernels(stats, stat_packs):
+        if run is clustered:
+            threads = cluster_threads(-(-stat_packs // CLUSTER))
+            if threads is not None:
+                return "cluster", threads
+        else:
+            layout = resident_layout(x, stat_len)
+            if layout is not None:
+                return "resident", layout
     return None
 
 

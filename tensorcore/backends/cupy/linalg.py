@@ -185,40 +185,34 @@ class CupyLinalgKernels:
                           act="none", residual=None, residual_scale=1.0):
         """The GroupNorm applied inside the implicit-GEMM pack (``conv_norm``) where the
         kernels cover the call; else GroupNorm, then conv2d."""
-        fused = self._group_norm_in(x, norm, w, stride, padding, dilation, groups)
+        fused = self._group_norm_in(x, norm, w, stride, padding, dilation, groups, bias, residual)
         if fused is not None:
             ho, wo = self._conv_geometry("group_norm_conv2d", x.shape, w.shape, stride, padding,
                                          dilation, groups)
             self._check_epilogue("group_norm_conv2d", (x.shape[0], w.shape[0], ho, wo), bias,
                                  act, residual)
-            if all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype)
-                   for a in (bias, residual)):
-                y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups, bias,
-                                       act, residual, residual_scale, norm=fused)
-                if y is not None:
-                    return y
+            y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups, bias, act,
+                                   residual, residual_scale, norm=fused)
+            if y is not None:
+                return y
         return super().group_norm_conv2d(x, norm, w, stride, padding, dilation, groups, bias,
                                          act, residual, residual_scale)
 
-    def _group_norm_in(self, x, norm, w, stride, padding, dilation, groups):
+    def _group_norm_in(self, x, norm, w, stride, padding, dilation, groups, bias=None, residual=None):
         """``norm`` as a conv_norm.GroupNormIn when the pack can apply it (CuPy arrays of
-        one dtype, valid GroupNorm arguments, a convolution the implicit GEMM runs, x
-        laid out for the statistics kernel), else None."""
+        one dtype, the epilogue's included, valid GroupNorm arguments, a convolution of
+        one group that the implicit GEMM runs, x laid out for the statistics), else None."""
         if not isinstance(norm, tuple) or len(norm) != 6:
             return None
         weight, nbias, ngroups, eps, nact, shift = norm
-        arrays = [a for a in (weight, nbias, shift) if a is not None]
-        if not has_kernels(x, w, *arrays) or x.ndim != 4 or w.ndim != 4 \
+        arrays = [a for a in (weight, nbias, shift, bias, residual) if a is not None]
+        if not has_kernels(x, w, *arrays) or x.ndim != 4 or w.ndim != 4 or groups != 1 \
                 or self._as_gemm(x.shape, w.shape, stride, padding, dilation, groups, x, w):
             return None
         self._check_groups("group_norm", x, ngroups)
         check_activation("group_norm", nact)
-        for name, p in (("weight", weight), ("bias", nbias)):
-            self._check_param("group_norm", name, p, x.shape[1:2])
-        if shift is not None:
-            shift = self._shift_planes("group_norm", x, shift).reshape(x.shape[:2])
-        fused = conv_norm.GroupNormIn(weight, nbias, ngroups, eps, nact, shift)
-        return fused if conv_norm.covers(x, fused) else None
+        shift = self._group_norm_params(x, weight, nbias, shift)
+        return conv_norm.covered(x, conv_norm.GroupNormIn(weight, nbias, ngroups, eps, nact, shift))
 
     def _conv2d_gemm(self, x, w, out_hw, stride, padding, dilation, groups):
         """conv2d as im2col + cuBLAS GEMM (or the xp reference where cuBLAS can't)."""

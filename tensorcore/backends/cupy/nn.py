@@ -243,15 +243,21 @@ class CupyNNKernels:
         check_activation("group_norm", act)
         if not has_kernels(x, *_opt(weight, bias, shift)):
             return super().group_norm(x, weight, bias, groups, eps, act, shift)
-        for name, p in (("weight", weight), ("bias", bias)):
-            self._check_param("group_norm", name, p, x.shape[1:2])
-        if shift is not None:
-            shift = contiguous(self._shift_planes("group_norm", x, shift).reshape(x.shape[:2]))
+        shift = self._group_norm_params(x, weight, bias, shift)
         one_pass = one_pass_group_norm(x, weight, bias, groups, eps, act, shift)
         if one_pass is not None:
             return one_pass
         return self._plane_forward(x, weight, bias, (x.shape[0], groups), x.shape[1] // groups,
                                    False, eps, act, shift=shift)
+
+    def _group_norm_params(self, x, weight, bias, shift):
+        """Check weight and bias ([C] or None) and shift ([N, C] of x's dtype, or None)
+        of a GroupNorm of x; returns shift as a contiguous [N, C] array (or None)."""
+        for name, p in (("weight", weight), ("bias", bias)):
+            self._check_param("group_norm", name, p, x.shape[1:2])
+        if shift is None:
+            return None
+        return contiguous(self._shift_planes("group_norm", x, shift).reshape(x.shape[:2]))
 
     def group_norm_backward(self, grad, x, weight, bias, mean, rstd, groups, act="none"):
         self._check_groups("group_norm_backward", x, groups)
