@@ -372,6 +372,50 @@ def test_few_rows_times_a_weight(monkeypatch, dtype, rows, k, n, few):
         assert "linear_rows_kernel" not in names
 
 
+# Products of one input run together (the compiled UNet's time-embedding projections):
+# one launch per 32 of those the few-rows kernel takes, each result equal to its own
+# call's; a product the kernel does not take (b stored row-major) runs on its own.
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("rows, count", [(1, 3), (2, 35)])
+def test_grouped_products_of_one_input(monkeypatch, dtype, rows, count):
+    k = 64
+    a = on_gpu(rand(rows, k), dtype)
+    products = []
+    for i in range(count):
+        n = 1 + (i * 37) % 300
+        w = on_gpu(rand(n, k), dtype)
+        products.append((w.T, None if i % 3 == 1 else on_gpu(rand(n), dtype), ACTS[i % len(ACTS)]))
+    products[1] = (cp.ascontiguousarray(products[1][0]), *products[1][1:])
+    names: list[str] = []
+    real = linalg.kernel
+    monkeypatch.setattr(linalg, "kernel", lambda f, name, dt: names.append(name) or real(f, name, dt))
+    got = GPU.matmul_bias_act_group(a, tuple(products))
+    assert names.count("linear_rows_group_kernel") == -(-(count - 1) // linalg.GROUP_MAX)
+    assert "linear_rows_kernel" not in names
+    for g, (b, bias, act) in zip(got, products):
+        assert g.dtype == a.dtype
+        want = GPU.matmul_bias_act(a, b, bias, act)
+        np.testing.assert_array_equal(as_float32(cp.asnumpy(g)), as_float32(cp.asnumpy(want)))
+
+
+def test_grouped_products_replay_in_a_cuda_graph():
+    a = on_gpu(rand(1, 32))
+    products = tuple((on_gpu(rand(n, 32)).T, on_gpu(rand(n)), "silu") for n in (16, 40, 8))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        want = GPU.matmul_bias_act_group(a, products)  # warm: compiled, pool ready
+        stream.synchronize()
+        stream.begin_capture()
+        got = GPU.matmul_bias_act_group(a, products)
+        graph = stream.end_capture()
+        for y in got:
+            y.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(cp.asnumpy(g), cp.asnumpy(w))
+
+
 # ----- RNG -----------------------------------------------------------------------------
 def test_rng_moments_and_advance():
     gen = GPU.rng(123)

@@ -122,6 +122,12 @@ class Backend(Protocol):
         """``bias_act(matmul(a, b), bias, act, axis=-1)`` in one call, bit for bit as
         those two calls: the GEMM epilogue ``tc.compile``'s epilogue fusion rewrites a
         product followed by a bias + activation into (never called by eager code)."""
+    def matmul_bias_act_group(self, a: Array, products: Sequence[tuple[Array, Array | None, str]]
+                              ) -> tuple[Array, ...]:
+        """``matmul_bias_act(a, b, bias, act)`` for each (b, bias, act) of ``products``,
+        bit for bit: products of one input that a backend may run together (a UNet's
+        time-embedding projections, one per ResBlock, as one launch).  Only compiled
+        plans call it (``tc.compile``'s ``group_linear`` pass)."""
     def lora_linear(self, x: Array, weight_t: Array, bias: Array | None, lora_a: Array,
                     lora_b: Array, scale: float) -> Array:
         """A Linear with a low-rank update, one call: ``x @ weight_t + bias +

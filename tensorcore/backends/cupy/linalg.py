@@ -27,6 +27,9 @@ CONV = "im2col.cu"
 SOFTMAX = "softmax.cu"
 LINEAR_ROWS = "linear_rows.cu"
 MAX_ROWS = 8  # rows of a the few-rows product takes (MAX_ROWS in linear_rows.cu)
+GROUP_MAX = 32  # products per grouped launch (GROUP_MAX in linear_rows.cu)
+# linear_rows.cu's LinearRowsGroup: six arrays of GROUP_MAX 8-byte words, one more first_block
+_GROUP_TABLE = numpy.dtype([("words", numpy.int64, (6 * GROUP_MAX + 1,))])
 
 
 def allow_tf32() -> bool:
@@ -68,6 +71,13 @@ def _few_rows(a, b) -> bool:
             and a.flags.c_contiguous and b.T.flags.c_contiguous and aligned(a, b))
 
 
+def _rows_kernel_takes(a, b, bias) -> bool:
+    """Whether linear_rows.cu computes ``act(a @ b + bias)``: ``_few_rows``, kernels for
+    the dtype, and a bias (if any) of b's column count in a's dtype."""
+    return (_few_rows(a, b) and has_kernels(a, b, *(() if bias is None else (bias,)))
+            and (bias is None or bias.shape == b.shape[1:]))
+
+
 def _linear_rows(a, b, bias, act: str):
     """act(a @ b + bias) by linear_rows.cu (see ``_few_rows``); bias [N] or None."""
     (m, k), n = a.shape, b.shape[1]
@@ -77,6 +87,32 @@ def _linear_rows(a, b, bias, act: str):
     kernel(LINEAR_ROWS, "linear_rows_kernel", a.dtype)(
         (-(-n // warps),), (THREADS,), (a, b.T, ptr(bias), y, m, n, k, ACT_CODES[act]))
     return y
+
+
+def _linear_rows_group(a, products: list) -> list:
+    """``_linear_rows`` of each (b, bias, act) in ``products`` (all taken by the kernel),
+    GROUP_MAX products per launch: each launch gets a table of the products' operands
+    (``LinearRowsGroup`` in linear_rows.cu, passed by value)."""
+    (m, k), warps = a.shape, THREADS // 32
+    results = []
+    for start in range(0, len(products), GROUP_MAX):
+        chunk = products[start:start + GROUP_MAX]
+        table = numpy.zeros(6 * GROUP_MAX + 1, numpy.int64)
+        first = 0
+        for i, (b, bias, act) in enumerate(chunk):
+            n = b.shape[1]
+            y = cupy.empty((m, n), dtype=a.dtype)
+            bias = None if bias is None else contiguous(bias)
+            table[[i, GROUP_MAX + i, 2 * GROUP_MAX + i]] = (b.data.ptr, 0 if bias is None else bias.data.ptr,
+                                                            y.data.ptr)
+            table[3 * GROUP_MAX + i], table[4 * GROUP_MAX + i] = n, ACT_CODES[act]
+            table[5 * GROUP_MAX + i] = first
+            first += -(-n // warps)
+            results.append(y)
+        table[5 * GROUP_MAX + len(chunk)] = first
+        kernel(LINEAR_ROWS, "linear_rows_group_kernel", a.dtype)(
+            (first,), (THREADS,), (a, table.view(_GROUP_TABLE), len(chunk), m, k))
+    return results
 
 
 class CupyLinalgKernels:
@@ -121,13 +157,22 @@ class CupyLinalgKernels:
         on the product's buffer.  Either way the two eager calls' arithmetic without the
         second array."""
         check_activation("matmul_bias_act", act)
-        if (_few_rows(a, b) and has_kernels(a, b, *(() if bias is None else (bias,)))
-                and (bias is None or (bias.shape == b.shape[1:] and bias.dtype == a.dtype))):
+        if _rows_kernel_takes(a, b, bias):
             return _linear_rows(a, b, bias, act)
         y = self.matmul(a, b)
         if y.ndim == 0 or not has_kernels(y, *(() if bias is None else (bias,))) or not y.flags.c_contiguous:
             return self.bias_act(y, bias, act, -1)
         return self._affine_act_into("matmul_bias_act", y, None, bias, act, -1, y)
+
+    def matmul_bias_act_group(self, a, products):
+        """Every product linear_rows.cu takes in one launch per GROUP_MAX of them (each
+        column computed as ``matmul_bias_act`` computes it), the others one by one."""
+        products = self._group_products(a, products)
+        takes = [_rows_kernel_takes(a, b, bias) for b, bias, _ in products]
+        if sum(takes) < 2:
+            return tuple(self.matmul_bias_act(a, *p) for p in products)
+        grouped = iter(_linear_rows_group(a, [p for p, t in zip(products, takes) if t]))
+        return tuple(next(grouped) if t else self.matmul_bias_act(a, *p) for p, t in zip(products, takes))
 
     # ----- convolution -------------------------------------------------------------
     def _conv_ok(self, x_shape, w_shape, *arrays) -> bool:

@@ -234,6 +234,21 @@ class NumpyPrimitives:
         check_activation("matmul_bias_act", act)
         return self.bias_act(self.matmul(a, b), bias, act, -1)
 
+    def matmul_bias_act_group(self, a, products):
+        """``matmul_bias_act(a, b, bias, act)`` for each (b, bias, act) of ``products``."""
+        return tuple(self.matmul_bias_act(a, *p) for p in self._group_products(a, products))
+
+    @staticmethod
+    def _group_products(a, products) -> list:
+        """``products`` as a list of (b, bias, act) triples, each act a known activation."""
+        if not isinstance(products, (tuple, list)) or not products \
+                or any(not isinstance(p, (tuple, list)) or len(p) != 3 for p in products):
+            raise TypeError(f"matmul_bias_act_group: products must be a non-empty sequence of "
+                            f"(b, bias, act) triples, got {products!r:.200}")
+        for _, _, act in products:
+            check_activation("matmul_bias_act_group", act)
+        return [tuple(p) for p in products]
+
     # ----- compiled replay -----------------------------------------------------------
     def prepare(self, op: str, args: tuple, kwargs: dict, out: Any) -> Callable[[], Any] | None:
         """The elementwise ufuncs and matmul bound to their arrays and ``out`` (NumPy
