@@ -19,7 +19,9 @@ Optional ``out=``
 -----------------
 A backend may let a method write its result into a given array: ``unary``, ``binary``,
 ``where``, ``clip``, ``matmul``, ``concatenate`` and ``lora_linear`` of the NumPy
-reference take ``out=None``.  Compiled replay (``tensorcore.compile``) passes its planned buffer
+reference take ``out=None``.  ``conv2d`` and ``group_norm_conv2d`` must take it: a
+compiled plan may have them write straight into a slice of a concatenation's buffer
+(``tensorcore.compile``'s ``place_concat`` pass).  Compiled replay (``tensorcore.compile``) passes its planned buffer
 through ``out=`` wherever the method in use declares the parameter and copies the
 result into it otherwise, so a backend that overrides one of these without ``out`` is
 still correct, only not allocation-free on that op.
@@ -138,14 +140,17 @@ class Backend(Protocol):
     # ----- convolution (NCHW, weight [Cout, Cin/groups, kh, kw]) -------------------
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,
                dilation: Pair, groups: int, bias: Array | None = None, act: str = "none",
-               residual: Array | None = None, residual_scale: float = 1.0) -> Array:
+               residual: Array | None = None, residual_scale: float = 1.0,
+               out: Array | None = None) -> Array:
         """Cross-correlation with a fused epilogue:
         ``(act(conv(x, w) + bias[None, :, None, None]) + residual) * residual_scale``,
-        terms left out when not given; residual has the output's shape."""
+        terms left out when not given; residual has the output's shape.  ``out``: a
+        C-contiguous array of the result's shape and dtype to write it into (a compiled
+        plan's slice of a concatenation), returned."""
     def group_norm_conv2d(self, x: Array, norm: tuple, w: Array, stride: Pair, padding: Pair,
                           dilation: Pair, groups: int, bias: Array | None = None,
                           act: str = "none", residual: Array | None = None,
-                          residual_scale: float = 1.0) -> Array:
+                          residual_scale: float = 1.0, out: Array | None = None) -> Array:
         """``conv2d(group_norm(x, *norm)[0], w, ...)`` in one call, ``norm`` being
         group_norm's arguments after x: (weight, bias, groups, eps, act, shift).  A backend
         may normalize x as the convolution reads it, never writing the normalized

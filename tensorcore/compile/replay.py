@@ -76,6 +76,10 @@ def _made_results(plan: Plan, node: Node) -> list[tuple[tuple[int, ...], int]]:
     return pairs
 
 
+def _nothing() -> None:
+    pass
+
+
 def _pick(result: Any, path: tuple[int, ...]) -> Any:
     for i in path:
         result = result[i]
@@ -127,6 +131,8 @@ class CpuReplay:
         made = _made_results(plan, node)
         if node.op == "constant":
             return functools.partial(copy_, self.values[made[0][1]], node.data)
+        if node.op == "empty":  # an allocation: the plan has placed its storage already
+            return _nothing
         fn = _method(backend, node.op)
         args = substitute(node.args, lambda r: self.values[r.value], lambda o: self.objects[o.index])
         kwargs = substitute(node.kwargs, lambda r: self.values[r.value], lambda o: self.objects[o.index])

@@ -230,11 +230,12 @@ def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kerne
 # ----- the three passes -------------------------------------------------------------------
 def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation: Pair,
             groups: int, bias: Any = None, act: str = "none", residual: Any = None,
-            residual_scale: float = 1.0, norm: GroupNormIn | None = None) -> Any | None:
+            residual_scale: float = 1.0, norm: GroupNormIn | None = None, out: Any = None) -> Any | None:
     """(act(conv2d(x, w) + bias) + residual) * residual_scale, or None when the kernels
     do not cover the call.  bias / residual (when given) have x's dtype; residual has the
     output's shape.  ``norm``: x is first normalized by that GroupNorm (+ activation),
-    inside the pack, as ``conv_norm.covered`` returned it."""
+    inside the pack, as ``conv_norm.covered`` returned it.  ``out``: a C-contiguous
+    array of the result's shape and dtype to write into (the caller checks it)."""
     n, c, h, wd = x.shape
     cout, r, s = w.shape[0], w.shape[2], w.shape[3]
     (ho, wo), itemsize = out_hw, x.dtype.itemsize
@@ -250,7 +251,8 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
                             n * cout * ho * wo, loader.sm_count())
     reuse_w = (r == s == 1 and cp == c and not rounded and w.flags.c_contiguous
                and w.data.ptr % 16 == 0)
-    out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
+    if out is None:
+        out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
     xh, wp, part, *stats = _scratch_arrays(((n, h, wd, cp), x.dtype),
                                            ((0,) if reuse_w else (cout, r, s, cp), x.dtype),
                                            _partials(plan, out.size),

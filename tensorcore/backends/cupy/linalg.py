@@ -209,9 +209,10 @@ class CupyLinalgKernels:
         return col
 
     def conv2d(self, x, w, stride, padding, dilation, groups, bias=None, act="none",
-               residual=None, residual_scale=1.0):
+               residual=None, residual_scale=1.0, out=None):
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
         self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
+        self._check_out("conv2d", out, (x.shape[0], w.shape[0], ho, wo), x.dtype)
         # the kernel fuses a bias and residual of x's own dtype; others are added after
         fused = all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype)
                     for a in (bias, residual))
@@ -219,15 +220,15 @@ class CupyLinalgKernels:
         y = None
         if not self._as_gemm(x.shape, w.shape, stride, padding, dilation, groups, x, w):
             y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups,
-                                   *kernel_epilogue)
+                                   *kernel_epilogue, out=out if fused else None)
         if y is None:
             y = self._conv2d_gemm(x, w, (ho, wo), stride, padding, dilation, groups)
         elif fused:
             return y
-        return self._conv_epilogue(y, bias, act, residual, residual_scale)
+        return self._into(out, self._conv_epilogue(y, bias, act, residual, residual_scale))
 
     def group_norm_conv2d(self, x, norm, w, stride, padding, dilation, groups, bias=None,
-                          act="none", residual=None, residual_scale=1.0):
+                          act="none", residual=None, residual_scale=1.0, out=None):
         """The GroupNorm applied inside the implicit-GEMM pack (``conv_norm``) where the
         kernels cover the call; else GroupNorm, then conv2d."""
         fused = self._group_norm_in(x, norm, w, stride, padding, dilation, groups, bias, residual)
@@ -236,12 +237,13 @@ class CupyLinalgKernels:
                                          dilation, groups)
             self._check_epilogue("group_norm_conv2d", (x.shape[0], w.shape[0], ho, wo), bias,
                                  act, residual)
+            self._check_out("group_norm_conv2d", out, (x.shape[0], w.shape[0], ho, wo), x.dtype)
             y = conv_igemm.forward(x, w, (ho, wo), stride, padding, dilation, groups, bias, act,
-                                   residual, residual_scale, norm=fused)
+                                   residual, residual_scale, norm=fused, out=out)
             if y is not None:
                 return y
         return super().group_norm_conv2d(x, norm, w, stride, padding, dilation, groups, bias,
-                                         act, residual, residual_scale)
+                                         act, residual, residual_scale, out=out)
 
     def _group_norm_in(self, x, norm, w, stride, padding, dilation, groups, bias=None, residual=None):
         """``norm`` as a conv_norm.GroupNormIn when the pack can apply it (CuPy arrays of

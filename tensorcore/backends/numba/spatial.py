@@ -173,17 +173,19 @@ class NumbaSpatialKernels:
 
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
                groups: int, bias: Array | None = None, act: str = "none",
-               residual: Array | None = None, residual_scale: float = 1.0) -> Array:
+               residual: Array | None = None, residual_scale: float = 1.0,
+               out: Array | None = None) -> Array:
         if not fast_path(x, w):
             return super().conv2d(x, w, stride, padding, dilation, groups, bias, act, residual,
-                                  residual_scale)
+                                  residual_scale, out=out)
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
         self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
+        self._check_out("conv2d", out, (x.shape[0], w.shape[0], ho, wo), x.dtype)
         if bias is not None and not fast_path(x, bias):  # the generic epilogue converts it
             y = self._conv2d_plain(x, w, stride, padding, dilation, groups, (ho, wo), None, "none")
-            return self._conv_epilogue(y, bias, act, residual, residual_scale)
+            return self._into(out, self._conv_epilogue(y, bias, act, residual, residual_scale))
         y = self._conv2d_plain(x, w, stride, padding, dilation, groups, (ho, wo), bias, act)
-        return self._conv_epilogue(y, None, "none", residual, residual_scale)
+        return self._into(out, self._conv_epilogue(y, None, "none", residual, residual_scale))
 
     def _conv2d_plain(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
                       groups: int, out_hw: Pair, bias: Array | None, act: str) -> Array:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy
+
 from .act import check_activation
 
 Array = Any
@@ -85,30 +87,54 @@ class NumpyConvKernels:
 
     def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair,
                dilation: Pair, groups: int, bias: Array | None = None, act: str = "none",
-               residual: Array | None = None, residual_scale: float = 1.0) -> Array:
+               residual: Array | None = None, residual_scale: float = 1.0,
+               out: Array | None = None) -> Array:
         """Cross-correlation of x [N, C, H, W] with w [Cout, C/groups, kh, kw], then the
-        epilogue ``(act(y + bias) + residual) * residual_scale``."""
+        epilogue ``(act(y + bias) + residual) * residual_scale``, into ``out`` when given."""
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding,
                                      dilation, groups)
         self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
+        self._check_out("conv2d", out, (x.shape[0], w.shape[0], ho, wo), x.dtype)
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         cols = self._im2col(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
-        out = self.xp.matmul(w.reshape(groups, cout // groups, -1), cols)
-        out = out.reshape(cout, x.shape[0], ho, wo).transpose(1, 0, 2, 3)
-        return self._conv_epilogue(self.xp.ascontiguousarray(out), bias, act, residual,
-                                   residual_scale)
+        y = self.xp.matmul(w.reshape(groups, cout // groups, -1), cols)
+        y = y.reshape(cout, x.shape[0], ho, wo).transpose(1, 0, 2, 3)
+        return self._into(out, self._conv_epilogue(self.xp.ascontiguousarray(y), bias, act, residual,
+                                                   residual_scale))
 
     def group_norm_conv2d(self, x: Array, norm: tuple, w: Array, stride: Pair, padding: Pair,
                           dilation: Pair, groups: int, bias: Array | None = None,
                           act: str = "none", residual: Array | None = None,
-                          residual_scale: float = 1.0) -> Array:
+                          residual_scale: float = 1.0, out: Array | None = None) -> Array:
         """The two calls it stands for: GroupNorm (+ activation), then the convolution."""
         if not isinstance(norm, tuple) or len(norm) != 6:
             raise TypeError(f"group_norm_conv2d: norm must be group_norm's arguments after x, "
                             f"(weight, bias, groups, eps, act, shift), got {norm!r}")
+        if out is not None:
+            ho, wo = self._conv_geometry("group_norm_conv2d", x.shape, w.shape, stride, padding,
+                                         dilation, groups)
+            self._check_out("group_norm_conv2d", out, (x.shape[0], w.shape[0], ho, wo), x.dtype)
         y = self.group_norm(x, *norm)[0]
         return self.conv2d(y, w, stride, padding, dilation, groups, bias, act, residual,
-                           residual_scale)
+                           residual_scale, out=out)
+
+    @staticmethod
+    def _check_out(op: str, out: Array | None, shape: Shape, dtype: Any) -> None:
+        """Raise a ValueError unless ``out`` is None or a C-contiguous array of the
+        result's shape and dtype."""
+        if out is not None and (tuple(out.shape) != tuple(shape) or out.dtype != dtype
+                                or not out.flags.c_contiguous):
+            raise ValueError(f"{op}: out must be a C-contiguous {numpy.dtype(dtype).name} array of shape "
+                             f"{tuple(shape)}, got {getattr(out.dtype, 'name', out.dtype)} {tuple(out.shape)}"
+                             f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
+
+    @staticmethod
+    def _into(out: Array | None, y: Array) -> Array:
+        """y, or y written into ``out`` (checked by ``_check_out``)."""
+        if out is None:
+            return y
+        out[...] = y
+        return out
 
     @staticmethod
     def _check_epilogue(op: str, out_shape: Shape, bias: Array | None, act: str,

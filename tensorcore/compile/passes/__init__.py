@@ -20,21 +20,24 @@ from .fuse_norm import fuse_norm
 from .fuse_norm_conv import fuse_norm_conv
 from .group_linear import group_linear
 from .lora import lora
+from .place_concat import place_concat
 
 Pass = Callable[[Graph], Graph]
 
 PASSES: dict[str, Pass] = {"dce": dead_code_elimination, "cse": common_subexpression_elimination,
                            "fuse_attention": fuse_attention, "lora": lora, "fuse_epilogue": fuse_epilogue,
                            "fuse_norm": fuse_norm, "fuse_norm_conv": fuse_norm_conv,
-                           "group_linear": group_linear, "fuse_elementwise": fuse_elementwise}
+                           "group_linear": group_linear, "fuse_elementwise": fuse_elementwise,
+                           "place_concat": place_concat}
 # Pattern rewrites first (the LoRA pattern needs the base's matmul and bias add as they
 # were traced), then epilogue and norm fusion, then a norm folded whole into the conv
 # after it (with the conv's epilogue and the norm's activation and shift already in),
 # then the few-row products of one input grouped into one call (after epilogue fusion
 # has made them), then elementwise fusion, which would otherwise take the adds and
-# scalings the others fold.
+# scalings the others fold; last, concatenations placed in memory (which changes the
+# "block of its own" the others look for).
 DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_attention", "lora", "fuse_epilogue", "fuse_norm", "fuse_norm_conv",
-                            "group_linear", "fuse_elementwise")
+                            "group_linear", "fuse_elementwise", "place_concat")
 
 
 def resolve(passes: Iterable[str | Pass] | Mapping[str, bool] | None) -> tuple[Pass, ...]:
