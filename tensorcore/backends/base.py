@@ -19,12 +19,12 @@ Optional ``out=``
 -----------------
 A backend may let a method write its result into a given array: ``unary``, ``binary``,
 ``where``, ``clip``, ``matmul``, ``concatenate`` and ``lora_linear`` of the NumPy
-reference take ``out=None``.  ``conv2d`` and ``group_norm_conv2d`` must take it: a
-compiled plan may have them write straight into a slice of a concatenation's buffer
-(``tensorcore.compile``'s ``place_concat`` pass).  Compiled replay (``tensorcore.compile``) passes its planned buffer
-through ``out=`` wherever the method in use declares the parameter and copies the
-result into it otherwise, so a backend that overrides one of these without ``out`` is
-still correct, only not allocation-free on that op.
+reference take ``out=None``.  Compiled replay (``tensorcore.compile``) passes its
+planned buffer through ``out=`` wherever the method in use declares the parameter and
+copies the result into it otherwise, so a backend that overrides one of these without
+``out`` is still correct, only not allocation-free on that op.  ``conv2d`` and
+``group_norm_conv2d`` must take it: a compiled plan may have them write straight into a
+slice of a concatenation's buffer (the ``place_concat`` pass).
 
 Compiled replay first asks ``prepare(op, args, kwargs, out)`` (optional): a backend
 may return a no-argument callable that performs that exact call -- arrays, shapes and

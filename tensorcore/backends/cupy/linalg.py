@@ -98,15 +98,13 @@ def _linear_rows_group(a, products: list) -> list:
     for start in range(0, len(products), GROUP_MAX):
         chunk = products[start:start + GROUP_MAX]
         table = numpy.zeros(6 * GROUP_MAX + 1, numpy.int64)
+        columns = table[:6 * GROUP_MAX].reshape(6, GROUP_MAX)  # w, bias, y, n, act, first_block
         first = 0
         for i, (b, bias, act) in enumerate(chunk):
             n = b.shape[1]
             y = cupy.empty((m, n), dtype=a.dtype)
             bias = None if bias is None else contiguous(bias)
-            table[[i, GROUP_MAX + i, 2 * GROUP_MAX + i]] = (b.data.ptr, 0 if bias is None else bias.data.ptr,
-                                                            y.data.ptr)
-            table[3 * GROUP_MAX + i], table[4 * GROUP_MAX + i] = n, ACT_CODES[act]
-            table[5 * GROUP_MAX + i] = first
+            columns[:, i] = (b.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr, n, ACT_CODES[act], first)
             first += -(-n // warps)
             results.append(y)
         table[5 * GROUP_MAX + len(chunk)] = first
@@ -167,7 +165,7 @@ class CupyLinalgKernels:
     def matmul_bias_act_group(self, a, products):
         """Every product linear_rows.cu takes in one launch per GROUP_MAX of them (each
         column computed as ``matmul_bias_act`` computes it), the others one by one."""
-        products = self._group_products(a, products)
+        products = self._group_products(products)
         takes = [_rows_kernel_takes(a, b, bias) for b, bias, _ in products]
         if sum(takes) < 2:
             return tuple(self.matmul_bias_act(a, *p) for p in products)

@@ -236,10 +236,10 @@ class NumpyPrimitives:
 
     def matmul_bias_act_group(self, a, products):
         """``matmul_bias_act(a, b, bias, act)`` for each (b, bias, act) of ``products``."""
-        return tuple(self.matmul_bias_act(a, *p) for p in self._group_products(a, products))
+        return tuple(self.matmul_bias_act(a, *p) for p in self._group_products(products))
 
     @staticmethod
-    def _group_products(a, products) -> list:
+    def _group_products(products) -> list:
         """``products`` as a list of (b, bias, act) triples, each act a known activation."""
         if not isinstance(products, (tuple, list)) or not products \
                 or any(not isinstance(p, (tuple, list)) or len(p) != 3 for p in products):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..graph import Graph, Node, Ref, Value
+from ..graph import Graph, Node, Ref
 from .uses import Uses, owns_block
 
 PRODUCERS = frozenset({"conv2d", "group_norm_conv2d"})
@@ -55,8 +55,7 @@ def place_concat(graph: Graph) -> Graph:
             taken.add(old)
             for v in graph.values:  # every view of the part's block moves with it
                 if v.storage == old:
-                    values[v.index] = Value(v.index, c.storage, c.offset + offset + v.offset, v.shape, v.strides,
-                                            v.dtype)
+                    values[v.index] = dataclasses.replace(v, storage=c.storage, offset=c.offset + offset + v.offset)
             producer = graph.nodes[producer_position]
             nodes[producer_position] = Node(producer.index, producer.op, producer.args,
                                             {**producer.kwargs, "out": Ref(part)}, producer.out,
