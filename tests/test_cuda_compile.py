@@ -1,4 +1,5 @@
-"""Every CUDA source compiles to PTX for sm_90 with every instantiation the loader uses.
+"""Every CUDA source compiles to PTX for sm_90 with every instantiation the loader uses,
+and for sm_90a too where it holds Hopper-only (wgmma) code, compiled only there.
 
 Runs without a GPU: only ``nvcc`` is needed.  A small wrapper per source takes the
 address of each kernel instantiation the loader asks NVRTC for (per storage type, and
@@ -15,6 +16,8 @@ from tensorcore.backends.cupy import loader
 
 NVCC = shutil.which("nvcc")
 SOURCES = loader.sources()
+TARGETS = [(f, "sm_90") for f in SOURCES] + \
+    [(f, "sm_90a") for f in SOURCES if "wgmma" in loader.source(f)]
 
 
 def instantiations(filename: str) -> list[str]:
@@ -37,12 +40,12 @@ def test_every_source_has_kernels():
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-@pytest.mark.parametrize("filename", SOURCES)
-def test_compiles_for_sm90(filename, tmp_path):
+@pytest.mark.parametrize("filename, arch", TARGETS)
+def test_compiles_for_sm90(filename, arch, tmp_path):
     wrapped = tmp_path / f"wrap_{filename}"
     wrapped.write_text(wrapper(filename))
     result = subprocess.run(
-        [NVCC, "-arch=sm_90", "-std=c++17", "--ptx", str(wrapped), "-o", str(tmp_path / "out.ptx")],
+        [NVCC, f"-arch={arch}", "-std=c++17", "--ptx", str(wrapped), "-o", str(tmp_path / "out.ptx")],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     ptx = (tmp_path / "out.ptx").read_text()

@@ -29,7 +29,7 @@ from tensorcore import settings
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from tensorcore.backends.cupy import conv_plan  # noqa: E402
+from tensorcore.backends.cupy import conv_plan, loader  # noqa: E402
 from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
 from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
 
@@ -154,13 +154,23 @@ def test_forward_and_gradients_match_float64(mode, geometry, channels_last):
 
 
 def every_plan(kernel: str):
-    """(mode, plan) for every tile of the kernel, unsplit and split: each instantiation."""
+    """(mode, plan) for every tile of the kernel, unsplit and split: each instantiation
+    (the wgmma tiles too; they run only where the GPU has warpgroup MMA)."""
     for mode in MODES:
-        for tile in conv_plan.tiles(kernel, kernel_precision(mode)):
+        kernels = {t.expression(kernel, "T", 0): t for wgmma in (False, True)
+                   for t in conv_plan.tiles(kernel, kernel_precision(mode), wgmma)}
+        for tile in kernels.values():
             for splits in (1, 3):
                 yield pytest.param(mode, conv_plan.Plan(tile, splits),
                                    id=f"{mode}-{tile.bm}x{tile.bn}x{tile.bk}-w{tile.warps_m}"
-                                      f"x{tile.warps_n}-split{splits}")
+                                      f"x{tile.warps_n}{'-wgmma' if tile.wgmma else ''}"
+                                      f"-split{splits}")
+
+
+def runs_here(tile: conv_plan.Tile) -> None:
+    """Skip a wgmma tile on a GPU without warpgroup MMA."""
+    if tile.wgmma and not loader.has_wgmma():
+        pytest.skip("wgmma needs compute capability 9.0")
 
 
 # channel counts that straddle K tiles (72 = 2 x 32 + 8), several M and N tiles, stride 2
@@ -169,6 +179,7 @@ PLAN_GEOMETRY = ((2, 72, 19, 17), (136, 72, 3, 3), (2, 2), (1, 1), (1, 1))
 
 @pytest.mark.parametrize("mode, plan", every_plan(conv_plan.FPROP))
 def test_every_forward_tile(mode, plan):
+    runs_here(plan.tile)
     with conv_plan.forced(conv_plan.FPROP, plan):
         check_passes(PLAN_GEOMETRY, mode, passes=("forward", "input_grad"))
 
@@ -183,7 +194,8 @@ def test_every_weight_grad_tile(mode, plan):
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("images, cout", [(2, 40), (1, 5)])
-def test_fused_epilogue(mode, act, splits, images, cout):
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_fused_epilogue(mode, act, splits, images, cout, wgmma):
     """bias + activation + residual * scale, fused in the GEMM's epilogue (splits=1) or in
     the split-K reduce kernel (four outputs per thread; 1 x 5 x 10 x 9 = 450 outputs are
     not a whole number of fours, so the reduce's one-per-thread path runs too)."""
@@ -193,7 +205,8 @@ def test_fused_epilogue(mode, act, splits, images, cout):
     bias = rounded(RNG.standard_normal(cout), mode)
     residual = rounded(RNG.standard_normal(conv.shape), mode)
     want = REF.conv2d(x, w, *geo, bias=bias, act=act, residual=residual, residual_scale=0.7)
-    tile = conv_plan.tiles(conv_plan.FPROP, kernel_precision(mode))[1]
+    tile = conv_plan.tiles(conv_plan.FPROP, kernel_precision(mode), wgmma)[1]
+    runs_here(tile)
     strided_bias = on_gpu(np.repeat(bias, 2), mode)[::2]  # a view: read through its stride
     with precision(mode), conv_plan.forced(conv_plan.FPROP, conv_plan.Plan(tile, splits)):
         y = GPU.conv2d(gx, gw, *geo, bias=strided_bias, act=act,
@@ -252,7 +265,7 @@ def test_captured_graph_replays_like_eager():
     bias = cp.asarray(RNG.standard_normal(96).astype(np.float32))
     g = cp.asarray(RNG.standard_normal((2, 96, 8, 8)).astype(np.float32))
     residual = cp.asarray(RNG.standard_normal((2, 96, 8, 8)).astype(np.float32))
-    tile = conv_plan.tiles(conv_plan.FPROP, conv_plan.PREC_TF32)[0]
+    tile = conv_plan.tiles(conv_plan.FPROP, conv_plan.PREC_TF32, loader.has_wgmma())[0]
     wtile = conv_plan.tiles(conv_plan.WGRAD, conv_plan.PREC_TF32)[0]
 
     def step():

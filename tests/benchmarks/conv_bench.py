@@ -13,8 +13,8 @@ warm-up, random inputs), so host launch costs are out of both figures; cuDNN run
 Cout * Cin * kh * kw per pass (three passes for forward + backward); "peak" is the
 fraction of the H200's dense tensor-core rate (TF32 494.7, bf16 989.4 TFLOP/s).  The
 last lines sum the forward convolutions of one UNet forward, each times its count.
-``--tiles`` also times every tile of the kernels on the target shapes.  No timing is
-asserted.
+``--tiles`` also times every tile of the kernels on the target shapes (a "g" marks the
+forward's warpgroup-MMA tiles, the default on sm_90).  No timing is asserted.
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ def time_conv(conv: Conv, batch: int, dtype: str, backward: bool) -> tuple[float
 
     ms = graph_ms(ours)
     plan = conv_plan.last.get(conv_plan.FPROP)
-    label = f"{plan.tile.bm}x{plan.tile.bn}/{plan.splits}" if plan else "-"
+    label = f"{plan.tile.bm}x{plan.tile.bn}{'g' if plan.tile.wgmma else ''}/{plan.splits}" \
+        if plan else "-"
     if backward:
         wplan = conv_plan.last.get(conv_plan.WGRAD)
         label += f" w{wplan.tile.bm}x{wplan.tile.bn}/{wplan.splits}" if wplan else ""
@@ -176,9 +177,8 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     allow_tf32()
     convs = unet_convs()
-    cases = list(convs)
-    if args.quick:
-        cases = [Conv(128, 128, 3, 1, 64)]
+    target = Conv(128, 128, 3, 1, 64)  # [8,128,64,64] -> 128, timed at batch 8 below
+    cases = [target] if args.quick else list(convs) + [target]
     header = (f"{'conv':<24}{'B':>3} {'pass':<8}{'dtype':<6}{'tc ms':>9}{'torch ms':>10}{'speed':>7}"
               f"{'tc TF/s':>9}{'peak':>6}{'torch TF/s':>11}  plan")
     print(header)
@@ -196,10 +196,10 @@ def main() -> None:
                             f"{tms / ms:7.2f}{rate / 1e12:9.1f}{rate / PEAK[dtype]:6.2f}"
                             f"{flops / (tms * 1e-3) / 1e12:11.1f}  {plan}")
                     print(line, flush=True)
-                    if batch == 1 and not backward:
+                    if batch == 1 and not backward and conv in convs:
                         forward_sum[dtype][0] += convs[conv] * ms
                         forward_sum[dtype][1] += convs[conv] * tms
-                    if batch == 8 and conv == Conv(128, 128, 3, 1, 64):
+                    if batch == 8 and conv == target:
                         targets.append(line)
     if args.tiles:
         tile_sweep()
@@ -224,11 +224,13 @@ def tile_sweep() -> None:
                                  (conv_plan.WGRAD,
                                   lambda: GPU.conv2d_grad_weight(g, x, w.shape, *geo))):
                 cells = []
-                for tile in conv_plan.tiles(kernel, prec):
+                for tile in dict.fromkeys(t for wgmma in (False, True)
+                                          for t in conv_plan.tiles(kernel, prec, wgmma)):
                     for splits in (1, 2, 4, 8):
                         with conv_plan.forced(kernel, conv_plan.Plan(tile, splits)):
                             cells.append(f"{tile.bm}x{tile.bn}x{tile.bk}/{tile.warps_m * tile.warps_n}w"
-                                         f"/{splits}: {graph_ms(call, 15):.4f}")
+                                         f"{'g' if tile.wgmma else ''}/{splits}: "
+                                         f"{graph_ms(call, 15):.4f}")
                 print(f"{dtype} B={batch} {conv.label()} {kernel}: " + "  ".join(cells), flush=True)
 
 

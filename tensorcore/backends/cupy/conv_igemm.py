@@ -17,7 +17,8 @@ accumulators staged there so that stores coalesce), with bias, activation, resid
 add and scale fused in.  Problems whose output tiles would not
 fill the GPU split K into float32 partials, summed (and finished by the epilogue) in a
 reduce kernel.  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
-small * big), accurate to float32.
+small * big), accurate to float32.  On Hopper (sm_90) the forward and input-gradient
+GEMMs in TF32 and 16-bit run on warpgroup MMA (``wgmma``) tiles.
 
 Scratch memory (packed operands, partials) comes from one buffer per (device, stream)
 that only grows, so the kernels allocate nothing and can be captured in a CUDA graph
@@ -49,6 +50,8 @@ _INT32 = 2**31 - 1
 _GRID_Z = 65535
 _ALIGN = 256  # bytes between scratch arrays
 PACK_ROWS = 64  # rows of a pack tile (PACK_ROWS in cuda/conv_igemm.cu)
+# cuda/conv_igemm.cu's FpropShape, passed by value: twenty int32 extents
+_FPROP_SHAPE = numpy.dtype([("extents", numpy.int32, (20,))])
 
 Pair = tuple[int, int]
 
@@ -219,10 +222,11 @@ def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kerne
     else:
         epilogue = (NULL, NULL if bias is None else bias, NULL if residual is None else residual,
                     ACT_CODES[act_name], scale)
+    shape = numpy.array((n, ih, iw, cp, nout, oh, ow, *kernel_hw, *step, *base, *tap_delta,
+                         *phases, *tap_step, splits), numpy.int32).view(_FPROP_SHAPE)
     _launch(FPROP, plan, out.dtype, prec, grid,
-            (act, wpk, out, *epilogue[:3],
-             *_int32(n, ih, iw, cp, nout, oh, ow, *kernel_hw, *step, *base, *tap_delta,
-                     *phases, *tap_step, splits, epilogue[3]), numpy.float32(epilogue[4])))
+            (act, wpk, out, *epilogue[:3], shape, numpy.int32(epilogue[3]),
+             numpy.float32(epilogue[4])))
     if splits > 1:
         _reduce(part, out, splits, oh * ow, nout, bias, residual, act_name, scale)
 
@@ -248,7 +252,7 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     prec = _precision(x.dtype)
     rounded = prec == PREC_TF32
     plan = conv_plan.choose(FPROP, prec, itemsize, n * ho * wo, cout, r * s * cp, 1,
-                            n * cout * ho * wo, loader.sm_count())
+                            n * cout * ho * wo, loader.sm_count(), loader.has_wgmma())
     reuse_w = (r == s == 1 and cp == c and not rounded and w.flags.c_contiguous
                and w.data.ptr % 16 == 0)
     if out is None:
@@ -290,7 +294,8 @@ def input_grad(grad: Any, w: Any, x_shape: tuple, stride: Pair, padding: Pair,
     taps = math.ceil(r / tap_step[0]) * math.ceil(s / tap_step[1])
     phases = stride[0] * stride[1]
     plan = conv_plan.choose(FPROP, prec, itemsize, n * -(-h // stride[0]) * -(-wd // stride[1]),
-                            c, taps * cop, phases, n * c * h * wd, loader.sm_count())
+                            c, taps * cop, phases, n * c * h * wd, loader.sm_count(),
+                            loader.has_wgmma())
     dx = cupy.empty(tuple(x_shape), dtype=grad.dtype)
     gh, wt, part = _scratch_arrays(((n, ho, wo, cop), grad.dtype), ((c, r, s, cop), grad.dtype),
                                    _partials(plan, dx.size))

@@ -14,6 +14,7 @@ the 128 x 128 tile unsplit; batch-1 deep layers (few output tiles, long K) split
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections import Counter
@@ -22,6 +23,7 @@ from typing import Iterator
 
 SOURCE = "conv_igemm.cu"
 FPROP, WGRAD = "conv_fprop_kernel", "conv_wgrad_kernel"
+FPROP_WGMMA = "conv_fprop_wgmma_kernel"  # FPROP's tiles on Hopper's warpgroup MMA
 
 # precisions: the kernels' PREC template argument
 PREC_16, PREC_TF32, PREC_3XTF32 = 0, 1, 2
@@ -45,13 +47,17 @@ class Tile:
     stages: int
     min_blocks: int
     efficiency: float
+    wgmma: bool = False  # run by conv_fprop_wgmma_kernel: warps_m = BM / 16, warps_n = 1
 
     @property
     def threads(self) -> int:
         return 32 * self.warps_m * self.warps_n
 
     def smem_bytes(self, kernel: str, itemsize: int) -> int:
-        """Dynamic shared memory of one block: STAGES A and B tiles, rows padded."""
+        """Dynamic shared memory of one block: STAGES A and B tiles, rows padded (or
+        128-byte swizzled rows from a 1024-byte boundary for wgmma)."""
+        if self.wgmma:
+            return self.stages * (self.bm + self.bn) * 128 + 1024
         if kernel == FPROP:  # [rows][BK + 16 bytes]
             return self.stages * (self.bm + self.bn) * (self.bk + 16 // itemsize) * itemsize
         return self.stages * self.bk * (self.bm + self.bn + 16) * itemsize  # [BK][rows + 8]
@@ -63,6 +69,8 @@ class Tile:
         return max(1, min(by_smem, self.min_blocks))
 
     def expression(self, kernel: str, ctype: str, prec: int) -> str:
+        if self.wgmma:
+            return f"{FPROP_WGMMA}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.stages}>"
         return (f"{kernel}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.bk}, {self.warps_m}, "
                 f"{self.warps_n}, {self.stages}, {self.min_blocks}>")
 
@@ -81,6 +89,15 @@ _FPROP_TILES = {
               Tile(128, 128, 32, 2, 2, 4, 2, 0.7), Tile(64, 64, 64, 2, 2, 4, 3, 0.6),
               Tile(128, 32, 64, 4, 1, 4, 2, 0.4)),
 }
+# forward / input gradient on sm_90: wgmma tiles of BM / 64 warpgroups and K tiles of 128
+# bytes, and the mma.sync kernel's narrowest tile for a few output channels (a UNet's
+# last convolution), where it is faster
+_WGMMA_FPROP_TILES = {
+    prec: (Tile(128, 256, bk, 8, 1, 4, 1, 1.0, True), Tile(128, 128, bk, 8, 1, 3, 2, 0.9, True),
+           Tile(64, 128, bk, 4, 1, 4, 2, 0.7, True), dataclasses.replace(narrow, efficiency=0.25))
+    for prec, bk, narrow in ((PREC_TF32, 32, _FPROP_TILES[PREC_TF32][-1]),
+                             (PREC_16, 64, _FPROP_TILES[PREC_16][-1]))
+}
 # weight gradient: rows are output channels, columns (tap, input channel), K the pixels
 _WGRAD_TILES = {
     PREC_TF32: (Tile(128, 128, 32, 2, 4, 3, 2, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.6)),
@@ -89,14 +106,20 @@ _WGRAD_TILES = {
 }
 
 
-def tiles(kernel: str, prec: int) -> tuple[Tile, ...]:
+def tiles(kernel: str, prec: int, wgmma: bool = False) -> tuple[Tile, ...]:
+    """The tiles of a kernel and precision; ``wgmma``: on a GPU with warpgroup MMA
+    (sm_90), where the forward's TF32 and 16-bit tiles run on it."""
+    if wgmma and kernel == FPROP and prec in _WGMMA_FPROP_TILES:
+        return _WGMMA_FPROP_TILES[prec]
     return (_FPROP_TILES if kernel == FPROP else _WGRAD_TILES)[prec]
 
 
 def instances() -> list[str]:
     """Every kernel instantiation the host code may launch."""
-    return [tile.expression(kernel, ctype, prec) for ctype, prec in VARIANTS
-            for kernel in (FPROP, WGRAD) for tile in tiles(kernel, prec)]
+    return list(dict.fromkeys(
+        tile.expression(kernel, ctype, prec) for ctype, prec in VARIANTS
+        for kernel in (FPROP, WGRAD) for wgmma in (False, True)
+        for tile in tiles(kernel, prec, wgmma)))
 
 
 # ----- the cost model -------------------------------------------------------------------
@@ -132,20 +155,21 @@ def forced(kernel: str, plan: Plan) -> Iterator[None]:
 
 
 def choose(kernel: str, prec: int, itemsize: int, m: int, n: int, k: int, phases: int,
-           out_elems: int, sms: int) -> Plan:
+           out_elems: int, sms: int, wgmma: bool = False) -> Plan:
     """The tile and K split for a GEMM of m x n outputs (per phase) over k, repeated
-    over ``phases`` (the strided input gradient's output phases)."""
+    over ``phases`` (the strided input gradient's output phases), on a GPU with
+    (``wgmma``) or without warpgroup MMA."""
     plan = _forced.get(kernel) or _cheapest(kernel, prec, itemsize, m, n, k, phases, out_elems,
-                                            sms)
+                                            sms, wgmma)
     last[kernel] = plan
     return plan
 
 
 @functools.lru_cache(maxsize=4096)
 def _cheapest(kernel: str, prec: int, itemsize: int, m: int, n: int, k: int, phases: int,
-              out_elems: int, sms: int) -> Plan:
+              out_elems: int, sms: int, wgmma: bool) -> Plan:
     best, best_time = None, math.inf
-    for tile in tiles(kernel, prec):
+    for tile in tiles(kernel, prec, wgmma):
         k_tiles = max(1, math.ceil(k / tile.bk))
         blocks = math.ceil(m / tile.bm) * math.ceil(n / tile.bn) * phases
         slots = sms * tile.blocks_per_sm(kernel, itemsize)

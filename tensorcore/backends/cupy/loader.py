@@ -115,10 +115,13 @@ def raw_kernel(filename: str, name: str, dtype: Any = None) -> Any:
 @functools.lru_cache(maxsize=None)
 def raw_instance(filename: str, expression: str) -> Any:
     """The ``cupy.RawKernel`` of one explicit instantiation, e.g.
-    ``conv_fprop_kernel<float, 1, 128, 128, 32, 2, 2, 3>``, compiled on its own."""
+    ``conv_fprop_kernel<float, 1, 128, 128, 32, 2, 2, 3>``, compiled on its own; on
+    Hopper for sm_90a, whose architecture-specific instructions (wgmma) such kernels
+    may use (they compile them only where ``__CUDA_ARCH_FEAT_SM90_ALL`` is defined)."""
     import cupy
 
-    module = cupy.RawModule(code=source(filename), options=OPTIONS,
+    options = OPTIONS + (("-arch=sm_90a",) if has_wgmma() else ())
+    module = cupy.RawModule(code=source(filename), options=options,
                             name_expressions=[expression])
     return module.get_function(expression)
 
@@ -172,6 +175,17 @@ def compute_capability() -> int:
     import cupy
 
     return int(cupy.cuda.Device().compute_capability)
+
+
+def has_wgmma() -> bool:
+    """Whether the current device runs Hopper's warpgroup MMA (sm_90a code: compute
+    capability 9.0 exactly; later architectures do not run it)."""
+    return _has_wgmma(_current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _has_wgmma(device: int) -> bool:
+    return compute_capability() == 90
 
 
 @functools.lru_cache(maxsize=None)

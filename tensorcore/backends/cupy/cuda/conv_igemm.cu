@@ -32,6 +32,11 @@
 //                               registers capped for MINB blocks per SM.  The epilogue
 //                               stages the tile in shared memory, then each thread writes
 //                               one output pixel across the tile's channels.
+//   conv_fprop_wgmma_kernel     the same GEMM on Hopper's warpgroup MMA (sm_90a; compiled
+//                               only there): BM / 64 warpgroups of 64 x BN, both tiles
+//                               128-byte-swizzled in shared memory and read by wgmma
+//                               itself, STAGES - 2 tile copies in flight ahead of the
+//                               multiply.  Same arguments, grid, split-K and epilogue.
 //   conv_wgrad_kernel           dw[j][c][r][s] = sum over pixels of grad[n][p][q][j] *
 //                               x[n][p*sh - ph + r*dh][q*sw - pw + s*dw][c].  GEMM rows are
 //                               output channels, columns (tap, channel), K the N*P*Q
@@ -49,6 +54,7 @@
 // indices are 64-bit.
 #include "common.cuh"
 #include "conv_igemm.cuh"
+#include "wgmma.cuh"
 
 // One PACK_ROWS-row x 32-channel tile of a pack: rows q = (n, h, w) of dst [rows][Cp] from
 // src[n, c, h, w] read through element strides (sn, sc, sh, sw).  Each thread reads
@@ -240,21 +246,168 @@ struct TapAxis {
     __device__ __forceinline__ int offset(int j) const { return at0 + j * at_step; }
 };
 
+// The forward GEMM's problem, as the kernels receive it: packed activation [Nimg][IH][IW][Cp]
+// and weights [Nout][R][S][Cp], output [Nimg][Nout][OH][OW], and per axis the phase
+// geometry described at the top of the file.
+struct FpropShape {
+    int Nimg, IH, IW, Cp, Nout, OH, OW, R, S, step_h, step_w, nb_h, nb_w, nd_h, nd_w, div_h,
+        div_w, rstep, sstep, splits;
+};
+
+// The block's place in the grid: its split of K, its output phase (py, px) with U x V
+// pixels per image, and the tap axes that phase uses.
+struct FpropBlock {
+    int split, py, px, U, V, Mp, ktiles;
+    TapAxis th, tw;
+
+    __device__ __forceinline__ FpropBlock(const FpropShape& p, int bk)
+        : split(blockIdx.z % p.splits),
+          py((blockIdx.z / p.splits) / p.div_w),
+          px((blockIdx.z / p.splits) % p.div_w),
+          U((p.OH - py + p.div_h - 1) / p.div_h),
+          V((p.OW - px + p.div_w - 1) / p.div_w),
+          Mp(p.Nimg * U * V),
+          ktiles(0),
+          th(p.R, p.nb_h, p.nd_h, p.div_h, py, p.rstep),
+          tw(p.S, p.nb_w, p.nd_w, p.div_w, px, p.sstep) {
+        ktiles = (th.count * tw.count * p.Cp + bk - 1) / bk;
+    }
+};
+
+// The cp.async copies of one thread into the forward's A tile (BM output pixels x BK,
+// their im2col rows) and B tile (BN output channels x BK of packed weights): rows
+// row0 + i * RPP of chunk column `col`.  Per K tile only one offset common to all rows
+// changes, so a copy costs an add, a bounds check and the cp.async.
+template <typename T, int BM, int BN, int BK, int RPP>
+struct FpropCopy {
+    static constexpr int VEC = 16 / (int)sizeof(T);
+    static constexpr int A_IT = BM / RPP, B_IT = BN / RPP;
+    const T* act;
+    const T* wpk;
+    int a_off[A_IT], a_y[A_IT], a_x[A_IT], b_off[B_IT];
+    bool b_ok[B_IT];
+    int kc, kjr, kjs;  // this thread's K position: channel kc of tap slot (kjr, kjs)
+    int IH, IW, Cp, S;
+    const TapAxis* th;
+    const TapAxis* tw;
+
+    __device__ __forceinline__ FpropCopy(const T* act_, const T* wpk_, const FpropShape& p,
+                                         const FpropBlock& blk, int m0, int n0, int row0,
+                                         int col, int kt0, int nk)
+        : act(act_), wpk(wpk_), kc(0), kjr(0), kjs(0), IH(p.IH), IW(p.IW), Cp(p.Cp), S(p.S),
+          th(&blk.th), tw(&blk.tw) {
+        const int UV = blk.U * blk.V;
+#pragma unroll
+        for (int i = 0; i < A_IT; ++i) {  // the output pixel's input pixel at tap (0, 0)
+            const int m = m0 + row0 + i * RPP;
+            a_y[i] = -(1 << 30);  // outside every image: the copy is zero-filled
+            a_x[i] = 0;
+            a_off[i] = 0;
+            if (m < blk.Mp) {
+                const int n = m / UV, rem = m - n * UV, u = rem / blk.V, v = rem - u * blk.V;
+                a_y[i] = u * p.step_h;
+                a_x[i] = v * p.step_w;
+                a_off[i] = ((n * IH + a_y[i]) * IW + a_x[i]) * Cp;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B_IT; ++i) {
+            const int j = n0 + row0 + i * RPP;
+            b_ok[i] = j < p.Nout;
+            b_off[i] = b_ok[i] ? j * p.R * S * Cp : 0;
+        }
+        if (nk > 0) {
+            const int k = kt0 * BK + col * VEC, slot = k / Cp;
+            kc = k - slot * Cp;
+            kjr = slot / tw->count;
+            kjs = slot - kjr * tw->count;
+        }
+    }
+
+    // Issue this thread's copies of the next K tile: A row i to a_dst + i * row_step,
+    // B row i to b_dst + i * row_step (shared byte addresses).
+    __device__ __forceinline__ void copy(unsigned a_dst, unsigned b_dst, unsigned row_step) {
+        const bool kvalid = kjr < th->count;
+        int dy = 0, dx = 0, tap = 0;
+        if (kvalid) {
+            dy = th->offset(kjr);
+            dx = tw->offset(kjs);
+            tap = th->tap(kjr) * S + tw->tap(kjs);
+        }
+        const int a_delta = (dy * IW + dx) * Cp + kc, b_delta = tap * Cp + kc;
+#pragma unroll
+        for (int i = 0; i < A_IT; ++i) {
+            const bool ok = kvalid && (unsigned)(a_y[i] + dy) < (unsigned)IH &&
+                            (unsigned)(a_x[i] + dx) < (unsigned)IW;
+            cp_async16(a_dst + i * row_step, act + (ok ? a_off[i] + a_delta : 0), ok);
+        }
+#pragma unroll
+        for (int i = 0; i < B_IT; ++i) {
+            const bool ok = kvalid && b_ok[i];
+            cp_async16(b_dst + i * row_step, wpk + (ok ? b_off[i] + b_delta : 0), ok);
+        }
+        kc += BK;  // the next K tile
+        while (kc >= Cp) {
+            kc -= Cp;
+            if (++kjs == tw->count) {
+                kjs = 0;
+                ++kjr;
+            }
+        }
+    }
+};
+
+// The forward's epilogue from a tile staged channel-major in shared memory
+// (staged[c * LDO + m] for the tile's channel c and pixel m): each thread takes one
+// output pixel and walks the channels, so a warp writes 32 consecutive pixels of a
+// channel (one coalesced store) and the pixel's (n, y, x) is decoded once.  With splits
+// the float32 partials are written instead.
+template <typename T, int BM, int BN, int THREADS>
+__device__ __forceinline__ void fprop_store(const float* staged, int LDO, const FpropShape& p,
+                                            const FpropBlock& blk, int m0, int n0,
+                                            T* __restrict__ out, float* __restrict__ part,
+                                            const T* __restrict__ bias,
+                                            const T* __restrict__ residual, int act_code,
+                                            float scale) {
+    const long long plane = (long long)p.OH * p.OW;
+    const long long total = (long long)p.Nimg * p.Nout * plane;
+    constexpr int CH_LANES = THREADS >= BM ? THREADS / BM : 1;
+    const int nch = imin(BN, p.Nout - n0), UV = blk.U * blk.V, tid = threadIdx.x;
+    for (int mm = tid % BM; mm < BM; mm += THREADS) {
+        const int m = m0 + mm;
+        if (m >= blk.Mp) break;
+        const int n = m / UV, rem = m - n * UV, u = rem / blk.V, v = rem - u * blk.V;
+        const long long row = ((long long)n * p.Nout + n0) * plane +
+                              (long long)(blk.py + u * p.div_h) * p.OW + (blk.px + v * p.div_w);
+        for (int c = tid / BM; c < nch; c += CH_LANES) {
+            const long long idx = row + (long long)c * plane;
+            const float val = staged[c * LDO + mm];
+            if (p.splits > 1)
+                part[blk.split * total + idx] = val;
+            else
+                out[idx] = conv_epilogue<T>(val, bias, residual, idx, n0 + c, act_code, scale);
+        }
+    }
+}
+
+// This block's K tiles [kt0, kt0 + nk) of its split.
+__device__ __forceinline__ void split_range(int ktiles, int splits, int split, int& kt0, int& nk) {
+    const int kper = (ktiles + splits - 1) / splits;
+    kt0 = imin(ktiles, split * kper);
+    nk = imin(ktiles, kt0 + kper) - kt0;
+}
+
 template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
 __global__ void __launch_bounds__(WM * WN * 32, MINB)
 conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __restrict__ out,
                   float* __restrict__ part, const T* __restrict__ bias,
-                  const T* __restrict__ residual, int Nimg, int IH, int IW, int Cp, int Nout,
-                  int OH, int OW, int R, int S, int step_h, int step_w, int nb_h, int nb_w,
-                  int nd_h, int nd_w, int div_h, int div_w, int rstep, int sstep, int splits,
-                  int act_code, float scale) {
+                  const T* __restrict__ residual, FpropShape p, int act_code, float scale) {
     constexpr int THREADS = WM * WN * 32;
     constexpr int VEC = 16 / (int)sizeof(T);   // elements per 16-byte chunk
     constexpr int KMMA = 2 * VEC;              // K of one mma
     constexpr int CPR = BK / VEC;              // chunks per tile row
     constexpr int LDK = BK + VEC;              // row stride: +16 bytes, no ldmatrix conflicts
     constexpr int RPP = THREADS / CPR;         // tile rows one pass of the block copies
-    constexpr int A_IT = BM / RPP, B_IT = BN / RPP;
     constexpr int WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
     constexpr int STAGE = (BM + BN) * LDK;
     static_assert(THREADS % CPR == 0 && BM % RPP == 0 && BN % RPP == 0, "copy layout");
@@ -263,54 +416,15 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
     extern __shared__ uint4 smem_words[];  // 16-byte aligned
     T* smem = reinterpret_cast<T*>(smem_words);
 
-    const int split = blockIdx.z % splits, phase = blockIdx.z / splits;
-    const int py = phase / div_w, px = phase - py * div_w;
-    const int U = (OH - py + div_h - 1) / div_h, V = (OW - px + div_w - 1) / div_w;
-    if (U <= 0 || V <= 0) return;
-    const int UV = U * V, Mp = Nimg * UV;
+    const FpropBlock blk(p, BK);
+    if (blk.U <= 0 || blk.V <= 0) return;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    if (m0 >= Mp) return;
-
-    const TapAxis th(R, nb_h, nd_h, div_h, py, rstep), tw(S, nb_w, nd_w, div_w, px, sstep);
-    const int ktiles = (th.count * tw.count * Cp + BK - 1) / BK;
-    const int kper = (ktiles + splits - 1) / splits;
-    const int kt0 = imin(ktiles, split * kper);
-    const int nk = imin(ktiles, kt0 + kper) - kt0;
+    if (m0 >= blk.Mp) return;
+    int kt0, nk;
+    split_range(blk.ktiles, p.splits, blk.split, kt0, nk);
 
     const int tid = threadIdx.x, col = tid % CPR, row0 = tid / CPR;
-    // The rows this thread copies: for A the output pixel's input pixel at tap offset
-    // (0, 0) (its element offset, and its coordinates for the bounds check); for B the
-    // output channel's element offset.  Per K tile only one offset common to all rows
-    // changes, so a copy costs an add, a bounds check and the cp.async.
-    int a_off[A_IT], a_y[A_IT], a_x[A_IT], b_off[B_IT];
-    bool b_ok[B_IT];
-#pragma unroll
-    for (int i = 0; i < A_IT; ++i) {
-        const int m = m0 + row0 + i * RPP;
-        a_y[i] = -(1 << 30);  // outside every image: the copy is zero-filled
-        a_x[i] = 0;
-        a_off[i] = 0;
-        if (m < Mp) {
-            const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
-            a_y[i] = u * step_h;
-            a_x[i] = v * step_w;
-            a_off[i] = ((n * IH + a_y[i]) * IW + a_x[i]) * Cp;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < B_IT; ++i) {
-        const int j = n0 + row0 + i * RPP;
-        b_ok[i] = j < Nout;
-        b_off[i] = b_ok[i] ? j * R * S * Cp : 0;
-    }
-    // this thread's K position (its chunk column): channel kc of slot (kjr, kjs)
-    int kc = 0, kjr = 0, kjs = 0;
-    if (nk > 0) {
-        const int k = kt0 * BK + col * VEC, slot = k / Cp;
-        kc = k - slot * Cp;
-        kjr = slot / tw.count;
-        kjs = slot - kjr * tw.count;
-    }
+    FpropCopy<T, BM, BN, BK, RPP> copies(act, wpk, p, blk, m0, n0, row0, col, kt0, nk);
 
     // shared-memory byte addresses: stage s of this thread's copy destinations starts
     // at *_dst + s * STAGE_BYTES, row i of them i * ROW_STEP further
@@ -318,36 +432,9 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
     const unsigned smem_base = smem_addr(smem);
     const unsigned a_dst = smem_base + (row0 * LDK + col * VEC) * sizeof(T);
     const unsigned b_dst = a_dst + BM * LDK * sizeof(T);
-
     auto load_tile = [&](int stage) {
         const unsigned so = stage * STAGE_BYTES;
-        const bool kvalid = kjr < th.count;
-        int dy = 0, dx = 0, tap = 0;
-        if (kvalid) {
-            dy = th.offset(kjr);
-            dx = tw.offset(kjs);
-            tap = th.tap(kjr) * S + tw.tap(kjs);
-        }
-        const int a_delta = (dy * IW + dx) * Cp + kc, b_delta = tap * Cp + kc;
-#pragma unroll
-        for (int i = 0; i < A_IT; ++i) {
-            const bool p = kvalid && (unsigned)(a_y[i] + dy) < (unsigned)IH &&
-                           (unsigned)(a_x[i] + dx) < (unsigned)IW;
-            cp_async16(a_dst + so + i * ROW_STEP, act + (p ? a_off[i] + a_delta : 0), p);
-        }
-#pragma unroll
-        for (int i = 0; i < B_IT; ++i) {
-            const bool p = kvalid && b_ok[i];
-            cp_async16(b_dst + so + i * ROW_STEP, wpk + (p ? b_off[i] + b_delta : 0), p);
-        }
-        kc += BK;  // the next K tile
-        while (kc >= Cp) {
-            kc -= Cp;
-            if (++kjs == tw.count) {
-                kjs = 0;
-                ++kjr;
-            }
-        }
+        copies.copy(a_dst + so, b_dst + so, ROW_STEP);
     };
 
     const int lane = tid & 31, warp = tid >> 5, wm = warp % WM, wn = warp / WM;
@@ -379,10 +466,8 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
 
     multistage<STAGES, BK / KMMA>(nk, load_tile, load_frag, mma);
 
-    // Epilogue through shared memory: the accumulators are staged channel-major
-    // ([BN][BM + 4] floats, over the pipeline's buffers), then each thread takes one
-    // output pixel and walks the channels, so a warp writes 32 consecutive pixels of a
-    // channel (one coalesced store) and the pixel's (n, y, x) is decoded once.
+    // the accumulators staged channel-major ([BN][BM + 4] floats, over the pipeline's
+    // buffers) for fprop_store
     constexpr int LDO = BM + 4;  // 4 mod 32 words: the fragment stores hit 32 banks
     static_assert(BN * LDO * 4 <= STAGES * STAGE * (int)sizeof(T), "staging fits the pipeline");
     float* staged = reinterpret_cast<float*>(smem_words);
@@ -397,26 +482,94 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
                 staged[(wn * WTN + j * 8 + 2 * t4 + (e & 1)) * LDO + wm * WTM + i * 16 + g +
                        (e >> 1) * 8] = acc[i][j][e];
     __syncthreads();
+    fprop_store<T, BM, BN, THREADS>(staged, LDO, p, blk, m0, n0, out, part, bias, residual,
+                                    act_code, scale);
+}
 
-    const long long plane = (long long)OH * OW;
-    const long long total = (long long)Nimg * Nout * plane;
-    constexpr int CH_LANES = THREADS >= BM ? THREADS / BM : 1;
-    const int nch = imin(BN, Nout - n0);
-    for (int mm = tid % BM; mm < BM; mm += THREADS) {
-        const int m = m0 + mm;
-        if (m >= Mp) break;
-        const int n = m / UV, rem = m - n * UV, u = rem / V, v = rem - u * V;
-        const long long row = ((long long)n * Nout + n0) * plane +
-                              (long long)(py + u * div_h) * OW + (px + v * div_w);
-        for (int c = tid / BM; c < nch; c += CH_LANES) {
-            const long long idx = row + (long long)c * plane;
-            const float val = staged[c * LDO + mm];
-            if (splits > 1)
-                part[split * total + idx] = val;
-            else
-                out[idx] = conv_epilogue<T>(val, bias, residual, idx, n0 + c, act_code, scale);
-        }
+// conv_fprop_kernel on Hopper's warpgroup MMA (sm_90a): BM / 64 warpgroups, each a
+// 64 x BN tile, both operands read by wgmma straight from shared memory (128-byte-swizzled
+// K-major tiles of 128-byte rows: BK = 32 TF32 or 64 16-bit values), so no thread loads
+// fragments.  The pipeline keeps STAGES - 2 tile copies in flight ahead of the tile being
+// multiplied and one wgmma group in flight behind it: a stage is refilled two tiles after
+// it was multiplied, once the barrier has shown that every warpgroup finished with it.
+template <typename T, int PREC, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(BM * 2, 1)
+conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __restrict__ out,
+                        float* __restrict__ part, const T* __restrict__ bias,
+                        const T* __restrict__ residual, FpropShape p, int act_code, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int THREADS = BM * 2;         // BM / 64 warpgroups of 128 threads
+    constexpr int BK = 128 / (int)sizeof(T);  // one 128-byte swizzle row of K
+    constexpr int RPP = THREADS / 8;         // tile rows one pass of the block copies
+    constexpr unsigned STAGE_BYTES = (BM + BN) * 128, ROW_STEP = RPP * 128;
+    static_assert(BM % 64 == 0 && BN % 64 == 0 && BN <= 256 && STAGES >= 3, "tile");
+    static_assert(PREC != PREC_3XTF32, "3xTF32 runs on conv_fprop_kernel");
+
+    extern __shared__ uint4 smem_words[];
+    const FpropBlock blk(p, BK);
+    if (blk.U <= 0 || blk.V <= 0) return;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    if (m0 >= blk.Mp) return;
+    int kt0, nk;
+    split_range(blk.ktiles, p.splits, blk.split, kt0, nk);
+
+    const int tid = threadIdx.x, col = tid % 8, row0 = tid / 8;
+    FpropCopy<T, BM, BN, BK, RPP> copies(act, wpk, p, blk, m0, n0, row0, col, kt0, nk);
+    // stages start at a 1024-byte boundary (the swizzle pattern repeats every 8 rows)
+    const unsigned raw = smem_addr(smem_words), base = (raw + 1023) & ~1023u;
+    const unsigned swizzled = row0 * 128 + ((col ^ (row0 & 7)) << 4);  // RPP % 8 == 0
+    auto load_tile = [&](int stage) {
+        const unsigned so = base + stage * STAGE_BYTES + swizzled;
+        copies.copy(so, so + BM * 128, ROW_STEP);
+    };
+
+    const int wg = tid / 128;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+        if (s < nk) load_tile(s);
+        cp_async_commit();
     }
+    for (int kt = 0; kt < nk; ++kt) {
+        cp_async_wait<STAGES - 3>();  // tile kt has landed (this thread's copies) ...
+        fence_async_shared();         // ... where wgmma can see it ...
+        __syncthreads();              // ... for every thread; and tile kt - 2 is done
+        const unsigned stage = base + (kt % STAGES) * STAGE_BYTES;
+        const unsigned a_tile = stage + wg * 64 * 128, b_tile = stage + BM * 128;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+            Wgmma<T, BN>::run(acc, wgmma_desc(a_tile + 32 * ks), wgmma_desc(b_tile + 32 * ks));
+        wgmma_commit();
+        const int next = kt + STAGES - 2;  // into the stage of tile kt - 2
+        if (next < nk) load_tile(next % STAGES);
+        cp_async_commit();
+        wgmma_wait<1>();  // this warpgroup's tile kt - 1 is done
+    }
+    wgmma_wait<0>();
+    wgmma_hold(acc);
+    cp_async_wait<0>();
+
+    // the accumulators staged channel-major ([BN][BM + 4] floats) for fprop_store
+    constexpr int LDO = BM + 4;
+    static_assert(BN * LDO * 4 + 1024 <= STAGES * STAGE_BYTES, "staging fits the pipeline");
+    float* staged = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem_words) +
+                                             (base - raw));
+    const int lane = tid & 31, w = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
+    __syncthreads();  // every warpgroup is done reading the stages
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            staged[(8 * i + 2 * t4 + (e & 1)) * LDO + wg * 64 + 16 * w + g + 8 * (e >> 1)] =
+                acc[4 * i + e];
+    __syncthreads();
+    fprop_store<T, BM, BN, THREADS>(staged, LDO, p, blk, m0, n0, out, part, bias, residual,
+                                    act_code, scale);
+#endif
 }
 
 template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
