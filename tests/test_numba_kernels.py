@@ -237,7 +237,7 @@ def test_conv2d_and_grads(xs, ws, stride, padding, dilation, groups, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ["none", "relu", "gelu"])
 @pytest.mark.parametrize("xs, ws, groups", [((5, 1, 30, 30), (3, 1, 3, 3), 1),  # blocks of 4 images + 1
-                                            ((3, 2, 70, 70), (4, 1, 3, 3), 2),  # planes over a block
+                                            ((3, 1, 70, 70), (3, 1, 3, 3), 1),  # planes over a block
                                             ((4, 16, 6, 5), (8, 16, 3, 3), 1)])  # the BLAS path
 def test_conv2d_bias_act_written_with_the_output(xs, ws, groups, act, dtype):
     """The short-contraction path works on blocks of images (a partial last one, or one
@@ -267,6 +267,76 @@ def test_conv2d_geometries_match_reference(n, c, h, w, cout, kh, kw, stride, pad
     g = rand(out.shape, np.float64, 3)
     check("conv2d_grad_input", g, wt, x.shape, *geo, dtype=np.float64)
     check("conv2d_grad_weight", g, x, wt.shape, *geo, dtype=np.float64)
+
+
+# Thin convolutions (one output channel per group, or up to FEW_OUT_MAX for stride-1
+# kernels larger than 1x1) run direct loops in all three passes, checked against the
+# float64 reference.
+def assert_close_to_f64(fast, ref, dtype):
+    """fast (in ``dtype``) matches the float64 ``ref``: to rounding in float64, to a
+    few float32 roundings of the output's magnitude in float32."""
+    assert fast.dtype == dtype and fast.shape == ref.shape
+    atol = (1e-11 if dtype == np.float64 else 1e-5) * max(1.0, np.abs(ref).max())
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("pass_name", ["forward", "grad_input", "grad_weight"])
+def test_thin_convolutions_take_the_direct_loops(pass_name):
+    few = spatial.FEW_OUT_MAX
+    cases = [  # w shape, stride, groups, direct loops?
+        ((1, 32, 3, 3), (1, 1), 1, True), ((few, 32, 3, 3), (1, 1), 1, True),
+        ((2 * few, 16, 3, 3), (1, 1), 2, True), ((few + 1, 32, 3, 3), (1, 1), 1, False),
+        ((1, 32, 1, 1), (1, 1), 1, True), ((2, 32, 1, 1), (1, 1), 1, False),
+        ((1, 32, 3, 3), (2, 2), 1, True), ((2, 32, 3, 3), (2, 1), 1, False),
+        ((32, 1, 3, 3), (1, 1), 32, True),
+    ]
+    for ws, stride, groups, direct in cases:
+        chosen = spatial.conv_algorithm(pass_name, ws, stride, (1, 1), (1, 1), groups, 64,
+                                        (8, 8))
+        assert (chosen == spatial.FEW_OUT) == direct, (ws, stride, groups)
+
+
+@given(n=st.sampled_from([1, 2, 5]), groups=st.integers(1, 2), cin_g=st.integers(1, 3),
+       cout_g=st.integers(1, spatial.FEW_OUT_MAX), k=st.sampled_from([1, 3]),
+       hw=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+       stride=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       padding=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       dtype=st.sampled_from(DTYPES))
+def test_thin_convolutions_match_reference(n, groups, cin_g, cout_g, k, hw, stride, padding,
+                                           dilation, dtype):
+    """All three passes over stride, padding, dilation, groups and kernel size."""
+    if stride != (1, 1) or k == 1:
+        cout_g = 1  # the only thin case these geometries route to the direct loops
+    out_hw = [(hw[i] + 2 * padding[i] - dilation[i] * (k - 1) - 1) // stride[i] + 1
+              for i in range(2)]
+    if min(out_hw) < 1:
+        return
+    xs, ws = (n, cin_g * groups) + hw, (cout_g * groups, cin_g, k, k)
+    geo = (stride, padding, dilation, groups)
+    assert spatial.conv_algorithm("forward", ws, *geo, n, out_hw) == spatial.FEW_OUT
+    x, w, g = rand(xs, dtype, 1), rand(ws, dtype, 2), rand((n, ws[0], *out_hw), dtype, 3)
+    x64, w64, g64 = x.astype(np.float64), w.astype(np.float64), g.astype(np.float64)
+    assert_close_to_f64(NB.conv2d(x, w, *geo), NP.conv2d(x64, w64, *geo), dtype)
+    assert_close_to_f64(NB.conv2d_grad_input(g, w, xs, *geo),
+                        NP.conv2d_grad_input(g64, w64, xs, *geo), dtype)
+    assert_close_to_f64(NB.conv2d_grad_weight(g, x, ws, *geo),
+                        NP.conv2d_grad_weight(g64, x64, ws, *geo), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["relu", "silu", "tanh"])
+def test_thin_conv2d_bias_act_and_out(act, dtype):
+    """The forward's epilogue adds the bias and applies the activation as it writes;
+    out= receives the result.  The blocks of images end in a partial one."""
+    xs, ws, geo = (23, 8, 9, 9), (2, 4, 3, 3), ((1, 1), (1, 1), (1, 1), 2)
+    x, w, bias = rand(xs, dtype, 1), rand(ws, dtype, 2), rand((ws[0],), dtype, 3)
+    ref = NP.conv2d(x.astype(np.float64), w.astype(np.float64), *geo,
+                    bias.astype(np.float64), act)
+    assert_close_to_f64(NB.conv2d(x, w, *geo, bias, act), ref, dtype)
+    out = np.full(ref.shape, np.nan, dtype)
+    assert NB.conv2d(x, w, *geo, bias, act, out=out) is out
+    assert_close_to_f64(out, ref, dtype)
 
 
 # Winograd F(4x4, 3x3): called directly on small shapes (the backend takes it only for
@@ -496,7 +566,7 @@ def test_optimizer_updates_match_torch(name, dtype):
 
 def test_empty_cache_frees_the_convolution_scratch():
     nb = NumbaBackend()
-    x, w = rand((2, 3, 6, 6), np.float32, 1), rand((4, 3, 3, 3), np.float32, 2)
+    x, w = rand((2, 3, 6, 6), np.float32, 1), rand((6, 3, 3, 3), np.float32, 2)  # im2col
     geo = ((1, 1), (1, 1), (1, 1), 1)
     first = nb.conv2d(x, w, *geo).copy()
     assert nb.scratch._buffers

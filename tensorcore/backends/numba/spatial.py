@@ -3,8 +3,10 @@
 Convolution is parallel im2col / col2im plus one BLAS GEMM per group (NumPy's
 ``matmul`` on the column matrix); large 3x3 stride-1 convolutions run all three
 passes through Winograd F(4x4, 3x3) tile transforms and 36 batched GEMMs instead
-(``kernels/winograd.py``).  Shapes are validated by the reference's checks
-before any kernel runs; other dtypes defer to the NumPy reference.
+(``kernels/winograd.py``), and thin convolutions (few output channels per group)
+run direct loops without a column matrix (``kernels/conv_direct.py``).  Shapes are
+validated by the reference's checks before any kernel runs; other dtypes defer to
+the NumPy reference.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ Shape = tuple[int, ...]
 
 
 # ----- which algorithm a convolution pass runs -------------------------------------------
-WINOGRAD, DIRECT, IM2COL = "winograd", "direct", "im2col"
+WINOGRAD, DIRECT, FEW_OUT, IM2COL = "winograd", "direct", "few_out", "im2col"
 SMALL_K = 16  # contractions (C/groups * kh * kw) up to this length skip BLAS
+FEW_OUT_MAX = 4  # output channels per group up to which stride-1 kernels larger than
+#                  1x1 run direct loops (1x1 and strided ones: with one output channel)
 
 
 def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
@@ -36,6 +40,13 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     convolution with weight ``w_shape`` over ``n`` images, ``plane_hw`` being the output
     plane (the input plane for "grad_input", which Winograd computes as a convolution):
 
+    * FEW_OUT, direct loops without a column matrix or BLAS (``kernels/conv_direct.py``),
+      for all three passes of thin convolutions: one output channel per group, or up
+      to FEW_OUT_MAX for stride-1 kernels larger than 1x1.  There the GEMM is a
+      matrix-vector product, the column matrix (kh*kw times the input's size) costs far
+      more than the arithmetic, and with one output channel the input gradient's
+      product is an outer product that NumPy runs without BLAS.  The direct loops pad
+      whole input planes, so 1x1 and strided kernels gain less from them;
     * WINOGRAD, F(4x4, 3x3), for 3x3 stride-1 undilated ungrouped convolutions whose 36
       batched [Cout, C] @ [C, tiles] products run at BLAS speed: 64+ channels on both
       sides, planes of 64+ tiles, 1024+ tiles in all (and padding <= 2 for "grad_input");
@@ -43,6 +54,10 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     * IM2COL, parallel im2col / col2im and a BLAS GEMM per group, otherwise.
 
     The thresholds come from measurements recorded in docs/benchmarks.md."""
+    per_group = w_shape[0] // groups
+    if per_group == 1 or (per_group <= FEW_OUT_MAX and tuple(stride) == (1, 1)
+                          and w_shape[2] * w_shape[3] > 1):
+        return FEW_OUT
     tiles = math.prod(_tile_grid(plane_hw))
     winograd = (tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1)
                 and tuple(dilation) == (1, 1) and groups == 1
@@ -189,8 +204,9 @@ class NumbaSpatialKernels:
 
     def _conv2d_plain(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
                       groups: int, out_hw: Pair, bias: Array | None, act: str) -> Array:
-        """act(conv2d(x, w) + bias); the direct and im2col paths apply the bias and the
-        activation as they write the output in NCHW order, sparing a pass over it."""
+        """act(conv2d(x, w) + bias); the direct, few-output and im2col paths apply the
+        bias and the activation as they write the output in NCHW order, sparing a pass
+        over it."""
         from .kernels import conv as K
         from .kernels.activations import ACT_CODES
 
@@ -202,6 +218,13 @@ class NumbaSpatialKernels:
             return y if bias is None and act == "none" else self.bias_act(y, bias, act, 1)
         n, cout, kh, kw = x.shape[0], w.shape[0], w.shape[2], w.shape[3]
         shift = np.zeros(cout, x.dtype) if bias is None else np.ascontiguousarray(bias)
+        if algorithm == FEW_OUT:
+            from .kernels import conv_direct as D
+
+            y = np.empty((n, cout, ho, wo), dtype=x.dtype)
+            D.forward_(y, np.ascontiguousarray(x), np.ascontiguousarray(w), shift,
+                       ACT_CODES[act], *stride, *padding, *dilation)
+            return y
         cols = self._columns(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
         w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
         if algorithm == DIRECT:
@@ -222,8 +245,16 @@ class NumbaSpatialKernels:
                                           padding, dilation, groups)
         n, c, h, wd = x_shape
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-        if conv_algorithm("grad_input", w.shape, stride, padding, dilation, groups, n,
-                          (h, wd)) == WINOGRAD:
+        algorithm = conv_algorithm("grad_input", w.shape, stride, padding, dilation, groups, n,
+                                   (h, wd))
+        if algorithm == FEW_OUT:
+            from .kernels import conv_direct as D
+
+            dx = np.empty((n, c, h, wd), dtype=w.dtype)
+            D.grad_input_(dx, np.ascontiguousarray(grad), np.ascontiguousarray(w), *stride,
+                          *padding, *dilation)
+            return dx
+        if algorithm == WINOGRAD:
             # a stride-1 convolution's input gradient is the "full" convolution of the
             # output gradient with the flipped, transposed kernel
             w_flip = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
@@ -250,6 +281,11 @@ class NumbaSpatialKernels:
                                    x.shape[0], (ho, wo))
         if algorithm == WINOGRAD:
             return _winograd_weight_grad(self.scratch, grad, x, padding)
+        if algorithm == FEW_OUT:
+            from .kernels import conv_direct as D
+
+            return D.grad_weight(np.ascontiguousarray(grad), np.ascontiguousarray(x), groups,
+                                 w_shape[2], w_shape[3], *stride, *padding, *dilation)
         cols = self._columns(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding, dilation,
                              groups)
         if algorithm == DIRECT:
