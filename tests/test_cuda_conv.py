@@ -184,10 +184,35 @@ def test_every_forward_tile(mode, plan):
         check_passes(PLAN_GEOMETRY, mode, passes=("forward", "input_grad"))
 
 
+# the wgmma weight gradient's geometry (stride 1, rows of whole 16-byte chunks): tap
+# boundaries inside column tiles (9 x 72 columns), two row tiles of output channels
+WGMMA_WGRAD_GEOMETRY = ((2, 72, 16, 16), (136, 72, 3, 3), (1, 1), (1, 1), (1, 1))
+
+
 @pytest.mark.parametrize("mode, plan", every_plan(conv_plan.WGRAD))
 def test_every_weight_grad_tile(mode, plan):
+    runs_here(plan.tile)
+    geometry = WGMMA_WGRAD_GEOMETRY if plan.tile.wgmma else PLAN_GEOMETRY
     with conv_plan.forced(conv_plan.WGRAD, plan):
-        check_passes(PLAN_GEOMETRY, mode, channels_last=True, passes=("weight_grad",))
+        check_passes(geometry, mode, channels_last=True, passes=("weight_grad",))
+        assert conv_plan.last[conv_plan.WGRAD] == plan
+
+
+@pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("geometry", [
+    ((1, 5, 8, 8), (3, 5, 3, 3), (1, 1), (1, 1), (1, 1)),        # tiny channel counts
+    ((3, 19, 9, 15), (70, 19, 2, 4), (1, 1), (0, 2), (1, 1)),    # non-square kernel, padding
+    ((2, 40, 12, 8), (24, 40, 1, 1), (1, 1), (2, 0), (1, 1)),    # 1x1 with padding
+    ((1, 130, 14, 8), (260, 130, 3, 3), (1, 1), (2, 1), (1, 1)),  # several row and column tiles
+])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_weight_grad_on_warpgroup_mma(mode, geometry, channels_last):
+    """The wgmma weight gradient (stride 1, dilation 1, output rows of whole 16-byte chunks
+    and planes of whole 128-byte K tiles) against float64, input read through strides."""
+    if not loader.has_wgmma():
+        pytest.skip("wgmma needs compute capability 9.0")
+    check_passes(geometry, mode, channels_last, passes=("weight_grad",))
+    assert conv_plan.last[conv_plan.WGRAD].tile.wgmma
 
 
 @pytest.mark.parametrize("mode", MODES)

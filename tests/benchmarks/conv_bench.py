@@ -226,11 +226,13 @@ def tile_sweep() -> None:
                 cells = []
                 for tile in dict.fromkeys(t for wgmma in (False, True)
                                           for t in conv_plan.tiles(kernel, prec, wgmma)):
-                    for splits in (1, 2, 4, 8):
+                    for splits in (1, 2, 4, 8, 16, 32):
                         with conv_plan.forced(kernel, conv_plan.Plan(tile, splits)):
-                            cells.append(f"{tile.bm}x{tile.bn}x{tile.bk}/{tile.warps_m * tile.warps_n}w"
-                                         f"{'g' if tile.wgmma else ''}/{splits}: "
-                                         f"{graph_ms(call, 15):.4f}")
+                            ms = graph_ms(call, 15)
+                        if conv_plan.last[kernel] != conv_plan.Plan(tile, splits):
+                            continue  # a tile the call's path does not run
+                        cells.append(f"{tile.bm}x{tile.bn}x{tile.bk}/{tile.warps_m * tile.warps_n}w"
+                                     f"{'g' if tile.wgmma else ''}/{splits}: {ms:.4f}")
                 print(f"{dtype} B={batch} {conv.label()} {kernel}: " + "  ".join(cells), flush=True)
 
 

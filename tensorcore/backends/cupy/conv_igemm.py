@@ -50,8 +50,9 @@ _INT32 = 2**31 - 1
 _GRID_Z = 65535
 _ALIGN = 256  # bytes between scratch arrays
 PACK_ROWS = 64  # rows of a pack tile (PACK_ROWS in cuda/conv_igemm.cu)
-# cuda/conv_igemm.cu's FpropShape, passed by value: twenty int32 extents
+# cuda/conv_igemm.cu's FpropShape and WgradShape, passed by value: int32 extents
 _FPROP_SHAPE = numpy.dtype([("extents", numpy.int32, (20,))])
+_WGRAD_SHAPE = numpy.dtype([("extents", numpy.int32, (9,))])
 
 Pair = tuple[int, int]
 
@@ -319,6 +320,8 @@ def weight_grad(grad: Any, x: Any, w_shape: tuple, stride: Pair, padding: Pair,
     if not _covered("weight_grad", reason):
         return None
     prec = _precision(x.dtype)
+    if _wgmma_weight_grad(grad, x, w_shape, stride, dilation, prec):
+        return _weight_grad_wgmma(grad, x, w_shape, padding, prec)
     rounded = prec == PREC_TF32
     dw = cupy.empty(tuple(w_shape), dtype=x.dtype)
     plan = conv_plan.choose(WGRAD, prec, itemsize, cout, r * s * cp, n * ho * wo, 1, dw.size,
@@ -333,6 +336,53 @@ def weight_grad(grad: Any, x: Any, w_shape: tuple, stride: Pair, padding: Pair,
             (gh, xh, dw, part if splits > 1 else NULL,
              *_int32(n, ho, wo, h, wd, cout, cop, c, cp, r, s, *stride, *padding, *dilation,
                      splits)))
+    if splits > 1:
+        _reduce(part, dw, splits, 1, 1)
+    return dw
+
+
+def _wgmma_weight_grad(grad: Any, x: Any, w_shape: tuple, stride: Pair, dilation: Pair,
+                       prec: int) -> bool:
+    """Whether the weight gradient runs conv_wgrad_wgmma_kernel: on sm_90, TF32 or 16-bit,
+    stride 1 and dilation 1, output rows a whole number of 16-byte chunks and output
+    planes of whole K tiles (128 bytes), the shifted input below 2**31 elements."""
+    if prec == PREC_3XTF32 or stride != (1, 1) or dilation != (1, 1) or not loader.has_wgmma():
+        return False
+    itemsize, (n, _, ho, wo) = grad.dtype.itemsize, grad.shape
+    shifted = w_shape[3] * n * x.shape[1] * (ho + w_shape[2] - 1) * wo
+    return wo % (16 // itemsize) == 0 and (ho * wo) % (128 // itemsize) == 0 and shifted <= _INT32
+
+
+def _shift_pack(x: Any, xs: Any, padding: Pair, round_tf32: bool) -> None:
+    """xs [S][N][C][Hp][Q] = x shifted by each kernel column, padded (shift_pack_kernel,
+    one 16-byte chunk of xs per thread and step)."""
+    loader.launch(SOURCE, "shift_pack_kernel", x.dtype, xs.nbytes // 16,
+                  (x, xs, *_int32(*x.shape), *_strides(x),
+                   *_int32(xs.shape[0], *xs.shape[3:], *padding, int(round_tf32))))
+
+
+def _weight_grad_wgmma(grad: Any, x: Any, w_shape: tuple, padding: Pair, prec: int) -> Any:
+    """d conv2d / d w on warpgroup MMA (stride 1, dilation 1): both GEMM operands
+    pixel-contiguous, the input shifted once per kernel column."""
+    n, cout, ho, wo = grad.shape
+    c, r, s = x.shape[1], w_shape[2], w_shape[3]
+    hp, rounded = ho + r - 1, prec == PREC_TF32
+    dw = cupy.empty(tuple(w_shape), dtype=x.dtype)
+    plan = conv_plan.choose(WGRAD, prec, x.dtype.itemsize, cout, r * s * c, n * ho * wo, 1,
+                            dw.size, loader.sm_count(), True)
+    dense = not rounded and grad.flags.c_contiguous and grad.data.ptr % 16 == 0
+    gd, xs, part = _scratch_arrays(((0,) if dense else (1, n, cout, ho, wo), x.dtype),
+                                   ((s, n, c, hp, wo), x.dtype), _partials(plan, dw.size))
+    if dense:
+        gd = grad
+    else:  # a dense copy, rounded to TF32 when the precision asks
+        _shift_pack(grad, gd, (0, 0), rounded)
+    _shift_pack(x, xs, padding, rounded)
+    tile, splits = plan.tile, plan.splits
+    shape = numpy.array((n, cout, c, ho * wo, wo, hp, r, s, splits),
+                        numpy.int32).view(_WGRAD_SHAPE)
+    _launch(WGRAD, plan, x.dtype, prec, (-(-cout // tile.bm), -(-(r * s * c) // tile.bn), splits),
+            (gd, xs, dw, part if splits > 1 else NULL, shape))
     if splits > 1:
         _reduce(part, dw, splits, 1, 1)
     return dw

@@ -23,7 +23,8 @@ from typing import Iterator
 
 SOURCE = "conv_igemm.cu"
 FPROP, WGRAD = "conv_fprop_kernel", "conv_wgrad_kernel"
-FPROP_WGMMA = "conv_fprop_wgmma_kernel"  # FPROP's tiles on Hopper's warpgroup MMA
+# the kernels of FPROP's and WGRAD's tiles on Hopper's warpgroup MMA
+WGMMA_KERNELS = {FPROP: "conv_fprop_wgmma_kernel", WGRAD: "conv_wgrad_wgmma_kernel"}
 
 # precisions: the kernels' PREC template argument
 PREC_16, PREC_TF32, PREC_3XTF32 = 0, 1, 2
@@ -47,7 +48,7 @@ class Tile:
     stages: int
     min_blocks: int
     efficiency: float
-    wgmma: bool = False  # run by conv_fprop_wgmma_kernel: warps_m = BM / 16, warps_n = 1
+    wgmma: bool = False  # run by a WGMMA_KERNELS kernel: warps_m = BM / 16, warps_n = 1
 
     @property
     def threads(self) -> int:
@@ -70,7 +71,7 @@ class Tile:
 
     def expression(self, kernel: str, ctype: str, prec: int) -> str:
         if self.wgmma:
-            return f"{FPROP_WGMMA}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.stages}>"
+            return f"{WGMMA_KERNELS[kernel]}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.stages}>"
         return (f"{kernel}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.bk}, {self.warps_m}, "
                 f"{self.warps_n}, {self.stages}, {self.min_blocks}>")
 
@@ -93,10 +94,17 @@ _FPROP_TILES = {
 # bytes, and the mma.sync kernel's narrowest tile for a few output channels (a UNet's
 # last convolution), where it is faster
 _WGMMA_FPROP_TILES = {
-    prec: (Tile(128, 256, bk, 8, 1, 4, 1, 1.0, True), Tile(128, 128, bk, 8, 1, 3, 2, 0.9, True),
-           Tile(64, 128, bk, 4, 1, 4, 2, 0.7, True), dataclasses.replace(narrow, efficiency=0.25))
+    prec: (Tile(128, 256, bk, 8, 1, 4, 1, 1.0, True), Tile(256, 128, bk, 16, 1, 4, 1, 1.0, True),
+           Tile(128, 128, bk, 8, 1, 3, 2, 0.9, True), Tile(64, 128, bk, 4, 1, 4, 2, 0.7, True),
+           dataclasses.replace(narrow, efficiency=0.25))
     for prec, bk, narrow in ((PREC_TF32, 32, _FPROP_TILES[PREC_TF32][-1]),
                              (PREC_16, 64, _FPROP_TILES[PREC_16][-1]))
+}
+# the weight gradient on sm_90 (stride 1, dilation 1; the others take _WGRAD_TILES)
+_WGMMA_WGRAD_TILES = {
+    prec: (Tile(128, 256, bk, 8, 1, 4, 1, 1.0, True), Tile(256, 128, bk, 16, 1, 4, 1, 1.0, True),
+           Tile(128, 128, bk, 8, 1, 3, 2, 0.9, True), Tile(64, 128, bk, 4, 1, 4, 2, 0.7, True))
+    for prec, bk in ((PREC_TF32, 32), (PREC_16, 64))
 }
 # weight gradient: rows are output channels, columns (tap, input channel), K the pixels
 _WGRAD_TILES = {
@@ -108,9 +116,11 @@ _WGRAD_TILES = {
 
 def tiles(kernel: str, prec: int, wgmma: bool = False) -> tuple[Tile, ...]:
     """The tiles of a kernel and precision; ``wgmma``: on a GPU with warpgroup MMA
-    (sm_90), where the forward's TF32 and 16-bit tiles run on it."""
-    if wgmma and kernel == FPROP and prec in _WGMMA_FPROP_TILES:
-        return _WGMMA_FPROP_TILES[prec]
+    (sm_90), where the TF32 and 16-bit tiles run on it (the weight gradient's for
+    stride 1 and dilation 1)."""
+    wgmma_tiles = _WGMMA_FPROP_TILES if kernel == FPROP else _WGMMA_WGRAD_TILES
+    if wgmma and prec in wgmma_tiles:
+        return wgmma_tiles[prec]
     return (_FPROP_TILES if kernel == FPROP else _WGRAD_TILES)[prec]
 
 
@@ -158,9 +168,11 @@ def choose(kernel: str, prec: int, itemsize: int, m: int, n: int, k: int, phases
            out_elems: int, sms: int, wgmma: bool = False) -> Plan:
     """The tile and K split for a GEMM of m x n outputs (per phase) over k, repeated
     over ``phases`` (the strided input gradient's output phases), on a GPU with
-    (``wgmma``) or without warpgroup MMA."""
-    plan = _forced.get(kernel) or _cheapest(kernel, prec, itemsize, m, n, k, phases, out_elems,
-                                            sms, wgmma)
+    (``wgmma``) or without warpgroup MMA.  A forced plan applies where its kernel runs
+    the call: any forward tile; a weight-gradient tile of the kind asked for."""
+    plan = _forced.get(kernel)
+    if plan is None or (kernel == WGRAD and plan.tile.wgmma != wgmma):
+        plan = _cheapest(kernel, prec, itemsize, m, n, k, phases, out_elems, sms, wgmma)
     last[kernel] = plan
     return plan
 

@@ -43,6 +43,11 @@
 //                               pixels; both tiles are stored K-major ([k][row], ldmatrix
 //                               .trans or scalar TF32 fragment loads).  Grid (M tiles,
 //                               N tiles, splits).
+//   conv_wgrad_wgmma_kernel     the weight gradient on warpgroup MMA (sm_90a), stride 1 and
+//                               dilation 1: the same GEMM with both operands pixel-
+//                               contiguous (K-major), A the output gradient [Cout][pixels]
+//                               and B the input shifted per kernel column by
+//                               shift_pack_kernel, so each tap's rows are contiguous runs.
 //   conv_splitk_reduce_kernel   out[i] = epilogue(sum over splits of part[s][i]): split-K
 //                               partials in float32, four outputs per thread, 1-D
 //                               grid-stride.  Memory bound.
@@ -486,48 +491,28 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
                                     act_code, scale);
 }
 
-// conv_fprop_kernel on Hopper's warpgroup MMA (sm_90a): BM / 64 warpgroups, each a
-// 64 x BN tile, both operands read by wgmma straight from shared memory (128-byte-swizzled
-// K-major tiles of 128-byte rows: BK = 32 TF32 or 64 16-bit values), so no thread loads
-// fragments.  The pipeline keeps STAGES - 2 tile copies in flight ahead of the tile being
-// multiplied and one wgmma group in flight behind it: a stage is refilled two tiles after
-// it was multiplied, once the barrier has shown that every warpgroup finished with it.
-template <typename T, int PREC, int BM, int BN, int STAGES>
-__global__ void __launch_bounds__(BM * 2, 1)
-conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __restrict__ out,
-                        float* __restrict__ part, const T* __restrict__ bias,
-                        const T* __restrict__ residual, FpropShape p, int act_code, float scale) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int THREADS = BM * 2;         // BM / 64 warpgroups of 128 threads
-    constexpr int BK = 128 / (int)sizeof(T);  // one 128-byte swizzle row of K
-    constexpr int RPP = THREADS / 8;         // tile rows one pass of the block copies
+// The main loop of the wgmma kernels (sm_90a): BM / 64 warpgroups, each accumulating a
+// 64 x BN tile of D += A B^T over nk K tiles of 128 bytes, both operands read by wgmma
+// straight from shared memory (128-byte-swizzled K-major tiles; stages from `base`, a
+// 1024-byte boundary), so no thread loads fragments.  `copies.copy(a_dst, b_dst,
+// row_step)` issues this thread's cp.async of the next K tile: chunk tid % 8 of rows
+// tid / 8 + i * (THREADS / 8).  STAGES - 2 tile copies are in flight ahead of the tile
+// being multiplied and one wgmma group behind it: a stage is refilled two tiles after it
+// was multiplied, once the barrier has shown that every warpgroup finished with it.
+template <typename T, int BM, int BN, int STAGES, typename Copies>
+__device__ __forceinline__ void wgmma_mainloop(Copies& copies, int nk, unsigned base,
+                                               float (&acc)[BN / 2]) {
+    constexpr int THREADS = BM * 2, RPP = THREADS / 8;
     constexpr unsigned STAGE_BYTES = (BM + BN) * 128, ROW_STEP = RPP * 128;
     static_assert(BM % 64 == 0 && BN % 64 == 0 && BN <= 256 && STAGES >= 3, "tile");
-    static_assert(PREC != PREC_3XTF32, "3xTF32 runs on conv_fprop_kernel");
-
-    extern __shared__ uint4 smem_words[];
-    const FpropBlock blk(p, BK);
-    if (blk.U <= 0 || blk.V <= 0) return;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    if (m0 >= blk.Mp) return;
-    int kt0, nk;
-    split_range(blk.ktiles, p.splits, blk.split, kt0, nk);
-
-    const int tid = threadIdx.x, col = tid % 8, row0 = tid / 8;
-    FpropCopy<T, BM, BN, BK, RPP> copies(act, wpk, p, blk, m0, n0, row0, col, kt0, nk);
-    // stages start at a 1024-byte boundary (the swizzle pattern repeats every 8 rows)
-    const unsigned raw = smem_addr(smem_words), base = (raw + 1023) & ~1023u;
+    const int tid = threadIdx.x, col = tid % 8, row0 = tid / 8, wg = tid / 128;
     const unsigned swizzled = row0 * 128 + ((col ^ (row0 & 7)) << 4);  // RPP % 8 == 0
     auto load_tile = [&](int stage) {
         const unsigned so = base + stage * STAGE_BYTES + swizzled;
         copies.copy(so, so + BM * 128, ROW_STEP);
     };
-
-    const int wg = tid / 128;
-    float acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-
 #pragma unroll
     for (int s = 0; s < STAGES - 2; ++s) {
         if (s < nk) load_tile(s);
@@ -552,13 +537,46 @@ conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T*
     wgmma_wait<0>();
     wgmma_hold(acc);
     cp_async_wait<0>();
+}
+
+// The first 1024-byte boundary of the dynamic shared memory (the host adds 1024 bytes).
+__device__ __forceinline__ unsigned aligned_smem_base(const void* smem) {
+    return (smem_addr(smem) + 1023) & ~1023u;
+}
+
+// conv_fprop_kernel on Hopper's warpgroup MMA: wgmma_mainloop over the same copies, then
+// the same epilogue.
+template <typename T, int PREC, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(BM * 2, 1)
+conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __restrict__ out,
+                        float* __restrict__ part, const T* __restrict__ bias,
+                        const T* __restrict__ residual, FpropShape p, int act_code, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int THREADS = BM * 2;           // BM / 64 warpgroups of 128 threads
+    constexpr int BK = 128 / (int)sizeof(T);  // one 128-byte swizzle row of K
+    static_assert(PREC != PREC_3XTF32, "3xTF32 runs on conv_fprop_kernel");
+
+    extern __shared__ uint4 smem_words[];
+    const FpropBlock blk(p, BK);
+    if (blk.U <= 0 || blk.V <= 0) return;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    if (m0 >= blk.Mp) return;
+    int kt0, nk;
+    split_range(blk.ktiles, p.splits, blk.split, kt0, nk);
+
+    const int tid = threadIdx.x;
+    FpropCopy<T, BM, BN, BK, THREADS / 8> copies(act, wpk, p, blk, m0, n0, tid / 8, tid % 8,
+                                                 kt0, nk);
+    const unsigned base = aligned_smem_base(smem_words);
+    float acc[BN / 2];
+    wgmma_mainloop<T, BM, BN, STAGES>(copies, nk, base, acc);
 
     // the accumulators staged channel-major ([BN][BM + 4] floats) for fprop_store
     constexpr int LDO = BM + 4;
-    static_assert(BN * LDO * 4 + 1024 <= STAGES * STAGE_BYTES, "staging fits the pipeline");
+    static_assert(BN * LDO * 4 <= STAGES * (BM + BN) * 128, "staging fits the pipeline");
     float* staged = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem_words) +
-                                             (base - raw));
-    const int lane = tid & 31, w = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
+                                             (base - smem_addr(smem_words)));
+    const int lane = tid & 31, wg = tid / 128, w = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
     __syncthreads();  // every warpgroup is done reading the stages
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i)
@@ -570,6 +588,143 @@ conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T*
     fprop_store<T, BM, BN, THREADS>(staged, LDO, p, blk, m0, n0, out, part, bias, residual,
                                     act_code, scale);
 #endif
+}
+
+// The weight gradient's problem for conv_wgrad_wgmma_kernel (stride 1, dilation 1):
+// grad [Nimg][Cout][PQ] (P x Q output pixels), xs [S][Nimg][C][Hp * Q] = the input shifted
+// by each kernel column s and padded by whole rows (shift_pack_kernel), so that tap
+// (r, s) of output pixel t reads xs[s][n][c][t + r * Q]; dw [Cout][C][R][S].
+struct WgradShape {
+    int Nimg, Cout, C, PQ, Q, Hp, R, S, splits;
+};
+
+// The cp.async copies of one thread into the weight gradient's A tile (BM output
+// channels x BK pixels of grad) and B tile (BN columns (c, tap) x BK pixels of xs), both
+// pixel-contiguous (K-major): rows row0 + i * RPP, 16-byte chunk `col` of the K tile.  A
+// K tile never spans two images (PQ % BK == 0), so a copy adds the image's offset and the
+// tile's pixel to a per-row base.
+template <typename T, int BM, int BN, int BK, int RPP>
+struct WgradCopy {
+    static constexpr int VEC = 16 / (int)sizeof(T);
+    static constexpr int A_IT = BM / RPP, B_IT = BN / RPP;
+    const T* grad;
+    const T* xs;
+    int a_off[A_IT], b_off[B_IT];  // the row's element offset in image 0, -1: outside
+    int a_image, b_image;          // elements between two images' rows
+    int n, pixel, PQ;              // the next K tile: image n, pixels [pixel, pixel + BK)
+
+    __device__ __forceinline__ WgradCopy(const T* grad_, const T* xs_, const WgradShape& p,
+                                         int m0, int n0, int row0, int col, int kt0)
+        : grad(grad_), xs(xs_), a_image(p.Cout * p.PQ), b_image(p.C * p.Hp * p.Q), PQ(p.PQ) {
+        const int plane = p.Hp * p.Q;
+#pragma unroll
+        for (int i = 0; i < A_IT; ++i) {
+            const int co = m0 + row0 + i * RPP;
+            a_off[i] = co < p.Cout ? co * p.PQ + col * VEC : -1;
+        }
+#pragma unroll
+        for (int i = 0; i < B_IT; ++i) {
+            const int j = n0 + row0 + i * RPP, c = j / (p.R * p.S), tap = j - c * (p.R * p.S);
+            const int r = tap / p.S, s = tap - r * p.S;
+            b_off[i] = c < p.C ? ((s * p.Nimg) * p.C + c) * plane + r * p.Q + col * VEC : -1;
+        }
+        const int k = kt0 * BK;
+        n = k / PQ;
+        pixel = k - n * PQ;
+    }
+
+    __device__ __forceinline__ void copy(unsigned a_dst, unsigned b_dst, unsigned row_step) {
+        const int a_at = n * a_image + pixel, b_at = n * b_image + pixel;
+#pragma unroll
+        for (int i = 0; i < A_IT; ++i)
+            cp_async16(a_dst + i * row_step, grad + (a_off[i] >= 0 ? a_off[i] + a_at : 0),
+                       a_off[i] >= 0);
+#pragma unroll
+        for (int i = 0; i < B_IT; ++i)
+            cp_async16(b_dst + i * row_step, xs + (b_off[i] >= 0 ? b_off[i] + b_at : 0),
+                       b_off[i] >= 0);
+        pixel += BK;
+        if (pixel == PQ) {
+            pixel = 0;
+            ++n;
+        }
+    }
+};
+
+// dw[j][c][r][s] = sum over images and output pixels t of grad[n][j][t] *
+// xs[s][n][c][t + r * Q] (stride 1, dilation 1) on Hopper's warpgroup MMA: GEMM rows are
+// output channels (BM per block), columns (channel, tap) (BN) -- dw's own order, so the
+// accumulators are stored in pairs of neighbours -- and K the pixels; grid (M tiles,
+// N tiles, splits), split-K partials as in conv_wgrad_kernel.
+template <typename T, int PREC, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(BM * 2, 1)
+conv_wgrad_wgmma_kernel(const T* __restrict__ grad, const T* __restrict__ xs, T* __restrict__ dw,
+                        float* __restrict__ part, WgradShape p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int THREADS = BM * 2;
+    constexpr int BK = 128 / (int)sizeof(T);
+    static_assert(PREC != PREC_3XTF32, "3xTF32 runs on conv_wgrad_kernel");
+
+    extern __shared__ uint4 smem_words[];
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, split = blockIdx.z;
+    int kt0, nk;
+    split_range(p.Nimg * (p.PQ / BK), p.splits, split, kt0, nk);
+    const int tid = threadIdx.x;
+    WgradCopy<T, BM, BN, BK, THREADS / 8> copies(grad, xs, p, m0, n0, tid / 8, tid % 8, kt0);
+    float acc[BN / 2];
+    wgmma_mainloop<T, BM, BN, STAGES>(copies, nk, aligned_smem_base(smem_words), acc);
+
+    // columns j = c * R * S + tap: dw's own layout, row co at co * Ncols
+    const int Ncols = p.C * p.R * p.S, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int row = m0 + (tid / 128) * 64 + 16 * ((tid >> 5) & 3) + g;
+    const long long total = (long long)p.Cout * Ncols;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int co = row + 8 * h, j = n0 + 8 * i + 2 * t4;
+            if (co >= p.Cout) continue;
+            const long long idx = (long long)co * Ncols + j;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (j + e >= Ncols) continue;
+                if (p.splits > 1)
+                    part[split * total + idx + e] = acc[4 * i + 2 * h + e];
+                else
+                    dw[idx + e] = store_as<T>(acc[4 * i + 2 * h + e]);
+            }
+        }
+#endif
+}
+
+// xs[s][n][c][y][q] = x[n, c, y - ph, q - pw + s] (zero outside x), rounded to TF32 when
+// asked, for s < S, y < Hp, q < Q: the weight gradient's shifted copies of its input
+// (with S = 1 and no padding, a dense copy of the output gradient).  x is read through
+// element strides.  Each thread writes 16-byte chunks of a row (Q is a whole number of
+// chunks), grid-stride; the chunk's row (s, n, c, y) is decoded with 32-bit divisions
+// (host: xs below 2**31 elements).  Memory bound.
+template <typename T>
+__global__ void shift_pack_kernel(const T* __restrict__ x, T* __restrict__ xs, int Nimg, int C,
+                                  int H, int W, long long sn, long long sc, long long sh,
+                                  long long sw, int S, int Hp, int Q, int ph, int pw,
+                                  int round_tf32) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    const int per_row = Q / VEC, chunks = S * Nimg * C * Hp * per_row;
+    const T zero = store_as<T>((acc_t<T>)0);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += gridDim.x * blockDim.x) {
+        const int row = i / per_row, q0 = (i - row * per_row) * VEC;
+        const int y = row % Hp, nc = (row / Hp) % (Nimg * C), s = row / (Hp * Nimg * C);
+        const int n = nc / C, c = nc - n * C, iy = y - ph;
+        const T* src = x + n * sn + c * sc + iy * sh;
+        Pack<T> out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const int ix = q0 + e - pw + s;
+            out.v[e] = iy >= 0 && iy < H && ix >= 0 && ix < W
+                           ? tf32_if(src[ix * sw], round_tf32 != 0) : zero;
+        }
+        *reinterpret_cast<Pack<T>*>(xs + (long long)row * Q + q0) = out;
+    }
 }
 
 template <typename T, int PREC, int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
