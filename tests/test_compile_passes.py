@@ -216,6 +216,20 @@ def test_fused_arithmetic_is_bit_identical_on_numba():
         np.testing.assert_array_equal(got.numpy(), f(x).numpy())
 
 
+@pytest.mark.parametrize("steps", [
+    [("b", "add", 1), ("u", "abs"), ("u", "gelu")],    # x >= 0 known: GELU's branch folds
+    [("u", "relu"), ("u", "silu")],
+    [("b", "mul", 0), ("u", "sigmoid")],
+    [("u", "sqrt_abs"), ("u", "gelu")],
+])
+def test_activations_after_sign_fixing_ops_are_bit_identical_on_numba(steps):
+    """Inside a fused kernel an activation's argument is a register whose sign the compiler
+    may know; the kernel must still round as the eager calls do."""
+    with tc.use_backend("numba"):
+        for seed in range(4):
+            check_program(([(64, 64), (64, 64)], steps, seed), "numba", "all")
+
+
 def test_large_outputs_run_the_parallel_numba_kernel():
     with tc.use_backend("numba"):
         b, c = tc.randn(256), tc.randn(300, 1)
