@@ -206,8 +206,9 @@ def test_trained_samples_are_closer_to_the_data_than_noise() -> None:
 
 @pytest.mark.slow
 def test_longer_training_gives_samples_near_the_data() -> None:
-    sample_distance, noise_distance = samples_against_noise(steps=1500, batch_size=64, lr=3e-3)
-    assert sample_distance < 0.5 * noise_distance, (sample_distance, noise_distance)
+    # 800 steps: 0.31 of the noise's distance here (1500 steps: 0.30)
+    sample_distance, noise_distance = samples_against_noise(steps=800, batch_size=64, lr=3e-3)
+    assert sample_distance < 0.4 * noise_distance, (sample_distance, noise_distance)
 
 
 # ----- EMA and the learning-rate schedule against their oracles --------------------------------
