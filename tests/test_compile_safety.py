@@ -327,6 +327,24 @@ def test_lru_keeps_at_most_max_plans(backend):
     assert info.plans == 2 and info.traces == 4 and info.max_plans == 2
 
 
+def test_lru_order_survives_its_shortcut_for_the_last_key():
+    """The LRU answers a repeat of its newest key without a lookup; the order of the
+    others, replacement, removal and clearing behave as without the shortcut."""
+    from tensorcore.compile.cache import LRU
+
+    lru: LRU[str] = LRU(2)
+    assert lru.put(("a", (1,)), "A") == [] and lru.put(("b", (2,)), "B") == []
+    assert lru.get(("a", (1,))) == "A"  # a fresh, equal key: "a" is now the newest
+    assert lru.get(("a", (1,))) == "A"  # answered by the shortcut
+    assert lru.put(("c", (3,)), "C") == ["B"]  # the least recent goes
+    assert lru.get(("c", (3,))) == "C" and lru.get(("b", (2,))) is None
+    assert lru.put(("c", (3,)), "C2") == ["C"] and lru.get(("c", (3,))) == "C2"
+    assert lru.pop(("c", (3,))) == "C2" and lru.get(("c", (3,))) is None
+    assert lru.get(("a", (1,))) == "A"
+    lru.clear()
+    assert lru.get(("a", (1,))) is None and len(lru) == 0
+
+
 def test_compiled_functions_nest(backend):
     inner = tc.compile(lambda x: x * 3, cache_dir=False)
     outer = tc.compile(lambda x: inner(x) + inner(x * 2), cache_dir=False)
