@@ -90,21 +90,18 @@ _FPROP_TILES = {
               Tile(128, 128, 32, 2, 2, 4, 2, 0.7), Tile(64, 64, 64, 2, 2, 4, 3, 0.6),
               Tile(128, 32, 64, 4, 1, 4, 2, 0.4)),
 }
-# forward / input gradient on sm_90: wgmma tiles of BM / 64 warpgroups and K tiles of 128
-# bytes, and the mma.sync kernel's narrowest tile for a few output channels (a UNet's
-# last convolution), where it is faster
-_WGMMA_FPROP_TILES = {
-    prec: (Tile(128, 256, bk, 8, 1, 4, 1, 1.0, True), Tile(256, 128, bk, 16, 1, 4, 1, 1.0, True),
-           Tile(128, 128, bk, 8, 1, 3, 2, 0.9, True), Tile(64, 128, bk, 4, 1, 4, 2, 0.7, True),
-           dataclasses.replace(narrow, efficiency=0.25))
-    for prec, bk, narrow in ((PREC_TF32, 32, _FPROP_TILES[PREC_TF32][-1]),
-                             (PREC_16, 64, _FPROP_TILES[PREC_16][-1]))
-}
-# the weight gradient on sm_90 (stride 1, dilation 1; the others take _WGRAD_TILES)
+# on sm_90: wgmma tiles of BM / 64 warpgroups and K tiles of 128 bytes (BK elements), for
+# the weight gradient (stride 1, dilation 1; the others take _WGRAD_TILES) as they are,
+# for the forward / input gradient with the mma.sync kernel's narrowest tile added for a
+# few output channels (a UNet's last convolution), where it is faster
 _WGMMA_WGRAD_TILES = {
     prec: (Tile(128, 256, bk, 8, 1, 4, 1, 1.0, True), Tile(256, 128, bk, 16, 1, 4, 1, 1.0, True),
            Tile(128, 128, bk, 8, 1, 3, 2, 0.9, True), Tile(64, 128, bk, 4, 1, 4, 2, 0.7, True))
     for prec, bk in ((PREC_TF32, 32), (PREC_16, 64))
+}
+_WGMMA_FPROP_TILES = {
+    prec: wgmma + (dataclasses.replace(_FPROP_TILES[prec][-1], efficiency=0.25),)
+    for prec, wgmma in _WGMMA_WGRAD_TILES.items()
 }
 # weight gradient: rows are output channels, columns (tap, input channel), K the pixels
 _WGRAD_TILES = {

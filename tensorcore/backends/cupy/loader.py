@@ -112,15 +112,19 @@ def raw_kernel(filename: str, name: str, dtype: Any = None) -> Any:
     return _module(filename, ctype).get_function(f"{name}<{ctype}>")
 
 
-@functools.lru_cache(maxsize=None)
 def raw_instance(filename: str, expression: str) -> Any:
     """The ``cupy.RawKernel`` of one explicit instantiation, e.g.
     ``conv_fprop_kernel<float, 1, 128, 128, 32, 2, 2, 3>``, compiled on its own; on
     Hopper for sm_90a, whose architecture-specific instructions (wgmma) such kernels
     may use (they compile them only where ``__CUDA_ARCH_FEAT_SM90_ALL`` is defined)."""
+    return _raw_instance(filename, expression, has_wgmma())
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_instance(filename: str, expression: str, sm90a: bool) -> Any:
     import cupy
 
-    options = OPTIONS + (("-arch=sm_90a",) if has_wgmma() else ())
+    options = OPTIONS + (("-arch=sm_90a",) if sm90a else ())
     module = cupy.RawModule(code=source(filename), options=options,
                             name_expressions=[expression])
     return module.get_function(expression)

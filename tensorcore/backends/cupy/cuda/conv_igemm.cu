@@ -752,10 +752,8 @@ conv_wgrad_kernel(const T* __restrict__ gh, const T* __restrict__ xh, T* __restr
     const int split = blockIdx.z;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int PQ = P * Q, Kpix = Nimg * PQ, Ncols = R * S * Cp;
-    const int ktiles = (Kpix + BK - 1) / BK;
-    const int kper = (ktiles + splits - 1) / splits;
-    const int kt0 = imin(ktiles, split * kper);
-    const int nk = imin(ktiles, kt0 + kper) - kt0;
+    int kt0, nk;
+    split_range((Kpix + BK - 1) / BK, splits, split, kt0, nk);
 
     const int tid = threadIdx.x;
     // A: chunk a_col of output channels at pixels k
