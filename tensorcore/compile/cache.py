@@ -67,7 +67,7 @@ def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modes_of: Any) 
         spec: Any = tuple([(a.data.shape, a.data.dtype, a.device, a.requires_grad) for a in args])
     else:
         tensors, stable = [], [True]
-        spec = (_spec(args, tensors, stable), _spec(kwargs, tensors, stable))
+        spec = (("tuple", *_items_spec(args, tensors, stable)), _spec(kwargs, tensors, stable) if kwargs else ("dict",))
     alias = ()
     if len(tensors) > 1:
         ids = [id(t.data) for t in tensors]
@@ -83,23 +83,27 @@ def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modes_of: Any) 
     return (fixed, tuple(versions)), tensors, (fixed if stable[0] else None)
 
 
+# the plain values a key holds as they are, by type (a dict lookup, not a chain of checks)
+_LEAF_NAMES = {type(None): "NoneType", bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes",
+               complex: "complex"}
+
+
 def _spec(obj: Any, tensors: list[Tensor], stable: list[bool]) -> Any:
-    if isinstance(obj, Tensor):
-        tensors.append(obj)
-        data = obj.data
-        return ("T", tuple(data.shape), data.dtype, obj.device, obj.requires_grad)
     kind = type(obj)
+    name = _LEAF_NAMES.get(kind)
+    if name is not None:
+        return (name, obj)
     if kind is tuple or kind is list:
-        return (kind.__name__, *[_spec(o, tensors, stable) for o in obj])
+        return (kind.__name__, *_items_spec(obj, tensors, stable))
+    if isinstance(obj, Tensor):
+        return _tensor_spec(obj, tensors)
     if kind is dict:
         return ("dict", *[(k, _spec(v, tensors, stable)) for k, v in obj.items()])
-    if obj is None or kind in (bool, int, float, str, bytes, complex):
-        return (kind.__name__, obj)
     if isinstance(obj, np.dtype):
         return ("dtype", obj.name)
     if isinstance(obj, np.generic):
         return ("scalar", obj.dtype.name, obj.item())
-    if hasattr(type(obj), "structure_version"):  # a module argument: one of the call's roots
+    if is_root_type(kind):  # a module argument: one of the call's roots
         return ("module",)
     stable[0] = False
     try:
@@ -108,6 +112,40 @@ def _spec(obj: Any, tensors: list[Tensor], stable: list[bool]) -> Any:
         raise TypeError(f"compile: an argument of type {kind.__name__} is neither a Tensor nor hashable, "
                         "so it cannot be part of the cache key") from exc
     return (kind.__qualname__, obj)
+
+
+def _items_spec(items: Any, tensors: list[Tensor], stable: list[bool]) -> list:
+    """The specs of a sequence's items, the common kinds (plain values, tensors) handled
+    here rather than by a call each: a call's arguments are mostly those."""
+    out = []
+    for obj in items:
+        kind = type(obj)
+        name = _LEAF_NAMES.get(kind)
+        if name is not None:
+            out.append((name, obj))
+        elif kind is Tensor:
+            out.append(_tensor_spec(obj, tensors))
+        else:
+            out.append(_spec(obj, tensors, stable))
+    return out
+
+
+def _tensor_spec(t: Tensor, tensors: list[Tensor]) -> tuple:
+    tensors.append(t)
+    data = t.data
+    return ("T", tuple(data.shape), data.dtype, t.device, t.requires_grad)
+
+
+_ROOT_TYPES: dict[type, bool] = {}
+
+
+def is_root_type(kind: type) -> bool:
+    """Whether instances of ``kind`` are modules (they carry a ``structure_version``);
+    remembered per type, as a call asks it of every argument."""
+    found = _ROOT_TYPES.get(kind)
+    if found is None:
+        found = _ROOT_TYPES[kind] = hasattr(kind, "structure_version")
+    return found
 
 
 # ----- the in-memory LRU -----------------------------------------------------------------

@@ -84,7 +84,9 @@ class _Entry:
     def __post_init__(self) -> None:
         self.effects = tuple(self.plan.graph.effects)
         self.guards = tuple(self.plan.graph.guards)
-        self.single = type(self.plan.graph.outputs) is Ref  # the function returns one tensor
+        outputs = self.plan.graph.outputs
+        self.single = type(outputs) is Ref  # the function returns one tensor
+        self.flat = type(outputs) is tuple and all(type(x) is Ref for x in outputs)  # or a tuple of them
         # Tensors that announce their rebindings (parameters) are checked only when some
         # rebinding happened since the last check; the others (buffers) on every call.
         self.checked_rebinds: int | None = None
@@ -196,6 +198,8 @@ class Compiled:
             else:
                 if entry.single:
                     return Tensor._wrap(arrays[0], entry.device)
+                if entry.flat:
+                    return tuple([Tensor._wrap(a, entry.device) for a in arrays])
                 return _rebuild(entry.plan.graph.outputs, iter(arrays), entry.device)
         self._give_up(key, f"its replay failed ({type(failure).__name__}: {failure})", drop=True)
         return self.fn(*args, **kwargs)
@@ -343,7 +347,7 @@ class Compiled:
         last time is remembered)."""
         found, seen, last = [], set(), self._last_seen
         for i, a in enumerate(args):
-            if type(a) is not Tensor and hasattr(type(a), "structure_version") and id(a) not in seen:
+            if cache.is_root_type(type(a)) and id(a) not in seen:
                 seen.add(id(a))
                 found.append((f"arg{i}", a))
         if _is_module(self.fn):
@@ -351,7 +355,7 @@ class Compiled:
         for i, (name, read) in enumerate(self._sources):
             try:
                 value = read()
-            except (ValueError, KeyError, NameError):  # an empty closure cell, a deleted global
+            except ValueError:  # an empty closure cell (a deleted global reads as None)
                 continue
             previous = last[i]
             if previous is None or previous[0] is not value:
@@ -472,8 +476,8 @@ def _root_sources(fn: Any) -> list[tuple[str, Callable[[], Any]]]:
     for name, cell in zip(code.co_freevars, func.__closure__ or ()):
         sources.append((name, lambda cell=cell: cell.cell_contents))
     namespace = getattr(func, "__globals__", {})
-    for name in dict.fromkeys(_code_names(code)):
-        sources.append((name, lambda name=name: namespace[name]))
+    for name in dict.fromkeys(_code_names(code)):  # attribute names too: those read as None
+        sources.append((name, functools.partial(namespace.get, name)))
     return sources
 
 
