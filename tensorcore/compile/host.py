@@ -138,6 +138,8 @@ class Compiled:
         self.label = _label(fn)
         self._passes = passes_module.resolve(passes)
         self._sources = _root_sources(fn)
+        self._fn_is_module = _is_module(fn)
+        self._root_positions: dict[tuple[type, ...], list[tuple[int, str]]] = {}
         self._last_seen: list[tuple[Any, bool] | None] = [None] * len(self._sources)
         self._disk = cache.DiskCache.open(cache_dir)
         self._lock = threading.Lock()
@@ -346,11 +348,19 @@ class Compiled:
         globals refer to (read on every call: they may be re-bound; what each name held
         last time is remembered)."""
         found, seen, last = [], set(), self._last_seen
-        for i, a in enumerate(args):
-            if cache.is_root_type(type(a)) and id(a) not in seen:
+        kinds = tuple(map(type, args))
+        positions = self._root_positions.get(kinds)
+        if positions is None:  # the argument positions holding modules, per argument types
+            if len(self._root_positions) > 64:
+                self._root_positions.clear()
+            positions = self._root_positions[kinds] = [(i, f"arg{i}") for i, kind in enumerate(kinds)
+                                                       if cache.is_root_type(kind)]
+        for i, name in positions:
+            a = args[i]
+            if id(a) not in seen:
                 seen.add(id(a))
-                found.append((f"arg{i}", a))
-        if _is_module(self.fn):
+                found.append((name, a))
+        if self._fn_is_module:
             return found + [("", self.fn)] if id(self.fn) not in seen else found
         for i, (name, read) in enumerate(self._sources):
             try:

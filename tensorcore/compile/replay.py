@@ -232,8 +232,15 @@ class CudaGraphReplay:
                 self.io.capture_outputs(self.outputs)
             finally:
                 self.graph = self.stream.end_capture()
-        # a call's own output arrays: (shape, dtype) of each output the graph copies out
-        self.fresh = [(b.shape, b.dtype) if ok else None for b, ok in zip(self.outputs, self.io.dense_out)]
+        # a call's own output arrays, all views of one block allocated per call (one pool
+        # allocation however many outputs): (shape, dtype, byte offset) of each output the
+        # graph copies out, None for those copied by the host
+        self.fresh: list[tuple[Any, Any, int] | None] = []
+        block = 0
+        for b, ok in zip(self.outputs, self.io.dense_out):
+            self.fresh.append((b.shape, b.dtype, block) if ok else None)
+            block += -(-b.nbytes // ALIGN["cuda"]) * ALIGN["cuda"] if ok else 0
+        self.fresh_bytes = block
         self.env = env  # every array the graph touches lives as long as the graph
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
         self.arena_bytes = int(self.pool.total_bytes())
@@ -297,8 +304,8 @@ class CudaGraphReplay:
         self.last_user = user
         outputs = None
         if fresh:
-            new = cupy.ndarray
-            outputs = [None if spec is None else new(*spec) for spec in self.fresh]
+            new, block = cupy.ndarray, cupy.cuda.alloc(self.fresh_bytes) if self.fresh_bytes else None
+            outputs = [None if spec is None else new(spec[0], spec[1], block + spec[2]) for spec in self.fresh]
         for i in self.io.submit(arrays, outputs):
             self.copy_(self.inputs[i], arrays[i])
         self.graph.launch(user)

@@ -30,8 +30,6 @@ from typing import Any, Callable
 import tensorcore as tc  # first: its settings tune BLAS thread waits before NumPy loads
 import tensorcore.functional as F
 
-import numpy as np  # noqa: E402
-
 import layers  # noqa: E402
 import optim  # noqa: E402
 
@@ -178,7 +176,7 @@ def cpu_section() -> None:
 def gpu_section() -> None:
     import cupy as cp
 
-    from gpu_timing import queued_ms
+    from gpu_timing import host_us, queued_ms
 
     sync = cp.cuda.Device().synchronize
     print_rows("GPU tiny MLP, per call synchronized (wall / process CPU time)", mlp_rows("cupy", "cuda", sync))
@@ -196,16 +194,16 @@ def gpu_section() -> None:
         eager_ms = queued_ms(lambda: unet(x, t))
         compiled(x, t)  # trace and capture
         replay_ms = queued_ms(lambda: compiled(x, t))
-        host = host_us(lambda: compiled(x, t), sync)
+        host = host_us(lambda: compiled(x, t))
     print_rows("GPU reference UNet forward (CUDA-event time per call)",
                [("UNet forward [1,4,128,128] fp32", eager_ms, replay_ms)], unit="ms")
-    print(f"host time per forward replay: {host:.1f} us ({host_parts(compiled, (x, t), sync)})", flush=True)
+    print(f"host time per forward replay: {host:.1f} us ({host_parts(compiled, (x, t))})", flush=True)
     static = tc.compile(unet, cache_dir=False, reuse_outputs=True)  # outputs are the plan's buffers
     with tc.no_grad():
         static(x, t)
-        host_static = host_us(lambda: static(x, t), sync)
+        host_static = host_us(lambda: static(x, t))
     print(f"host time per forward replay with reuse_outputs=True: {host_static:.1f} us", flush=True)
-    del static
+    static.release()
     opt = optim.AdamW(unet.parameters(), lr=1e-5)
     noise = tc.randn(1, 4, 128, 128, device="cuda")
     unet.train()
@@ -222,17 +220,19 @@ def gpu_section() -> None:
     for _ in range(3):
         step_compiled()  # settles: the optimizer packs its buffers on its first step
     replay_step = queued_ms(step_compiled, calls=5, reps=5)
-    host_step = host_us(step_compiled, sync, number=5)
+    host_step = host_us(step_compiled, number=5)
     print_rows("GPU reference UNet train step (CUDA-event time per call)",
                [("UNet AdamW train step", eager_step, replay_step)], unit="ms")
     print(f"host time per train-step replay: {host_step:.1f} us "
           f"(forward plans: {compiled.cache_info().plans}, train step {step_compiled.cache_info()})")
 
 
-def host_parts(compiled: Any, args: tuple, sync: Callable[[], None]) -> str:
+def host_parts(compiled: Any, args: tuple) -> str:
     """The host time of one replay split by stage (us each): the cache key, the guards,
     the graph launch with its input and output copies, and the same with the plan's
     own output buffers returned."""
+    from gpu_timing import host_us
+
     from tensorcore.compile import cache
 
     roots = compiled._roots(args)
@@ -241,20 +241,7 @@ def host_parts(compiled: Any, args: tuple, sync: Callable[[], None]) -> str:
     parts = {"key": lambda: cache.key(args, {}, roots, compiled._modes), "guards": entry.holds,
              "launch with copies": lambda: entry.executor.run(arrays),
              "launch, outputs kept": lambda: entry.executor.run(arrays, False)}
-    return ", ".join(f"{name} {host_us(fn, sync):.1f}" for name, fn in parts.items())
-
-
-def host_us(fn: Callable[[], object], sync: Callable[[], None], number: int = 20) -> float:
-    """Median host microseconds per call, the device left to catch up between timings."""
-    samples = []
-    for _ in range(7):
-        sync()
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number * 1e6)
-    sync()
-    return statistics.median(samples)
+    return ", ".join(f"{name} {host_us(fn):.1f}" for name, fn in parts.items())
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def gpu_rows(steps_list: list[int], repeats: int, precisions: list[str], use_tor
     import torch
     from diffusers import DDIMScheduler as TorchDDIM
     from diffusers import UNet2DModel
-    from gpu_timing import queued_ms  # tests/benchmarks/gpu_timing.py
+    from gpu_timing import host_us, queued_ms  # tests/benchmarks/gpu_timing.py
 
     import tensorcore as tc
     from diffusion import DDIMScheduler, UNet2D
@@ -119,18 +119,20 @@ def gpu_rows(steps_list: list[int], repeats: int, precisions: list[str], use_tor
             theirs.to(torch.bfloat16)
             latents, torch_latents = latents.to(dtype=tc.bfloat16), torch_latents.to(torch.bfloat16)
         print(f"\n== {precision}: {PRECISION_NOTES[precision]} on both sides ({repeats} runs, median)")
-        forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, use_torch_compile)
+        forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_us, use_torch_compile)
         ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats, use_torch_compile,
                   DiffusionPipeline, DDIMScheduler, TorchDDIM)
+        step_host_row(ours, latents, tc, host_us, DiffusionPipeline, DDIMScheduler)
 
 
-def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, use_torch_compile: bool) -> None:
-    """One UNet forward, CUDA-event time per call, five ways."""
+def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_us, use_torch_compile: bool) -> None:
+    """One UNet forward, CUDA-event time per call, five ways; the host time of a replay."""
     t, torch_t = tc.tensor([500.0], device="cuda"), torch.tensor(500, device="cuda")
     compiled = tc.compile(ours, cache_dir=False)
     with tc.no_grad(), torch.no_grad():
         timed = functools.partial(queued_ms, calls=5, reps=5)
         rows = {"ours eager": timed(lambda: ours(latents, t)), "ours compiled": timed(lambda: compiled(latents, t))}
+        host = host_us(lambda: compiled(latents, t))
         for name, call in torch_unet_calls(theirs, torch, use_torch_compile).items():
             rows[name] = timed(lambda call=call: call(torch_latents, torch_t))
         difference = float(np.abs(compiled(latents, t).numpy().astype(np.float32)
@@ -140,6 +142,23 @@ def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, use
     torch_rows = {k: v for k, v in rows.items() if k.startswith("torch")}
     print("ours compiled against: " + ", ".join(f"{k} {v / rows['ours compiled']:.2f}x" for k, v in torch_rows.items())
           + f" (> 1: ours faster); max |ours compiled - torch eager| {difference:.2e}")
+    print(f"host time per compiled UNet forward replay: {host:.1f} us")
+
+
+def step_host_row(ours, latents, tc, host_us, DiffusionPipeline, DDIMScheduler) -> None:
+    """The host time of one replayed DDIM step: the compiled denoise step (UNet, scheduler
+    update, non-finite guard: one CUDA graph) called with the arguments of a real step."""
+    pipe = DiffusionPipeline(ours, DDIMScheduler(), compile=True)
+    calls = []
+    denoiser = pipe.denoiser
+    pipe.denoiser = lambda *args: calls.append(args) or denoiser(*args)
+    pipe.generate(num_inference_steps=2, latents=latents, progress=False)
+    args = calls[-1]
+    with tc.no_grad():
+        host = host_us(lambda: denoiser(*args))
+    info = denoiser.cache_info()
+    print(f"host time per replayed DDIM step (compiled denoise step): {host:.1f} us "
+          f"({info.hits} replays, {info.traces} traces, {info.fallbacks} eager fallbacks)")
 
 
 def ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats, use_torch_compile,

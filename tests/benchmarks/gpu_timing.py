@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 import cupy as cp
 
@@ -47,3 +48,19 @@ def queued_ms(fn, calls: int = 20, reps: int = 15) -> float:
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop) / calls)
     return statistics.median(times)
+
+
+def host_us(fn, number: int = 20, runs: int = 15) -> float:
+    """Median host microseconds per call of ``fn`` over ``runs`` runs of ``number``
+    back-to-back calls, the device left to catch up between runs (so no call waits on a
+    full queue)."""
+    sync = cp.cuda.Device().synchronize
+    samples = []
+    for _ in range(runs):
+        sync()
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number * 1e6)
+    sync()
+    return statistics.median(samples)

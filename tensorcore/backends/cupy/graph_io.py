@@ -59,6 +59,7 @@ class GraphIO:
         self.launches = cupy.zeros(1, dtype=np.uint64)  # the device's own count
         self.dense_in: list[bool] = []
         self.dense_out: list[bool] = []
+        self.no_outputs = [0] * (self.width - inputs)  # a row's output slots when the plan keeps them
         self.submitted = 0
 
     def _copy_node(self, buffers: Sequence[Any], first: int, to_caller: bool) -> list[bool]:
@@ -98,19 +99,19 @@ class GraphIO:
         launch."""
         while self.submitted - int(self.finished[0]) >= RING:  # a whole ring ahead
             time.sleep(0)
-        ring, base = self.ring, (self.submitted % RING) * self.width
-        skipped = []
+        row, skipped = [], []
         for i, a in enumerate(arrays):
             if self.dense_in[i] and a._c_contiguous:
-                ring[base + i] = a.data.ptr
+                row.append(a.data.ptr)
             else:
-                ring[base + i] = 0
+                row.append(0)
                 skipped.append(i)
         if outputs is None:
-            ring[base + self.n_in:base + self.width] = 0
+            row += self.no_outputs
         else:
-            for j, out in enumerate(outputs, base + self.n_in):
-                ring[j] = 0 if out is None else out.data.ptr
+            row += [0 if out is None else out.data.ptr for out in outputs]
+        base = (self.submitted % RING) * self.width
+        self.ring[base:base + len(row)] = row  # one store of the row, not one per slot
         self.submitted += 1
         return skipped
 
