@@ -90,36 +90,19 @@ __device__ __forceinline__ void pack_tile(const T* __restrict__ src, T* __restri
                                           int c0, typename PackTile<T>::Rows& tile, Load load) {
     const int hw = (int)(H * W);
     const T zero = store_as<T>((acc_t<T>)0);
-    // read: rows q = (n, p), channels c0 + y + 8j.  Every load is issued, then every value
-    // transformed, then stored: a store to the tile between them keeps the compiler from
-    // hoisting the next loads of `load`'s own arrays (it cannot rule out aliasing).
-    // (Measured on the H200: 8 % off the float32 packs; the 16-bit pairs ran slower so.)
-    T v[PACK_ROWS / 32][4];
-    int image[PACK_ROWS / 32];
 #pragma unroll
-    for (int r = 0; r < PACK_ROWS / 32; ++r) {
+    for (int r = 0; r < PACK_ROWS / 32; ++r) {  // read: row q = (n, p), channels c0 + y + 8j
         const int q = q0 + threadIdx.x + 32 * r, n = q / hw, p = q - n * hw;
         // a plane with sh == W * sw needs no (h, w) split of p
         const long long at =
             n * sn + (sh == W * sw ? p * sw : (p / (int)W) * sh + (p % (int)W) * sw);
-        image[r] = n;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int c = c0 + threadIdx.y + 8 * j;
-            v[r][j] = c < C && q < rows ? src[at + c * sc] : zero;
+            tile[threadIdx.y + 8 * j][threadIdx.x + 32 * r] =
+                c < C && q < rows ? load(src[at + c * sc], n, c) : zero;
         }
     }
-#pragma unroll
-    for (int r = 0; r < PACK_ROWS / 32; ++r)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int c = c0 + threadIdx.y + 8 * j;
-            if (c < C && q0 + threadIdx.x + 32 * r < rows) v[r][j] = load(v[r][j], image[r], c);
-        }
-#pragma unroll
-    for (int r = 0; r < PACK_ROWS / 32; ++r)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) tile[threadIdx.y + 8 * j][threadIdx.x + 32 * r] = v[r][j];
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < PACK_ROWS / 8; ++j) {  // write: row q0 + y + 8j, channel c0 + x

@@ -1,0 +1,74 @@
+"""Where the GPU time of a compiled reference UNet forward goes, kernel by kernel.
+
+    TENSORCORE_BACKEND=cupy python tests/benchmarks/unet_kernels.py [tf32|bf16|fp32] [--order NAME]
+
+The compiled ``UNet2D.reference()`` forward at [1, 4, 128, 128] is replayed ten times
+under ``torch.profiler`` with CUDA activity on: CUPTI records every kernel the process
+runs, those inside our CUDA graphs included, with its device time.  Prints the kernel
+time per forward, then the kernels by total time (calls per forward, ms per forward);
+``--order NAME`` also lists, in launch order, the time of each launch of the kernels whose
+name contains NAME in the first forward (e.g. ``--order conv_pack`` for the convolution
+packs, one per 3x3 convolution).  Needs PyTorch with CUDA next to CuPy (the GPU machine
+has both); nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from typing import Any
+
+REPLAYS = 10
+
+
+def profile(precision: str) -> list[Any]:
+    """The CUDA kernel events of REPLAYS compiled forwards in ``precision``."""
+    import cupy as cp
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    import tensorcore as tc
+    from diffusion import UNet2D
+
+    tc.set_matmul_precision("highest" if precision == "fp32" else "high")
+    tc.manual_seed(0)
+    unet = UNet2D.reference().to("cuda").eval()
+    x, t = tc.randn(1, 4, 128, 128, device="cuda"), tc.tensor([500.0], device="cuda")
+    if precision == "bf16":
+        unet.to(dtype=tc.bfloat16)
+        x = x.to(dtype=tc.bfloat16)
+    compiled = tc.compile(unet, cache_dir=False)
+    with tc.no_grad():
+        for _ in range(5):  # trace, capture, settle
+            compiled(x, t)
+        cp.cuda.Device().synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(REPLAYS):
+                compiled(x, t)
+            cp.cuda.Device().synchronize()
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    precision = args[0] if args and not args[0].startswith("--") else "tf32"
+    order = args[args.index("--order") + 1] if "--order" in args else None
+    events = profile(precision)
+    total_us, calls = collections.Counter(), collections.Counter()
+    for e in events:
+        total_us[e.name] += e.device_time_total
+        calls[e.name] += 1
+    print(f"{precision}: kernel time per forward {sum(total_us.values()) / REPLAYS / 1e3:.3f} ms, "
+          f"{sum(calls.values()) // REPLAYS} kernels per forward")
+    for name, us in total_us.most_common(25):
+        print(f"  {us / REPLAYS / 1e3:.4f} ms  x{calls[name] // REPLAYS:<3} {name[:100]}")
+    if order:
+        chosen = [e for e in events if order in e.name]
+        first = chosen[:len(chosen) // REPLAYS]
+        print(f"{order}, each launch of the first forward in order (us): "
+              + " ".join(f"{e.device_time_total:.1f}" for e in first))
+
+
+if __name__ == "__main__":
+    main()
