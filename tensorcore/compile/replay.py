@@ -233,8 +233,9 @@ class CudaGraphReplay:
             finally:
                 self.graph = self.stream.end_capture()
         # a call's own output arrays, all views of one block allocated per call (one pool
-        # allocation however many outputs): (shape, dtype, byte offset) of each output the
-        # graph copies out, None for those copied by the host
+        # allocation however many outputs; the block lives while any of them does):
+        # (shape, dtype, byte offset) of each output the graph copies out, None for those
+        # copied by the host
         self.fresh: list[tuple[Any, Any, int] | None] = []
         block = 0
         for b, ok in zip(self.outputs, self.io.dense_out):
