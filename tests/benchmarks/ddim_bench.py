@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 sys.path.append(".gpu-vendor")  # the GPU machine vendors diffusers here
 
@@ -120,9 +121,9 @@ def gpu_rows(steps_list: list[int], repeats: int, precisions: list[str], use_tor
             latents, torch_latents = latents.to(dtype=tc.bfloat16), torch_latents.to(torch.bfloat16)
         print(f"\n== {precision}: {PRECISION_NOTES[precision]} on both sides ({repeats} runs, median)")
         forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_us, use_torch_compile)
-        ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats, use_torch_compile,
-                  DiffusionPipeline, DDIMScheduler, TorchDDIM)
-        step_host_row(ours, latents, tc, host_us, DiffusionPipeline, DDIMScheduler)
+        compiled = ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats,
+                             use_torch_compile, DiffusionPipeline, DDIMScheduler, TorchDDIM)
+        step_host_row(compiled, latents, tc, host_us)
 
 
 def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_us, use_torch_compile: bool) -> None:
@@ -145,14 +146,17 @@ def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, hos
     print(f"host time per compiled UNet forward replay: {host:.1f} us")
 
 
-def step_host_row(ours, latents, tc, host_us, DiffusionPipeline, DDIMScheduler) -> None:
-    """The host time of one replayed DDIM step: the compiled denoise step (UNet, scheduler
-    update, non-finite guard: one CUDA graph) called with the arguments of a real step."""
-    pipe = DiffusionPipeline(ours, DDIMScheduler(), compile=True)
+def step_host_row(pipe, latents, tc, host_us) -> None:
+    """The host time of one replayed DDIM step: the compiled pipeline's denoise step (UNet,
+    scheduler update, non-finite guard: one CUDA graph, its plan already made by the DDIM
+    rows) called with the arguments of a real step."""
     calls = []
     denoiser = pipe.denoiser
     pipe.denoiser = lambda *args: calls.append(args) or denoiser(*args)
-    pipe.generate(num_inference_steps=2, latents=latents, progress=False)
+    try:
+        pipe.generate(num_inference_steps=2, latents=latents, progress=False)
+    finally:
+        pipe.denoiser = denoiser
     args = calls[-1]
     with tc.no_grad():
         host = host_us(lambda: denoiser(*args))
@@ -162,8 +166,9 @@ def step_host_row(ours, latents, tc, host_us, DiffusionPipeline, DDIMScheduler) 
 
 
 def ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats, use_torch_compile,
-              DiffusionPipeline, DDIMScheduler, TorchDDIM) -> None:
-    """DDIM generate at each step count: ours eager/compiled (sync, async), PyTorch's loop."""
+              DiffusionPipeline, DDIMScheduler, TorchDDIM) -> Any:
+    """DDIM generate at each step count: ours eager/compiled (sync, async), PyTorch's loop;
+    returns the compiled pipeline."""
     pipe = DiffusionPipeline(ours, DDIMScheduler(), compile=False)
     compiled = DiffusionPipeline(ours, DDIMScheduler(), compile=True)
     reference_scheduler = TorchDDIM()
@@ -206,6 +211,7 @@ def ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repea
               f"eager, {times['torch eager'] / times['compiled']:.2f}x torch eager, "
               f"{times['torch graph'] / times['compiled']:.2f}x torch graph; max |diff| torch {diff:.2e}, "
               f"compiled-eager {compiled_diff:.2e}")
+    return compiled
 
 
 def cpu_train_seconds() -> float:
