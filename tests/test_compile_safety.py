@@ -345,6 +345,42 @@ def test_lru_order_survives_its_shortcut_for_the_last_key():
     assert lru.get(("a", (1,))) is None and len(lru) == 0
 
 
+def test_the_last_calls_spec_is_reused_only_for_what_cannot_have_changed(backend):
+    """A call repeating the last one's static arguments reuses its spec; a list changed in
+    place, a tuple of equal but differently typed values, tensors of another shape or
+    nested in a new tuple, a module put where a value was: each gets the key a fresh
+    build gives, so the traces and results are those of an uncached key."""
+    from tensorcore.compile.cache import LastSpec, key
+
+    def f(x, scale, options, pair, extra):
+        out = x * scale * options[0] + pair[0] * pair[1]
+        return out + sum(t.sum() for t in extra) if extra else out
+
+    compiled = tc.compile(f, cache_dir=False)
+    options, pair, x = [1.0], (2, 3), tc.randn(3)
+    calls = [(x, 2.0, options, pair, ()), (tc.randn(3), 2.0, options, pair, ())]
+    for args in calls:
+        assert _same(compiled(*args), f(*args))
+    assert compiled.cache_info().traces == 1 and compiled.cache_info().hits == 1
+    options[0] = 5.0  # the same list, new contents
+    assert _same(compiled(x, 2.0, options, pair, ()), f(x, 2.0, options, pair, ()))
+    assert compiled.cache_info().traces == 2
+    for args in [(x, 2.0, options, (True, 3), ()),  # equal to (1, 3)'s values, other types
+                 (tc.randn(4), 2.0, options, pair, ()),
+                 (x, 2.0, options, pair, (tc.randn(2),)),
+                 (x, 2.0, options, pair, (tc.randn(5),))]:
+        assert _same(compiled(*args), f(*args))
+    assert compiled.cache_info().traces == 6
+
+    last, module = LastSpec(), layers.Linear(2, 2)
+    for args in [(x, 2.0, options, pair, (x, x)), (x, 2.0, options, pair, (x, x)), (x, 3.0, options, pair, ()),
+                 (x, 3.0, module, pair, ()), (x, 3.0, layers.Linear(3, 3), pair, ()), (x, module, options, pair, ())]:
+        spec, tensors, stable = last.check(args)
+        (fixed, _), fresh_tensors, fresh_stable = key(args, {}, [], None)
+        assert spec == fixed[0] and list(map(id, tensors)) == list(map(id, fresh_tensors))
+        assert stable == [fresh_stable is not None]
+
+
 def test_compiled_functions_nest(backend):
     inner = tc.compile(lambda x: x * 3, cache_dir=False)
     outer = tc.compile(lambda x: inner(x) + inner(x * 2), cache_dir=False)

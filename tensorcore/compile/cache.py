@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import math
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -59,15 +60,19 @@ T = TypeVar("T")
 
 
 # ----- keys ------------------------------------------------------------------------------
-def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modes_of: Any) -> tuple[Any, list[Tensor], Any]:
+def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modes_of: Any,
+        last: "LastSpec | None" = None) -> tuple[Any, list[Tensor], Any]:
     """(key, the tensor arguments in order, the stable part of the key or None);
-    ``modes_of(root, version)`` is the tuple of a root's submodules' ``training`` flags."""
+    ``modes_of(root, version)`` is the tuple of a root's submodules' ``training`` flags;
+    ``last``, the spec of the caller's previous call, checked before one is built."""
     if not kwargs and all(type(a) is Tensor for a in args):  # the common call: tensors only
         tensors, stable = list(args), [True]
         spec: Any = tuple([(a.data.shape, a.data.dtype, a.device, a.requires_grad) for a in args])
-    else:
+    elif kwargs or last is None:
         tensors, stable = [], [True]
         spec = (("tuple", *_items_spec(args, tensors, stable)), _spec(kwargs, tensors, stable) if kwargs else ("dict",))
+    else:
+        spec, tensors, stable = last.check(args)
     alias = ()
     if len(tensors) > 1:
         ids = [id(t.data) for t in tensors]
@@ -134,6 +139,94 @@ def _tensor_spec(t: Tensor, tensors: list[Tensor]) -> tuple:
     tensors.append(t)
     data = t.data
     return ("T", tuple(data.shape), data.dtype, t.device, t.requires_grad)
+
+
+class LastSpec:
+    """The spec of a callable's last call with positional arguments only, so that the
+    next one is checked rather than rebuilt -- a loop calls with the same static
+    arguments every time.  An argument passes when it is the very object of last time
+    and cannot have changed since (a plain value, a tuple of them, any other hashable
+    object: the key compares those by identity first too), a module where a module
+    was, or a tensor of the same shape, dtype, device and requires_grad; any other
+    argument (a list, a tuple holding tensors) has its spec rebuilt and compared.  A
+    call that passes gets last time's spec object back, so the plan lookup compares
+    it by identity."""
+
+    def __init__(self) -> None:
+        self._last: _Layout | None = None
+
+    def check(self, args: tuple) -> tuple[Any, list[Tensor], list[bool]]:
+        """(spec, tensor arguments, [stable]) of a call with positional ``args``."""
+        last = self._last
+        if last is not None and len(args) == last.count:
+            tensors = last.tensors_of(args)
+            if tensors is not None:
+                return last.spec, tensors, [last.stable]
+        tensors, stable = [], [True]
+        items = tuple(_items_spec(args, tensors, stable))
+        self._last = _Layout(args, items, stable[0])
+        return self._last.spec, tensors, stable
+
+
+class _Layout:
+    """What ``LastSpec`` keeps of one call: per argument position, how to check it."""
+
+    def __init__(self, args: tuple, items: tuple, stable: bool) -> None:
+        self.count, self.spec, self.stable = len(args), (("tuple", *items), ("dict",)), stable
+        kinds = [_check_kind(a, item) for a, item in zip(args, items)]
+        self.same = [i for i, k in enumerate(kinds) if k == "same"]
+        self.objects = [args[i] for i in self.same]
+        self.modules = [i for i, k in enumerate(kinds) if k == "module"]
+        self.tensors = [(i, items[i][1:]) for i, k in enumerate(kinds) if k == "tensor"]
+        self.rebuilt = [(i, items[i]) for i, k in enumerate(kinds) if k == "rebuild"]
+
+    def tensors_of(self, args: tuple) -> list[Tensor] | None:
+        """The call's tensor arguments in order, or None when its spec differs."""
+        get = args.__getitem__
+        if not all(map(operator.is_, map(get, self.same), self.objects)):
+            return None
+        for i in self.modules:
+            if not is_root_type(type(args[i])):
+                return None
+        tensors = []
+        for i, (shape, dtype, device, requires_grad) in self.tensors:
+            t = args[i]
+            if type(t) is not Tensor:
+                return None
+            data = t.data
+            if data.shape != shape or data.dtype != dtype or t.device != device or t.requires_grad != requires_grad:
+                return None
+            tensors.append(t)
+        if not self.rebuilt:
+            return tensors
+        found: list[Tensor] = []
+        for i, item in self.rebuilt:
+            if _items_spec((args[i],), found, [True])[0] != item:
+                return None
+        if not found:
+            return tensors
+        ordered: list[Tensor] = []  # tensors nested in rebuilt arguments: all in argument order
+        _items_spec(args, ordered, [True])
+        return ordered
+
+
+def _check_kind(obj: Any, item: tuple) -> str:
+    """How ``LastSpec`` checks an argument next time: "tensor", "module" (any module
+    has this spec: keeping it would only pin it), "same" (the same object has the same
+    spec on every call: not a tensor, list or dict, nor a tuple holding one), else
+    "rebuild"."""
+    if item[0] == "T":
+        return "tensor" if type(obj) is Tensor else "rebuild"
+    if item[0] == "module":
+        return "module"
+    return "same" if _unchanging(obj) else "rebuild"
+
+
+def _unchanging(obj: Any) -> bool:
+    kind = type(obj)
+    if kind is tuple:
+        return all(map(_unchanging, obj))
+    return kind is not list and kind is not dict and not isinstance(obj, Tensor)
 
 
 _ROOT_TYPES: dict[type, bool] = {}

@@ -138,9 +138,13 @@ class Compiled:
         self.label = _label(fn)
         self._passes = passes_module.resolve(passes)
         self._sources = _root_sources(fn)
+        self._namespace, self._global_names = _global_names(fn)
+        # the globals' values read last time, and the modules among them by name
+        self._globals_seen: tuple[tuple, list[tuple[str, Any]]] = ((), [])
         self._fn_is_module = _is_module(fn)
         self._root_positions: dict[tuple[type, ...], list[tuple[int, str]]] = {}
         self._last_seen: list[tuple[Any, bool] | None] = [None] * len(self._sources)
+        self._last_spec = cache.LastSpec()
         self._disk = cache.DiskCache.open(cache_dir)
         self._lock = threading.Lock()
         self._plans: cache.LRU[_Entry] = cache.LRU(max_plans)
@@ -157,7 +161,7 @@ class Compiled:
         if _TRACE_STATE.tracer is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
         roots = self._roots(args)
-        key, tensors, stable = cache.key(args, kwargs, roots, self._modes)
+        key, tensors, stable = cache.key(args, kwargs, roots, self._modes, self._last_spec)
         with self._lock:
             entry = self._plans.get(key)
             if entry is None or not entry.holds():
@@ -365,7 +369,7 @@ class Compiled:
         for i, (name, read) in enumerate(self._sources):
             try:
                 value = read()
-            except ValueError:  # an empty closure cell (a deleted global reads as None)
+            except ValueError:  # an empty closure cell
                 continue
             previous = last[i]
             if previous is None or previous[0] is not value:
@@ -373,6 +377,16 @@ class Compiled:
             if previous[1] and id(value) not in seen:
                 seen.add(id(value))
                 found.append((name, value))
+        if self._global_names:  # read all at once; looked at again only when one changed
+            values = tuple(map(self._namespace.get, self._global_names))  # a deleted one reads as None
+            before, modules = self._globals_seen
+            if len(before) != len(values) or not all(map(operator.is_, values, before)):
+                modules = [(name, v) for name, v in zip(self._global_names, values) if _is_module(v)]
+                self._globals_seen = (values, modules)
+            for name, value in modules:
+                if id(value) not in seen:
+                    seen.add(id(value))
+                    found.append((name, value))
         return found
 
     def _modules(self, root: Any, version: int) -> list:
@@ -471,8 +485,8 @@ def _label(fn: Any) -> str:
 
 
 def _root_sources(fn: Any) -> list[tuple[str, Callable[[], Any]]]:
-    """Where a function's modules are found, as (name, reader) pairs read on every call
-    (closure cells and globals may be re-bound); none for a module."""
+    """Where a function's modules are found besides its globals, as (name, reader)
+    pairs read on every call (closure cells may be re-bound); none for a module."""
     if _is_module(fn):
         return []
     sources: list[tuple[str, Callable[[], Any]]] = []
@@ -485,10 +499,18 @@ def _root_sources(fn: Any) -> list[tuple[str, Callable[[], Any]]]:
         return sources
     for name, cell in zip(code.co_freevars, func.__closure__ or ()):
         sources.append((name, lambda cell=cell: cell.cell_contents))
-    namespace = getattr(func, "__globals__", {})
-    for name in dict.fromkeys(_code_names(code)):  # attribute names too: those read as None
-        sources.append((name, functools.partial(namespace.get, name)))
     return sources
+
+
+def _global_names(fn: Any) -> tuple[dict, tuple[str, ...]]:
+    """(the function's global namespace, the names its code reads): those that hold a
+    module are roots, read on every call since a global may be re-bound.  Attribute
+    names are among them; they read as None."""
+    func = getattr(fn, "__func__", fn)
+    code = getattr(func, "__code__", None)
+    if _is_module(fn) or code is None:
+        return {}, ()
+    return getattr(func, "__globals__", {}), tuple(dict.fromkeys(_code_names(code)))
 
 
 def _code_names(code: Any) -> Iterable[str]:

@@ -223,6 +223,7 @@ class CudaGraphReplay:
                 elif node.op == "lora_linear":  # only compiled plans call it: not loaded by the trace
                     backend.warm_lora_linear(graph.values[node.out.value].dtype)
             self.inputs = [env[v] for v in graph.inputs]
+            backend.reserve_stream()  # its counters made now: a memset node slows every launch
             self.stream.begin_capture()
             try:
                 self.io.capture_inputs(self.inputs)
@@ -232,6 +233,7 @@ class CudaGraphReplay:
                 self.io.capture_outputs(self.outputs)
             finally:
                 self.graph = self.stream.end_capture()
+            self.io.upload()
         # a call's own output arrays, all views of one block allocated per call (one pool
         # allocation however many outputs; the block lives while any of them does):
         # (shape, dtype, byte offset) of each output the graph copies out, None for those

@@ -14,7 +14,7 @@ import math
 
 import cupy
 
-from . import conv_igemm
+from . import conv_igemm, counters
 from .elementwise import CupyElementwiseKernels
 from .fused import CupyFusedKernels
 from .linalg import CupyLinalgKernels
@@ -22,7 +22,7 @@ from .lora import CupyLoraKernels
 from .nn import CupyNNKernels
 from .optim import CupyOptimKernels
 from .random import CupyRandomKernels
-from .util import DeviceBuffers, dense
+from .util import DeviceBuffers, dense, zeroed_counters
 from ..numpy.backend import NumpyBackend
 
 
@@ -45,7 +45,14 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
 
     def release_stream(self, stream: int) -> None:
         self.buffers.forget_stream(stream)
+        counters.clear(stream)
         conv_igemm.clear_scratch(stream)
+
+    def reserve_stream(self) -> None:
+        """Make the current stream's zeroed counters now: before a CUDA-graph capture on
+        a new stream, so that the capture records no memset node zeroing them."""
+        zeroed_counters(self.buffers, 1)
+        counters.arrival_counters(1)
 
     def to_numpy(self, a):
         return cupy.asnumpy(a)

@@ -6,9 +6,10 @@ array costs the host a driver call each, more than the graph launch itself.
 ``GraphIO`` moves those copies into the graph: its first nodes copy the caller's
 inputs into the plan's buffers and its last nodes copy the outputs into arrays the
 host allocated for the call.  The caller's addresses reach the device through a ring
-of pointer rows in pinned host memory (cuda/graph_io.cu), written with plain stores
-and copied to device memory by the graph's first node, so a replay costs one driver
-call: the graph launch.
+of pointer rows in pinned, mapped host memory (cuda/graph_io.cu), written with plain
+stores and read into device memory by the graph's first kernel, so a replay costs one
+driver call: the graph launch.  The graph is kernels only (no memcpy node), the kind
+of graph the driver launches fastest.
 
 The ring has ``RING`` rows; launch k uses row k mod ``RING``.  The graph's last node
 publishes how many launches have finished, and ``submit`` waits only while the host
@@ -40,8 +41,9 @@ class GraphIO:
     ``outputs`` slots.
 
     Inside the capture, ``capture_inputs`` records the first nodes and
-    ``capture_outputs`` the last ones; before each launch ``submit`` fills the next
-    ring row."""
+    ``capture_outputs`` the last ones; after it, ``upload`` sets the device's copy of
+    the slots' buffers and sizes; before each launch ``submit`` fills the next ring
+    row."""
 
     def __init__(self, inputs: int, outputs: int) -> None:
         self.n_in, self.width = inputs, max(1, inputs + outputs)
@@ -51,13 +53,17 @@ class GraphIO:
         self._free = weakref.finalize(self, cupy.cuda.runtime.freeHost, self.host)
         table = np.ctypeslib.as_array((ctypes.c_uint64 * (words + 1)).from_address(self.host))
         table[:] = 0
-        self.ring = table[:RING * self.width]  # row r, slot i at r * width + i
+        row_type = ctypes.c_uint64 * self.width  # ring row r at word r * width, one slot per word
+        self.rows = [row_type.from_address(self.host + r * self.width * 8) for r in range(RING)]
         self.fixed = table[RING * self.width:(RING + 1) * self.width]
         self.nbytes = table[(RING + 1) * self.width:words]
-        self.finished = table[words:]  # launches the device has completed, as it published them
-        self.table = cupy.zeros(words, dtype=np.uint64)  # the device's copy, refreshed per launch
+        # launches the device has completed, as it published them, and as last read
+        self.finished = ctypes.c_uint64.from_address(self.host + self.table_bytes)
+        self.finished_seen = 0
+        self.table = cupy.zeros(words, dtype=np.uint64)  # the device's copy: this launch's row, then the slots
         self.launches = cupy.zeros(1, dtype=np.uint64)  # the device's own count
         self.dense_in: list[bool] = []
+        self.all_dense_in = True
         self.dense_out: list[bool] = []
         self.no_outputs = [0] * (self.width - inputs)  # a row's output slots when the plan keeps them
         self.submitted = 0
@@ -78,13 +84,13 @@ class GraphIO:
         return ok
 
     def capture_inputs(self, buffers: Sequence[Any]) -> None:
-        """Record the table's copy to the device and the node copying the call's inputs
-        into ``buffers`` (the first nodes).  The table is read when the graph runs, so
-        the outputs' entries, written at the end of the capture, are in it."""
-        cupy.cuda.runtime.memcpyAsync(self.table.data.ptr, self.host, self.table_bytes,
-                                      cupy.cuda.runtime.memcpyHostToDevice,
-                                      cupy.cuda.get_current_stream().ptr)
+        """Record the fetch of the launch's ring row and the node copying the call's
+        inputs into ``buffers`` (the first nodes)."""
+        loader.kernel(SOURCE, "graph_io_fetch_kernel")(
+            (1,), (min(_THREADS, self.width),),
+            (np.uint64(self.host), self.table, np.int32(RING), np.int32(self.width), self.launches))
         self.dense_in = self._copy_node(buffers, 0, False)
+        self.all_dense_in = all(self.dense_in)
 
     def capture_outputs(self, buffers: Sequence[Any]) -> None:
         """Record the nodes copying ``buffers`` out and closing the launch (the last)."""
@@ -92,26 +98,32 @@ class GraphIO:
         loader.kernel(SOURCE, "graph_io_finish_kernel")(
             (1,), (1,), (self.launches, np.uint64(self.host + self.table_bytes)))
 
+    def upload(self) -> None:
+        """After the capture: copy the slots' plan buffers and byte counts to the device
+        (on the current stream, which the first launch must follow)."""
+        start = RING * self.width * 8
+        cupy.cuda.runtime.memcpyAsync(self.table.data.ptr + start, self.host + start, self.table_bytes - start,
+                                      cupy.cuda.runtime.memcpyHostToDevice, cupy.cuda.get_current_stream().ptr)
+
     def submit(self, arrays: Sequence[Any], outputs: Sequence[Any] | None) -> list[int]:
         """Fill the next ring row with the caller's dense ``arrays`` and, unless None,
         the ``outputs`` allocated for this call (None entries are skipped).  Returns
         the inputs the row skipped: the caller copies those in itself before the
         launch."""
-        while self.submitted - int(self.finished[0]) >= RING:  # a whole ring ahead
-            time.sleep(0)
-        row, skipped = [], []
-        for i, a in enumerate(arrays):
-            if self.dense_in[i] and a._c_contiguous:
-                row.append(a.data.ptr)
-            else:
-                row.append(0)
-                skipped.append(i)
+        if self.submitted - self.finished_seen >= RING:  # perhaps a whole ring ahead: look again
+            while self.submitted - self.finished.value >= RING:
+                time.sleep(0)
+            self.finished_seen = self.finished.value
+        row = [a.data.ptr if a._c_contiguous else 0 for a in arrays]
+        skipped = []
+        if not self.all_dense_in or 0 in row:
+            row = [p if dense_slot else 0 for p, dense_slot in zip(row, self.dense_in)]
+            skipped = [i for i, p in enumerate(row) if not p]
         if outputs is None:
             row += self.no_outputs
         else:
             row += [0 if out is None else out.data.ptr for out in outputs]
-        base = (self.submitted % RING) * self.width
-        self.ring[base:base + len(row)] = row  # one store of the row, not one per slot
+        self.rows[self.submitted % RING][:] = row  # one store of the row, not one per slot
         self.submitted += 1
         return skipped
 
