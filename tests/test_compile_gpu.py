@@ -72,6 +72,32 @@ def test_memory_is_flat_over_1000_replays():
         assert tc.cuda.memory_allocated() == before
 
 
+def test_outputs_nobody_holds_are_handed_out_again_and_held_ones_never():
+    """A loop feeding each call's outputs to the next gets the sets of two calls back
+    in turn (no allocation), with every result as eager computes it; outputs still
+    held -- as tensors or through a view -- keep their values over later calls."""
+    def step(x, count):
+        y = x * 0.5 + 1.0
+        return y, count + (y > 1.5).sum()
+
+    compiled = tc.compile(step, cache_dir=False)
+    x, count = tc.randn(64, device="cuda"), tc.zeros((), dtype=tc.int64, device="cuda")
+    want_x, want_count, seen = x, count, []
+    for _ in range(8):
+        x, count = compiled(x, count)
+        want_x, want_count = step(want_x, want_count)
+        assert np.array_equal(x.numpy(), want_x.numpy()) and count.item() == want_count.item()
+        seen.append(id(x.data))
+    assert len(set(seen[2:])) == 2, "later calls take back the sets of two calls before"
+    kept = [compiled(x, count) for _ in range(3)]  # all held: each call has its own arrays
+    view = compiled(x, count)[0][:4]  # a view keeps its base
+    values = [k[0].numpy().copy() for k in kept] + [view.numpy().copy()]
+    for _ in range(4):
+        compiled(x * 3.0, count)
+    assert all(np.array_equal(k[0].numpy(), v) for k, v in zip(kept, values))
+    assert np.array_equal(view.numpy(), values[-1])
+
+
 def test_release_frees_the_graph_and_its_pool():
     block = _block()
     compiled = tc.compile(block, cache_dir=False)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import weakref
 from typing import Any, Callable
 
@@ -244,6 +245,8 @@ class CudaGraphReplay:
             self.fresh.append((b.shape, b.dtype, block) if ok else None)
             block += -(-b.nbytes // ALIGN["cuda"]) * ALIGN["cuda"] if ok else 0
         self.fresh_bytes = block
+        # the last calls' output sets, each with the handle of the stream it was made on
+        self.handed_out: list[tuple[int, list[Any]]] = []
         self.env = env  # every array the graph touches lives as long as the graph
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
         self.arena_bytes = int(self.pool.total_bytes())
@@ -305,10 +308,7 @@ class CudaGraphReplay:
             self.handed_over.record(self.last_user)
             user.wait_event(self.handed_over)
         self.last_user = user
-        outputs = None
-        if fresh:
-            new, block = cupy.ndarray, cupy.cuda.alloc(self.fresh_bytes) if self.fresh_bytes else None
-            outputs = [None if spec is None else new(spec[0], spec[1], block + spec[2]) for spec in self.fresh]
+        outputs = self._fresh_outputs(user.ptr) if fresh else None
         for i in self.io.submit(arrays, outputs):
             self.copy_(self.inputs[i], arrays[i])
         self.graph.launch(user)
@@ -318,14 +318,52 @@ class CudaGraphReplay:
             return self.outputs
         return [self.copy(b) if out is None else out for out, b in zip(outputs, self.outputs)]
 
+    def _fresh_outputs(self, stream: int) -> list[Any]:
+        """This call's own output arrays: a set of an earlier call on this stream whose
+        arrays nobody else holds any more (the common loop: step k + 1 runs while step
+        k's outputs are its inputs, and step k - 1's were dropped), or a new set, views
+        of one block from the memory pool.  Reusing a set spares the allocation and the
+        array objects, which cost the host more than the launch; as for the pool's own
+        blocks, reuse is ordered on the stream that last wrote them."""
+        handed_out = self.handed_out
+        for position, (owner_stream, arrays) in enumerate(handed_out):
+            if owner_stream == stream and _unreferenced(arrays):
+                handed_out.append(handed_out.pop(position))
+                return arrays
+        new, block = self.cupy.ndarray, self.cupy.cuda.alloc(self.fresh_bytes) if self.fresh_bytes else None
+        arrays = [None if spec is None else new(spec[0], spec[1], block + spec[2]) for spec in self.fresh]
+        handed_out.append((stream, arrays))
+        if len(handed_out) > RECYCLED_SETS:
+            del handed_out[0]
+        return arrays
+
     def release(self) -> None:
         if self.last_user is not None:  # the pointer ring must outlive the launches in flight
             self.last_user.synchronize()
         self.graph = self.env = self.memory = self.last_user = None
-        self.inputs, self.outputs, self.writeback, self.blocks = [], [], [], []
+        self.inputs, self.outputs, self.writeback, self.blocks, self.handed_out = [], [], [], [], []
         self.forget_stream()  # the buffers the backend kept for the capture (once)
         self.io.release()
         self.pool.free_all_blocks()
+
+
+RECYCLED_SETS = 2  # output sets a CUDA-graph replay keeps to hand out again
+
+
+def _held_once() -> int:
+    """What ``sys.getrefcount`` says, through ``_unreferenced``'s own loop, of an object
+    held by one list and nothing else (the interpreter's own temporary references vary
+    across versions: measured rather than assumed)."""
+    return _counts([object()])[0]
+
+
+def _counts(arrays: list[Any]) -> list[int]:
+    return [sys.getrefcount(a) for a in arrays]
+
+
+def _unreferenced(arrays: list[Any]) -> bool:
+    """Whether the set's list is the only holder of each of its arrays."""
+    return all(count <= _HELD_ONCE for count, a in zip(_counts(arrays), arrays) if a is not None)
 
 
 def bind(plan: Plan, backend: Any, roots: dict[int, Any], objects: list[Any]) -> CpuReplay | CudaGraphReplay:
@@ -333,3 +371,6 @@ def bind(plan: Plan, backend: Any, roots: dict[int, Any], objects: list[Any]) ->
     if plan.graph.device == "cuda":
         return CudaGraphReplay(plan, backend, roots, objects)
     return CpuReplay(plan, backend, roots, objects)
+
+
+_HELD_ONCE = _held_once()
