@@ -37,12 +37,12 @@ def loop_ms() -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def step_arguments(pipe: DiffusionPipeline) -> tuple:
+def step_arguments(pipe: DiffusionPipeline, latents: tc.Tensor) -> tuple:
     """The arguments of a real denoise step (a two-step generation records them)."""
     calls, denoiser = [], pipe.denoiser
     pipe.denoiser = lambda *args: calls.append(args) or denoiser(*args)
     try:
-        pipe.generate(num_inference_steps=2, progress=False)
+        pipe.generate(num_inference_steps=2, latents=latents, progress=False)
     finally:
         pipe.denoiser = denoiser
     return calls[-1]
@@ -65,7 +65,7 @@ def main() -> None:
     tc.set_matmul_precision("high")
     unet = UNet2D.reference().to("cuda").eval()
     pipe = DiffusionPipeline(unet, DDIMScheduler(), compile=True)
-    args = step_arguments(pipe)
+    args = step_arguments(pipe, tc.randn(1, 4, 128, 128, device="cuda"))
     denoiser = pipe.denoiser
     forward = tc.compile(unet)
     latents, timestep = args[2], args[3]
