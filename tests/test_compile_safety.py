@@ -373,6 +373,8 @@ def test_the_last_calls_spec_is_reused_only_for_what_cannot_have_changed(backend
     assert compiled.cache_info().traces == 6
 
     last, module = LastSpec(), layers.Linear(2, 2)
+    scale = float(np.float32(0.25) * 8)  # 2.0 computed anew: another object, the same spec
+    assert last.check((x, 2.0, options, pair, ()))[0] is last.check((x, scale, options, pair, ()))[0]
     for args in [(x, 2.0, options, pair, (x, x)), (x, 2.0, options, pair, (x, x)), (x, 3.0, options, pair, ()),
                  (x, 3.0, module, pair, ()), (x, 3.0, layers.Linear(3, 3), pair, ()), (x, module, options, pair, ())]:
         spec, tensors, stable = last.check(args)

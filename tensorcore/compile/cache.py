@@ -148,7 +148,8 @@ class LastSpec:
     and cannot have changed since (a plain value, a tuple of them, any other hashable
     object: the key compares those by identity first too), a module where a module
     was, or a tensor of the same shape, dtype, device and requires_grad; any other
-    argument (a list, a tuple holding tensors) has its spec rebuilt and compared.  A
+    argument (a list, a tuple holding tensors, a new object in a static place) has its
+    spec rebuilt and compared.  A
     call that passes gets last time's spec object back, so the plan lookup compares
     it by identity."""
 
@@ -172,7 +173,8 @@ class _Layout:
     """What ``LastSpec`` keeps of one call: per argument position, how to check it."""
 
     def __init__(self, args: tuple, items: tuple, stable: bool) -> None:
-        self.count, self.spec, self.stable = len(args), (("tuple", *items), ("dict",)), stable
+        self.count, self.items, self.stable = len(args), items, stable
+        self.spec = (("tuple", *items), ("dict",))
         kinds = [_check_kind(a, item) for a, item in zip(args, items)]
         self.same = [i for i, k in enumerate(kinds) if k == "same"]
         self.objects = [args[i] for i in self.same]
@@ -184,7 +186,11 @@ class _Layout:
         """The call's tensor arguments in order, or None when its spec differs."""
         get = args.__getitem__
         if not all(map(operator.is_, map(get, self.same), self.objects)):
-            return None
+            # another object in a static place (a float computed anew each call): equal
+            # specs still pass
+            for i, obj in zip(self.same, self.objects):
+                if args[i] is not obj and _items_spec((args[i],), [], [True])[0] != self.items[i]:
+                    return None
         for i in self.modules:
             if not is_root_type(type(args[i])):
                 return None
