@@ -377,10 +377,11 @@ def test_the_last_calls_spec_is_reused_only_for_what_cannot_have_changed(backend
     assert last.check((x, 2.0, options, pair, ()))[0] is last.check((x, scale, options, pair, ()))[0]
     for args in [(x, 2.0, options, pair, (x, x)), (x, 2.0, options, pair, (x, x)), (x, 3.0, options, pair, ()),
                  (x, 3.0, module, pair, ()), (x, 3.0, layers.Linear(3, 3), pair, ()), (x, module, options, pair, ())]:
-        spec, tensors, stable = last.check(args)
+        spec, tensors, stable, modules = last.check(args)
         (fixed, _), fresh_tensors, fresh_stable = key(args, {}, [], None)
         assert spec == fixed[0] and list(map(id, tensors)) == list(map(id, fresh_tensors))
-        assert stable == [fresh_stable is not None]
+        assert stable == (fresh_stable is not None)
+        assert modules == [i for i, a in enumerate(args) if isinstance(a, layers.Module)]
 
 
 def test_compiled_functions_nest(backend):

@@ -61,18 +61,15 @@ T = TypeVar("T")
 
 # ----- keys ------------------------------------------------------------------------------
 def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modes_of: Any,
-        last: "LastSpec | None" = None) -> tuple[Any, list[Tensor], Any]:
+        checked: tuple | None = None) -> tuple[Any, list[Tensor], Any]:
     """(key, the tensor arguments in order, the stable part of the key or None);
     ``modes_of(root, version)`` is the tuple of a root's submodules' ``training`` flags;
-    ``last``, the spec of the caller's previous call, checked before one is built."""
-    if not kwargs and all(type(a) is Tensor for a in args):  # the common call: tensors only
-        tensors, stable = list(args), [True]
-        spec: Any = tuple([(a.data.shape, a.data.dtype, a.device, a.requires_grad) for a in args])
-    elif kwargs or last is None:
+    ``checked``, what ``LastSpec.check`` found of a call without keyword arguments."""
+    if checked is not None:
+        spec, tensors, stable = checked[0], checked[1], [checked[2]]
+    else:
         tensors, stable = [], [True]
         spec = (("tuple", *_items_spec(args, tensors, stable)), _spec(kwargs, tensors, stable) if kwargs else ("dict",))
-    else:
-        spec, tensors, stable = last.check(args)
     alias = ()
     if len(tensors) > 1:
         ids = [id(t.data) for t in tensors]
@@ -156,17 +153,18 @@ class LastSpec:
     def __init__(self) -> None:
         self._last: _Layout | None = None
 
-    def check(self, args: tuple) -> tuple[Any, list[Tensor], list[bool]]:
-        """(spec, tensor arguments, [stable]) of a call with positional ``args``."""
+    def check(self, args: tuple) -> tuple[Any, list[Tensor], bool, list[int]]:
+        """(spec, tensor arguments, whether the spec is stable, the positions of the
+        module arguments) of a call with positional ``args``."""
         last = self._last
         if last is not None and len(args) == last.count:
             tensors = last.tensors_of(args)
             if tensors is not None:
-                return last.spec, tensors, [last.stable]
+                return last.spec, tensors, last.stable, last.modules
         tensors, stable = [], [True]
         items = tuple(_items_spec(args, tensors, stable))
-        self._last = _Layout(args, items, stable[0])
-        return self._last.spec, tensors, stable
+        last = self._last = _Layout(args, items, stable[0])
+        return last.spec, tensors, last.stable, last.modules
 
 
 class _Layout:

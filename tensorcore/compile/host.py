@@ -142,7 +142,6 @@ class Compiled:
         # the globals' values read last time, and the modules among them by name
         self._globals_seen: tuple[tuple, list[tuple[str, Any]]] = ((), [])
         self._fn_is_module = _is_module(fn)
-        self._root_positions: dict[tuple[type, ...], list[tuple[int, str]]] = {}
         self._last_seen: list[tuple[Any, bool] | None] = [None] * len(self._sources)
         self._last_spec = cache.LastSpec()
         self._disk = cache.DiskCache.open(cache_dir)
@@ -160,8 +159,7 @@ class Compiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _TRACE_STATE.tracer is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
-        roots = self._roots(args)
-        key, tensors, stable = cache.key(args, kwargs, roots, self._modes, self._last_spec)
+        key, roots, tensors, stable = self._key(args, kwargs)
         with self._lock:
             entry = self._plans.get(key)
             if entry is None or not entry.holds():
@@ -180,6 +178,14 @@ class Compiled:
         finally:
             with self._lock:
                 self._tracing.discard(key)
+
+    def _key(self, args: tuple, kwargs: dict) -> tuple[Any, list[tuple[str, Any]], list[Tensor], Any]:
+        """(key, roots, tensor arguments, the key's stable part or None) of a call; one
+        without keyword arguments has its spec checked against the last call's."""
+        checked = None if kwargs else self._last_spec.check(args)
+        roots = self._roots(args, None if checked is None else checked[3])
+        key, tensors, stable = cache.key(args, kwargs, roots, self._modes, checked)
+        return key, roots, tensors, stable
 
     def _claim(self, key: Any) -> str:
         """Under the lock, for a key without a plan: "trace" (this thread) or "eager"."""
@@ -346,24 +352,19 @@ class Compiled:
                 copy_(tracer.backend, tensors[s.input_index].data, inputs[s.input_index])
 
     # ----- the program around the function --------------------------------------------
-    def _roots(self, args: tuple = ()) -> list[tuple[str, Any]]:
+    def _roots(self, args: tuple = (), positions: list[int] | None = None) -> list[tuple[str, Any]]:
         """The modules the call uses, by a stable name: the compiled module itself, or
-        the modules passed as arguments and those the function's closure, ``self`` and
-        globals refer to (read on every call: they may be re-bound; what each name held
-        last time is remembered)."""
+        the modules passed as arguments (at ``positions`` when known) and those the
+        function's closure, ``self`` and globals refer to (read on every call: they may
+        be re-bound; what each name held last time is remembered)."""
         found, seen, last = [], set(), self._last_seen
-        kinds = tuple(map(type, args))
-        positions = self._root_positions.get(kinds)
-        if positions is None:  # the argument positions holding modules, per argument types
-            if len(self._root_positions) > 64:
-                self._root_positions.clear()
-            positions = self._root_positions[kinds] = [(i, f"arg{i}") for i, kind in enumerate(kinds)
-                                                       if cache.is_root_type(kind)]
-        for i, name in positions:
+        if positions is None:
+            positions = [i for i, a in enumerate(args) if cache.is_root_type(type(a))]
+        for i in positions:
             a = args[i]
             if id(a) not in seen:
                 seen.add(id(a))
-                found.append((name, a))
+                found.append((f"arg{i}", a))
         if self._fn_is_module:
             return found + [("", self.fn)] if id(self.fn) not in seen else found
         for i, (name, read) in enumerate(self._sources):

@@ -233,12 +233,9 @@ def host_parts(compiled: Any, args: tuple) -> str:
     own output buffers returned."""
     from gpu_timing import host_us
 
-    from tensorcore.compile import cache
-
-    roots = compiled._roots(args)
     entry = next(iter(compiled._plans.values()))
     arrays = [a.data for a in args]
-    parts = {"key": lambda: cache.key(args, {}, roots, compiled._modes), "guards": entry.holds,
+    parts = {"key": lambda: compiled._key(args, {}), "guards": entry.holds,
              "launch with copies": lambda: entry.executor.run(arrays),
              "launch, outputs kept": lambda: entry.executor.run(arrays, False)}
     return ", ".join(f"{name} {host_us(fn):.1f}" for name, fn in parts.items())

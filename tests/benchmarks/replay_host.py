@@ -26,7 +26,6 @@ from gpu_timing import host_us  # noqa: E402
 import tensorcore as tc  # noqa: E402
 from diffusion import DDIMScheduler, UNet2D  # noqa: E402
 from diffusion.pipelines import DiffusionPipeline  # noqa: E402
-from tensorcore.compile import cache  # noqa: E402
 
 
 def loop_ms() -> float:
@@ -70,15 +69,14 @@ def main() -> None:
     forward = tc.compile(unet)
     latents, timestep = args[2], args[3]
     with tc.no_grad():
-        key, tensors, _ = cache.key(args, {}, denoiser._roots(args), denoiser._modes, denoiser._last_spec)
+        key, _, tensors, _ = denoiser._key(args, {})
         executor = denoiser._plans.get(key).executor
         arrays = [t.data for t in tensors]
         forward(latents, timestep)
         stream = cp.cuda.get_current_stream()
         rows = {
             "DDIM step: whole call": lambda: denoiser(*args),
-            "DDIM step: cache key": lambda: cache.key(args, {}, denoiser._roots(args), denoiser._modes,
-                                                      denoiser._last_spec),
+            "DDIM step: cache key": lambda: denoiser._key(args, {}),
             "DDIM step: run, new outputs": lambda: executor.run(arrays, True),
             "DDIM step: run, plan's outputs": lambda: executor.run(arrays, False),
             "DDIM step: graph launch": lambda: executor.graph.launch(stream),
