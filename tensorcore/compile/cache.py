@@ -146,9 +146,8 @@ class LastSpec:
     object: the key compares those by identity first too), a module where a module
     was, or a tensor of the same shape, dtype, device and requires_grad; any other
     argument (a list, a tuple holding tensors, a new object in a static place) has its
-    spec rebuilt and compared.  A
-    call that passes gets last time's spec object back, so the plan lookup compares
-    it by identity."""
+    spec rebuilt and compared.  A call that passes gets last time's spec object back,
+    so the plan lookup compares it by identity."""
 
     def __init__(self) -> None:
         self._last: _Layout | None = None

@@ -25,7 +25,9 @@ stream order alone puts the launch after the caller's earlier work and the calle
 next work after the launch; the host never synchronizes.  A caller on another stream
 than the previous one first waits for that stream, so the previous caller's outputs
 are copied out before they are overwritten; the first caller waits for the plan's own
-stream, where the constants and the I/O counters were set up.
+stream, where the constants and the I/O counters were set up.  The output arrays a
+call returns are new, or those of one of the last two calls on the same stream when
+nothing else holds them any more (``_fresh_outputs``).
 
 Both take the external buffers as live root arrays (``roots``, by storage) and the
 opaque objects (random generators) by position, so a plan loaded from disk binds the
@@ -235,8 +237,8 @@ class CudaGraphReplay:
             finally:
                 self.graph = self.stream.end_capture()
             self.io.upload()
-        # a call's own output arrays, all views of one block allocated per call (one pool
-        # allocation however many outputs; the block lives while any of them does):
+        # a new set of output arrays is all views of one block (one pool allocation
+        # however many outputs; the block lives while any of them does):
         # (shape, dtype, byte offset) of each output the graph copies out, None for those
         # copied by the host
         self.fresh: list[tuple[Any, Any, int] | None] = []
