@@ -21,7 +21,10 @@ noise cast to bfloat16, run last):
   as PyTorch eager, as a replayed CUDA graph and (opt-in) compiled.
 
 Each figure is the median of several runs after a warm-up; results are compared (max
-|difference| against PyTorch eager's images, and compiled against eager).
+|difference| against PyTorch eager's images, and compiled against eager).  The host
+time of a compiled forward replay and of a replayed DDIM step is printed as wall time
+and as the calling thread's CPU time (``gpu_timing.host_times``): the GPU machine's
+host is shared, and the second leaves out the time other processes held the core.
 
 ``--cpu-train`` times ``python -m diffusion train`` (all defaults, Numba backend, a
 fresh output folder) in a subprocess: the README's first command.
@@ -98,7 +101,7 @@ def gpu_rows(steps_list: list[int], repeats: int, precisions: list[str], use_tor
     import torch
     from diffusers import DDIMScheduler as TorchDDIM
     from diffusers import UNet2DModel
-    from gpu_timing import host_us, queued_ms  # tests/benchmarks/gpu_timing.py
+    from gpu_timing import host_times, queued_ms  # tests/benchmarks/gpu_timing.py
 
     import tensorcore as tc
     from diffusion import DDIMScheduler, UNet2D
@@ -120,20 +123,20 @@ def gpu_rows(steps_list: list[int], repeats: int, precisions: list[str], use_tor
             theirs.to(torch.bfloat16)
             latents, torch_latents = latents.to(dtype=tc.bfloat16), torch_latents.to(torch.bfloat16)
         print(f"\n== {precision}: {PRECISION_NOTES[precision]} on both sides ({repeats} runs, median)")
-        forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_us, use_torch_compile)
+        forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_times, use_torch_compile)
         compiled = ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats,
                              use_torch_compile, DiffusionPipeline, DDIMScheduler, TorchDDIM)
-        step_host_row(compiled, latents, tc, host_us)
+        step_host_row(compiled, latents, tc, host_times)
 
 
-def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_us, use_torch_compile: bool) -> None:
+def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_times, use_torch_compile: bool) -> None:
     """One UNet forward, CUDA-event time per call, five ways; the host time of a replay."""
     t, torch_t = tc.tensor([500.0], device="cuda"), torch.tensor(500, device="cuda")
     compiled = tc.compile(ours, cache_dir=False)
     with tc.no_grad(), torch.no_grad():
         timed = functools.partial(queued_ms, calls=5, reps=5)
         rows = {"ours eager": timed(lambda: ours(latents, t)), "ours compiled": timed(lambda: compiled(latents, t))}
-        host = host_us(lambda: compiled(latents, t))
+        host = host_times(lambda: compiled(latents, t))
         for name, call in torch_unet_calls(theirs, torch, use_torch_compile).items():
             rows[name] = timed(lambda call=call: call(torch_latents, torch_t))
         difference = float(np.abs(compiled(latents, t).numpy().astype(np.float32)
@@ -143,10 +146,10 @@ def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, hos
     torch_rows = {k: v for k, v in rows.items() if k.startswith("torch")}
     print("ours compiled against: " + ", ".join(f"{k} {v / rows['ours compiled']:.2f}x" for k, v in torch_rows.items())
           + f" (> 1: ours faster); max |ours compiled - torch eager| {difference:.2e}")
-    print(f"host time per compiled UNet forward replay: {host:.1f} us")
+    print(f"host time per compiled UNet forward replay: {host[0]:.1f} us ({host[1]:.1f} us of thread CPU time)")
 
 
-def step_host_row(pipe, latents, tc, host_us) -> None:
+def step_host_row(pipe, latents, tc, host_times) -> None:
     """The host time of one replayed DDIM step: the compiled pipeline's denoise step (UNet,
     scheduler update, non-finite guard: one CUDA graph, its plan already made by the DDIM
     rows) called with the arguments of a real step."""
@@ -159,10 +162,11 @@ def step_host_row(pipe, latents, tc, host_us) -> None:
         pipe.denoiser = denoiser
     args = calls[-1]
     with tc.no_grad():
-        host = host_us(lambda: denoiser(*args))
+        host = host_times(lambda: denoiser(*args))
     info = denoiser.cache_info()
-    print(f"host time per replayed DDIM step (compiled denoise step): {host:.1f} us "
-          f"({info.hits} replays, {info.traces} traces, {info.fallbacks} eager fallbacks)")
+    print(f"host time per replayed DDIM step (compiled denoise step): {host[0]:.1f} us "
+          f"({host[1]:.1f} us of thread CPU time; {info.hits} replays, {info.traces} traces, "
+          f"{info.fallbacks} eager fallbacks)")
 
 
 def ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats, use_torch_compile,

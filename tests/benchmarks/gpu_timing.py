@@ -50,17 +50,24 @@ def queued_ms(fn, calls: int = 20, reps: int = 15) -> float:
     return statistics.median(times)
 
 
-def host_us(fn, number: int = 20, runs: int = 15) -> float:
+def host_times(fn, number: int = 20, runs: int = 15) -> tuple[float, float]:
     """Median host microseconds per call of ``fn`` over ``runs`` runs of ``number``
     back-to-back calls, the device left to catch up between runs (so no call waits on a
-    full queue)."""
+    full queue): wall time, and the calling thread's CPU time (what the call itself
+    costs the host, less the time other processes took the core from it)."""
     sync = cp.cuda.Device().synchronize
-    samples = []
+    wall, cpu = [], []
     for _ in range(runs):
         sync()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         for _ in range(number):
             fn()
-        samples.append((time.perf_counter() - start) / number * 1e6)
+        wall.append((time.perf_counter() - start) / number * 1e6)
+        cpu.append((time.thread_time() - start_cpu) / number * 1e6)
     sync()
-    return statistics.median(samples)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def host_us(fn, number: int = 20, runs: int = 15) -> float:
+    """``host_times``' wall time alone."""
+    return host_times(fn, number, runs)[0]
