@@ -374,14 +374,14 @@ def test_the_last_calls_spec_is_reused_only_for_what_cannot_have_changed(backend
 
     last, module = LastSpec(), layers.Linear(2, 2)
     scale = float(np.float32(0.25) * 8)  # 2.0 computed anew: another object, the same spec
-    assert last.check((x, 2.0, options, pair, ()))[0] is last.check((x, scale, options, pair, ()))[0]
+    assert last.check((x, 2.0, options, pair, ()))[0].spec is last.check((x, scale, options, pair, ()))[0].spec
     for args in [(x, 2.0, options, pair, (x, x)), (x, 2.0, options, pair, (x, x)), (x, 3.0, options, pair, ()),
                  (x, 3.0, module, pair, ()), (x, 3.0, layers.Linear(3, 3), pair, ()), (x, module, options, pair, ())]:
-        spec, tensors, stable, modules = last.check(args)
+        layout, tensors = last.check(args)
         (fixed, _), fresh_tensors, fresh_stable = key(args, {}, [], None)
-        assert spec == fixed[0] and list(map(id, tensors)) == list(map(id, fresh_tensors))
-        assert stable == (fresh_stable is not None)
-        assert modules == [i for i, a in enumerate(args) if isinstance(a, layers.Module)]
+        assert layout.spec == fixed[0] and list(map(id, tensors)) == list(map(id, fresh_tensors))
+        assert layout.stable == (fresh_stable is not None)
+        assert layout.modules == [i for i, a in enumerate(args) if isinstance(a, layers.Module)]
 
 
 def test_compiled_functions_nest(backend):

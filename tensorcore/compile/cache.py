@@ -61,12 +61,13 @@ T = TypeVar("T")
 
 # ----- keys ------------------------------------------------------------------------------
 def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modes_of: Any,
-        checked: tuple | None = None) -> tuple[Any, list[Tensor], Any]:
+        checked: "tuple[Layout, list[Tensor]] | None" = None) -> tuple[Any, list[Tensor], Any]:
     """(key, the tensor arguments in order, the stable part of the key or None);
     ``modes_of(root, version)`` is the tuple of a root's submodules' ``training`` flags;
     ``checked``, what ``LastSpec.check`` found of a call without keyword arguments."""
     if checked is not None:
-        spec, tensors, stable = checked[0], checked[1], [checked[2]]
+        layout, tensors = checked
+        spec, stable = layout.spec, [layout.stable]
     else:
         tensors, stable = [], [True]
         spec = (("tuple", *_items_spec(args, tensors, stable)), _spec(kwargs, tensors, stable) if kwargs else ("dict",))
@@ -150,24 +151,25 @@ class LastSpec:
     so the plan lookup compares it by identity."""
 
     def __init__(self) -> None:
-        self._last: _Layout | None = None
+        self._last: Layout | None = None
 
-    def check(self, args: tuple) -> tuple[Any, list[Tensor], bool, list[int]]:
-        """(spec, tensor arguments, whether the spec is stable, the positions of the
-        module arguments) of a call with positional ``args``."""
+    def check(self, args: tuple) -> tuple["Layout", list[Tensor]]:
+        """(the layout of a call with positional ``args`` -- its spec, whether that is
+        stable, the positions of its module arguments --, its tensor arguments)."""
         last = self._last
         if last is not None and len(args) == last.count:
             tensors = last.tensors_of(args)
             if tensors is not None:
-                return last.spec, tensors, last.stable, last.modules
+                return last, tensors
         tensors, stable = [], [True]
         items = tuple(_items_spec(args, tensors, stable))
-        last = self._last = _Layout(args, items, stable[0])
-        return last.spec, tensors, last.stable, last.modules
+        last = self._last = Layout(args, items, stable[0])
+        return last, tensors
 
 
-class _Layout:
-    """What ``LastSpec`` keeps of one call: per argument position, how to check it."""
+class Layout:
+    """What ``LastSpec`` keeps of one call: its spec and, per argument position, how to
+    check it."""
 
     def __init__(self, args: tuple, items: tuple, stable: bool) -> None:
         self.count, self.items, self.stable = len(args), items, stable

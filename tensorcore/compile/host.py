@@ -183,7 +183,7 @@ class Compiled:
         """(key, roots, tensor arguments, the key's stable part or None) of a call; one
         without keyword arguments has its spec checked against the last call's."""
         checked = None if kwargs else self._last_spec.check(args)
-        roots = self._roots(args, None if checked is None else checked[3])
+        roots = self._roots(args, None if checked is None else checked[0].modules)
         key, tensors, stable = cache.key(args, kwargs, roots, self._modes, checked)
         return key, roots, tensors, stable
 

@@ -302,8 +302,7 @@ class CudaGraphReplay:
         next, with no event of its own.  The graph copies the inputs in and, when
         ``fresh``, the outputs out into arrays allocated here (``GraphIO``); without
         ``fresh`` the outputs are the plan's own buffers."""
-        cupy = self.cupy
-        user = cupy.cuda.get_current_stream()
+        user = self.cupy.cuda.get_current_stream()
         if self.last_user.ptr != user.ptr:
             # the previous caller's launch and its copies of the outputs (enqueued before
             # this call could take the plan) come before this launch overwrites them

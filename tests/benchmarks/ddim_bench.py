@@ -153,14 +153,9 @@ def step_host_row(pipe, latents, tc, host_times) -> None:
     """The host time of one replayed DDIM step: the compiled pipeline's denoise step (UNet,
     scheduler update, non-finite guard: one CUDA graph, its plan already made by the DDIM
     rows) called with the arguments of a real step."""
-    calls = []
-    denoiser = pipe.denoiser
-    pipe.denoiser = lambda *args: calls.append(args) or denoiser(*args)
-    try:
-        pipe.generate(num_inference_steps=2, latents=latents, progress=False)
-    finally:
-        pipe.denoiser = denoiser
-    args = calls[-1]
+    from replay_host import step_arguments  # tests/benchmarks/replay_host.py
+
+    denoiser, args = pipe.denoiser, step_arguments(pipe, latents)
     with tc.no_grad():
         host = host_times(lambda: denoiser(*args))
     info = denoiser.cache_info()
