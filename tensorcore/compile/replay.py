@@ -27,7 +27,10 @@ than the previous one first waits for that stream, so the previous caller's outp
 are copied out before they are overwritten; the first caller waits for the plan's own
 stream, where the constants and the I/O counters were set up.  The output arrays a
 call returns are new, or those of one of the last two calls on the same stream when
-nothing else holds them any more (``_fresh_outputs``).
+nothing else holds them any more (``_fresh_outputs``).  Convolution weights the plan
+only reads are packed outside the graph and packed again only after a write into
+device memory (``backends/cupy/weight_packs.py``); a launch that writes its modules'
+memory notes a write itself.
 
 Both take the external buffers as live root arrays (``roots``, by storage) and the
 opaque objects (random generators) by position, so a plan loaded from disk binds the
@@ -44,6 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..writes import note_write, unnoted
 from .graph import Node, Ref, Value, substitute
 from .plan import ALIGN, Plan, made_by
 from .trace import address, owner
@@ -189,10 +193,14 @@ class CudaGraphReplay:
     def __init__(self, plan: Plan, backend: Any, roots: dict[int, Any], objects: list[Any]) -> None:
         import cupy
 
+        from ..backends.cupy import weight_packs
         from ..backends.cupy.graph_io import GraphIO
 
         self.cupy, self.plan, self.backend, self.objects = cupy, plan, backend, objects
         self.copy_, self.copy = _method(backend, "copy_"), _method(backend, "copy")
+        # the inputs' copies go into the plan's own buffers, from which nothing is derived:
+        # not noted as writes (the copies back into the caller's arrays are)
+        self.copy_in = unnoted(self.copy_)
         graph = plan.graph
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
@@ -226,12 +234,16 @@ class CudaGraphReplay:
                 elif node.op == "lora_linear":  # only compiled plans call it: not loaded by the trace
                     backend.warm_lora_linear(graph.values[node.out.value].dtype)
             self.inputs = [env[v] for v in graph.inputs]
+            # convolution weights in memory the plan only reads are packed outside the
+            # graph, again only after a write (weight_packs)
+            self.weight_packs = weight_packs.WeightPacks(_read_only_spans(graph, roots))
             backend.reserve_stream()  # its counters made now: a memset node slows every launch
             self.stream.begin_capture()
             try:
                 self.io.capture_inputs(self.inputs)
-                for position in plan.steps:
-                    self._run_node(graph.nodes[position], env, dynamic)
+                with weight_packs.collecting(self.weight_packs):
+                    for position in plan.steps:
+                        self._run_node(graph.nodes[position], env, dynamic)
                 self.outputs = [self._value(r.value, env, dynamic) for r in graph.output_refs()]
                 self.io.capture_outputs(self.outputs)
             finally:
@@ -251,6 +263,8 @@ class CudaGraphReplay:
         self.handed_out: list[tuple[int, list[Any]]] = []
         self.env = env  # every array the graph touches lives as long as the graph
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
+        # a launch that writes its modules' memory (a training step) is noted as a write
+        self.writes_modules = any(s.kind == "external" and s.written for s in graph.storages)
         self.arena_bytes = int(self.pool.total_bytes())
         # the stream of the previous call; at first the plan's own, so the first call
         # waits for the constants and the I/O counters it set up there
@@ -311,8 +325,12 @@ class CudaGraphReplay:
         self.last_user = user
         outputs = self._fresh_outputs(user.ptr) if fresh else None
         for i in self.io.submit(arrays, outputs):
-            self.copy_(self.inputs[i], arrays[i])
+            self.copy_in(self.inputs[i], arrays[i])
+        if self.weight_packs:
+            self.weight_packs.refresh()
         self.graph.launch(user)
+        if self.writes_modules:
+            note_write()
         for i, buf in self.writeback:
             self.copy_(arrays[i], buf)
         if outputs is None:
@@ -343,12 +361,24 @@ class CudaGraphReplay:
             self.last_user.synchronize()
         self.graph = self.env = self.memory = self.last_user = None
         self.inputs, self.outputs, self.writeback, self.blocks, self.handed_out = [], [], [], [], []
+        self.weight_packs = None
         self.forget_stream()  # the buffers the backend kept for the capture (once)
         self.io.release()
         self.pool.free_all_blocks()
 
 
 RECYCLED_SETS = 2  # output sets a CUDA-graph replay keeps to hand out again
+
+
+def _read_only_spans(graph: Any, roots: dict[int, Any]) -> list[tuple[int, int]]:
+    """(lowest, past-the-end) device addresses of the external storages (the modules'
+    parameters and buffers) that no node of ``graph`` writes."""
+    spans = []
+    for s in graph.storages:
+        if s.kind == "external" and not s.written:
+            lowest = roots[s.index].data.ptr - s.origin
+            spans.append((lowest, lowest + s.nbytes))
+    return spans
 
 
 def _held_once() -> int:

@@ -41,7 +41,7 @@ from ... import settings
 from . import loader
 from .elementwise import ACT_CODES
 from .util import NULL, contiguous
-from . import conv_norm, conv_plan, counters
+from . import conv_norm, conv_plan, counters, weight_packs
 from .conv_norm import GroupNormIn
 from .conv_plan import FPROP, PREC_16, PREC_3XTF32, PREC_TF32, SOURCE, WGRAD, Plan
 
@@ -256,24 +256,42 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
                             n * cout * ho * wo, loader.sm_count(), loader.has_wgmma())
     reuse_w = (r == s == 1 and cp == c and not rounded and w.flags.c_contiguous
                and w.data.ptr % 16 == 0)
+    kept = None if reuse_w else _kept_weight(w, (cout, r, s, cp), rounded)
     if out is None:
         out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
     xh, wp, part, *stats = _scratch_arrays(((n, h, wd, cp), x.dtype),
-                                           ((0,) if reuse_w else (cout, r, s, cp), x.dtype),
+                                           ((0,) if reuse_w or kept is not None else (cout, r, s, cp), x.dtype),
                                            _partials(plan, out.size),
                                            *(conv_norm.scratch_layout(x, norm) if norm else ()))
-    packed_w = None if reuse_w else _Pack(w, wp, c, r, s, _strides(w))
+    packed_w = None if reuse_w or kept is not None else _Pack(w, wp, c, r, s, _strides(w))
     if norm is not None:
         conv_norm.coefficients(x, norm, *stats)
     _pack(_Pack(x, xh, c, h, wd, _strides(x)), packed_w, rounded,
           conv_norm.pack_args(norm, stats[0], n) if norm else ())
     if reuse_w:  # a 1x1 weight [Cout, C] is already the packed layout
         wp = w
+    elif kept is not None:
+        wp = kept
     bias = None if bias is None else contiguous(bias)  # the kernels index both densely
     residual = None if residual is None else contiguous(residual)
     _fprop(xh, wp, out, part, plan, prec, (r, s), stride, (-padding[0], -padding[1]), dilation,
            (1, 1), (1, 1), bias, act, residual, residual_scale)
     return out
+
+
+def _kept_weight(w: Any, shape: tuple[int, ...], rounded: bool) -> Any | None:
+    """The packed copy [Cout][R][S][Cp] of the forward's weight that the plan being
+    captured keeps (``weight_packs``), or None: no such plan, or a weight it writes or
+    computes."""
+    packs = weight_packs.active()
+    if packs is None:
+        return None
+    key = (w.data.ptr, w.shape, w.strides, w.dtype.str, rounded)
+    return packs.held(w, key, shape, functools.partial(_pack_weight, w, rounded))
+
+
+def _pack_weight(w: Any, rounded: bool, packed: Any) -> None:
+    _pack(_Pack(w, packed, w.shape[1], w.shape[2], w.shape[3], _strides(w)), None, rounded)
 
 
 def input_grad(grad: Any, w: Any, x_shape: tuple, stride: Pair, padding: Pair,

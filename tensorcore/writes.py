@@ -1,0 +1,72 @@
+"""A process-wide count of writes into existing device memory.
+
+Backends whose results can be kept derived from memory (the CuPy backend: a CUDA-graph
+plan's packed convolution weights) call ``note_write`` from every method that writes
+into memory it was handed -- the in-place methods and those given ``out=`` -- and a
+compiled replay calls it when its plan writes its arguments or its modules' state.
+Whatever was derived from memory is made again once ``writes()`` has moved since.
+Memory written past the backend (an array's own ``__setitem__``, another library
+through DLPack) is not seen: see docs/compile.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+from typing import Any, Callable
+
+_numbers = itertools.count(1)
+_last = 0
+
+
+def note_write() -> None:
+    """Mark a write: ``writes()`` moves to a number it never had."""
+    global _last
+    _last = next(_numbers)  # atomic, so each write gets its own number whatever the threads
+
+
+def writes() -> int:
+    """The number of the latest write (0 before any)."""
+    return _last
+
+
+def noting_writes(cls: type) -> type:
+    """Make every public method of the backend class ``cls`` that writes into memory it
+    was handed note the write: names ending in "_" (``copy_``, ``add_``, ``setitem_``,
+    the optimizer updates) always, methods with an ``out`` parameter when given one."""
+    for name in dir(cls):
+        method = getattr(cls, name)
+        if name.startswith("_") or not inspect.isfunction(method):
+            continue
+        if name.endswith("_"):
+            setattr(cls, name, _always(method))
+        elif "out" in inspect.signature(method).parameters:
+            setattr(cls, name, _with_out(method, list(inspect.signature(method).parameters).index("out")))
+    return cls
+
+
+def _always(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def writing(*args: Any, **kwargs: Any) -> Any:
+        note_write()
+        return method(*args, **kwargs)
+    return writing
+
+
+def _with_out(method: Callable, position: int) -> Callable:
+    @functools.wraps(method)
+    def writing(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("out") is not None or (len(args) > position and args[position] is not None):
+            note_write()
+        return method(*args, **kwargs)
+    return writing
+
+
+def unnoted(method: Callable) -> Callable:
+    """A backend method (bound or not) without its noting of writes, for writes into
+    memory nothing is derived from (a compiled plan's own input buffers)."""
+    function = getattr(method, "__func__", method)
+    plain = getattr(function, "__wrapped__", function)
+    owner = getattr(method, "__self__", None)
+    return plain if owner is None else plain.__get__(owner)
