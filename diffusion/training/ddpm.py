@@ -47,6 +47,15 @@ def train_ddpm(unet: Any, scheduler: Any, data: Any, *, label_dropout: float = 0
     in every checkpoint.  Returns a ``TrainResult``; sample with its EMA weights
     (``result.ema.copy_to(unet.parameters())``).
     """
+    return ddpm_trainer(unet, scheduler, data, label_dropout=label_dropout,
+                        null_class_label=null_class_label, run_info=run_info, **options).run()
+
+
+def ddpm_trainer(unet: Any, scheduler: Any, data: Any, *, label_dropout: float = 0.1,
+                 null_class_label: int | None = None, run_info: dict[str, Any] | None = None,
+                 **options: Any) -> Trainer:
+    """The ``Trainer`` ``train_ddpm`` runs, with the same arguments, checked; call its
+    ``run()``, or ``train_step()`` one step at a time (benchmarks interleave two)."""
     train_options, unknown = split_options(options)
     if unknown:
         raise TypeError(f"train_ddpm: unknown options {sorted(unknown)}")
@@ -84,7 +93,7 @@ def train_ddpm(unet: Any, scheduler: Any, data: Any, *, label_dropout: float = 0
                    "null_class_label": null, "label_dropout": float(label_dropout),
                    "options": train_options.describe(), **(run_info or {})}
     tensors = (images,) if labels is None else (images, labels)
-    return Trainer(unet, loss_fn, tensors, train_options, description).run()
+    return Trainer(unet, loss_fn, tensors, train_options, description)
 
 
 def dataset_tensors(op: str, data: Any, channels: int, device: str) -> tuple[Tensor, Tensor | None]:

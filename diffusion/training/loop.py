@@ -109,6 +109,11 @@ class Trainer:
         if resume is not None:
             self.restore(resume)
 
+    @property
+    def compile_info(self) -> CacheInfo | None:
+        """The compiled step's counters, None while the step runs eagerly or before it."""
+        return None if self._compiled_step is None else self._compiled_step.cache_info()
+
     # ----- checkpoints --------------------------------------------------------------
     def _resume_path(self) -> str | None:
         resume = self.options.resume
@@ -223,8 +228,7 @@ class Trainer:
             self.save()
         result.step, result.checkpoint = self.step, self.last_checkpoint
         result.seconds = self.elapsed()
-        if self._compiled_step is not None:
-            result.compile_info = self._compiled_step.cache_info()
+        result.compile_info = self.compile_info
         if out and result.steps:
             logged = read_metrics(metrics.path)
             result.loss_curve = save_loss_curve(logged["step"], logged["loss"], os.path.join(out, "loss.png"))

@@ -87,29 +87,40 @@ def mlp_rows(backend: str, device: str | None = None, sync: Callable[[], None] =
     return rows
 
 
-def digits_train_row(backend: str, steps: int = 40, skip: int = 10) -> tuple:
+def digits_train_row(backend: str, rounds: int = 8, per_round: int = 5, warmup: int = 10) -> tuple:
     """(case, eager, compiled) ms per step of the CLI's default ``train`` step: the digits
-    UNet (levels 32, 64) on batches of 64 8x8 digits, AdamW, clipping, EMA; the median
-    interval between steps after the first ``skip`` (wall, process CPU time)."""
+    UNet (levels 32, 64) on batches of 64 8x8 digits, AdamW, clipping, EMA.  An eager and
+    a compiled trainer take turns, ``per_round`` steps each for ``rounds`` rounds after
+    ``warmup`` steps each, so that a shared machine's drift from minute to minute falls on
+    both alike; the median round (wall, process CPU time)."""
     from diffusion import DDPMScheduler, UNet2D
     from diffusion.cli.digits import unet_config
     from diffusion.datasets import digit_images
-    from diffusion.training import train_ddpm
+    from diffusion.training import ddpm_trainer
 
     data = digit_images(8)
-    times = []
+    trainers = []
     for mode in (False, True):
         tc.manual_seed(0)
         unet = UNet2D(**unet_config(8, (32, 64), 1, 1)).train()
-        stamps: list[tuple[float, float]] = []
-        result = train_ddpm(unet, DDPMScheduler(beta_schedule="squaredcos_cap_v2"), data, steps=steps,
-                            batch_size=64, grad_clip=1.0, ema_decay=0.999, log_every=steps, checkpoint_every=None,
-                            progress=False, compile=mode,
-                            callback=lambda step: stamps.append((time.perf_counter(), time.process_time())))
-        assert not mode or result.compile_info.hits >= steps - 2, result.compile_info
-        kept = stamps[skip:]
-        times.append(tuple(statistics.median(b[i] - a[i] for a, b in zip(kept, kept[1:])) * 1e3 for i in (0, 1)))
-    return (f"digits train step (CLI default), {backend}", *times)
+        trainers.append(ddpm_trainer(unet, DDPMScheduler(beta_schedule="squaredcos_cap_v2"), data,
+                                     steps=warmup + rounds * per_round, batch_size=64, grad_clip=1.0,
+                                     ema_decay=0.999, checkpoint_every=None, progress=False, compile=mode))
+    times: list[list[tuple[float, float]]] = [[], []]
+    for trainer in trainers:
+        for _ in range(warmup):
+            trainer.train_step()
+    for _ in range(rounds):
+        for trainer, kept in zip(trainers, times):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            for _ in range(per_round):
+                trainer.train_step()
+            kept.append(((time.perf_counter() - start) / per_round * 1e3,
+                         (time.process_time() - start_cpu) / per_round * 1e3))
+    info = trainers[1].compile_info
+    assert info.hits >= rounds * per_round, info
+    medians = [tuple(statistics.median(t[i] for t in kept) for i in (0, 1)) for kept in times]
+    return (f"digits train step (CLI default), {backend}", *medians)
 
 
 STARTUP = """
