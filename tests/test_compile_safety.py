@@ -375,6 +375,10 @@ def test_the_last_calls_spec_is_reused_only_for_what_cannot_have_changed(backend
     last, module = LastSpec(), layers.Linear(2, 2)
     scale = float(np.float32(0.25) * 8)  # 2.0 computed anew: another object, the same spec
     assert last.check((x, 2.0, options, pair, ()))[0].spec is last.check((x, scale, options, pair, ()))[0].spec
+    equal_pair = tuple([2, 3])  # a new tuple of equal values of the same types: the same spec
+    assert equal_pair is not pair and last.check((x, scale, options, equal_pair, ()))[0].spec is \
+        last.check((x, 2.0, options, pair, ()))[0].spec
+    assert last.check((x, 2.0, options, (2.0, 3), ()))[0].spec != last.check((x, 2.0, options, pair, ()))[0].spec
     for args in [(x, 2.0, options, pair, (x, x)), (x, 2.0, options, pair, (x, x)), (x, 3.0, options, pair, ()),
                  (x, 3.0, module, pair, ()), (x, 3.0, layers.Linear(3, 3), pair, ()), (x, module, options, pair, ())]:
         layout, tensors = last.check(args)

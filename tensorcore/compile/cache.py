@@ -185,10 +185,10 @@ class Layout:
         """The call's tensor arguments in order, or None when its spec differs."""
         get = args.__getitem__
         if not all(map(operator.is_, map(get, self.same), self.objects)):
-            # another object in a static place (a float computed anew each call): equal
-            # specs still pass
+            # another object in a static place (a float or a tuple of them computed anew
+            # each call): an equal value of the same types has the same spec
             for i, obj in zip(self.same, self.objects):
-                if args[i] is not obj and _items_spec((args[i],), [], [True])[0] != self.items[i]:
+                if args[i] is not obj and not _same_value(args[i], obj):
                     return None
         for i in self.modules:
             if not is_root_type(type(args[i])):
@@ -213,6 +213,16 @@ class Layout:
         ordered: list[Tensor] = []  # tensors nested in rebuilt arguments: all in argument order
         _items_spec(args, ordered, [True])
         return ordered
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether ``a`` has ``b``'s spec, for ``b`` of a static place: the same type and an
+    equal value (tuples item by item), as comparing their specs would find, unbuilt."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is tuple:
+        return len(a) == len(b) and all(map(_same_value, a, b))
+    return bool(a == b)
 
 
 def _check_kind(obj: Any, item: tuple) -> str:
