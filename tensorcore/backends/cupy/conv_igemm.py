@@ -12,7 +12,8 @@ memory, never written to device memory:
 Operands are first packed channels-last by one transpose kernel (NHWC, channels padded
 with zeros to a 16-byte multiple, rounded to TF32 when the matmul precision is "high"),
 so every global-to-shared copy is a 16-byte ``cp.async``; any input strides are read
-as they are.  Outputs are written NCHW through shared memory (the forward's
+as they are.  A CUDA-graph plan being captured keeps the forward's packed weights
+itself when they are its modules' parameters (``weight_packs``).  Outputs are written NCHW through shared memory (the forward's
 accumulators staged there so that stores coalesce), with bias, activation, residual
 add and scale fused in.  Problems whose output tiles would not
 fill the GPU split K into float32 partials, summed (and finished by the epilogue) in a
@@ -257,13 +258,14 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     reuse_w = (r == s == 1 and cp == c and not rounded and w.flags.c_contiguous
                and w.data.ptr % 16 == 0)
     kept = None if reuse_w else _kept_weight(w, (cout, r, s, cp), rounded)
+    pack_w = not reuse_w and kept is None  # packed here, into scratch
     if out is None:
         out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
     xh, wp, part, *stats = _scratch_arrays(((n, h, wd, cp), x.dtype),
-                                           ((0,) if reuse_w or kept is not None else (cout, r, s, cp), x.dtype),
+                                           ((cout, r, s, cp) if pack_w else (0,), x.dtype),
                                            _partials(plan, out.size),
                                            *(conv_norm.scratch_layout(x, norm) if norm else ()))
-    packed_w = None if reuse_w or kept is not None else _Pack(w, wp, c, r, s, _strides(w))
+    packed_w = _Pack(w, wp, c, r, s, _strides(w)) if pack_w else None
     if norm is not None:
         conv_norm.coefficients(x, norm, *stats)
     _pack(_Pack(x, xh, c, h, wd, _strides(x)), packed_w, rounded,
