@@ -200,3 +200,25 @@ def test_the_cli_trains_with_a_compiled_step_and_resumes_eagerly(tmp_path, monke
     assert main(["train", *TINY_TRAIN, "--steps", "6", "--resume", "run", "--compile", "off"]) == 0
     assert "eager train step" in capsys.readouterr().out
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step-0000006.safetensors").step == 6
+
+
+def test_a_trainer_stepped_by_hand_trains_as_train_ddpm_runs() -> None:
+    """``ddpm_trainer`` is the Trainer ``train_ddpm`` runs: stepping it by hand leaves the
+    parameters a compiled run of as many steps leaves (an eager one within float32
+    bounds); ``compile_info`` is None while eager and
+    before the first step, and counts what the run's own counters count once compiled."""
+    from diffusion.training import ddpm_trainer
+
+    options = dict(steps=5, label_dropout=0.2, checkpoint_every=None, compile=True, **QUICK)
+    ran = tiny_unet(seed=0).train()
+    result = train_ddpm(ran, _scheduler(), digits_subset(), **options)
+    for mode in (False, True):
+        unet = tiny_unet(seed=0).train()
+        trainer = ddpm_trainer(unet, _scheduler(), digits_subset(), **{**options, "compile": mode})
+        assert trainer.compile_info is None
+        for _ in range(5):
+            trainer.train_step()
+        assert (trainer.compile_info is None) == (not mode)
+        for got, want in zip(unet.parameters(), ran.parameters()):  # eager: as the module doc says
+            assert same(got, want) if mode else np.allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+    assert trainer.compile_info == result.compile_info and result.compile_info.hits >= 3
