@@ -39,10 +39,11 @@ def noting_writes(cls: type) -> type:
         method = getattr(cls, name)
         if name.startswith("_") or not inspect.isfunction(method):
             continue
+        parameters = list(inspect.signature(method).parameters)
         if name.endswith("_"):
             setattr(cls, name, _always(method))
-        elif "out" in inspect.signature(method).parameters:
-            setattr(cls, name, _with_out(method, list(inspect.signature(method).parameters).index("out")))
+        elif "out" in parameters:
+            setattr(cls, name, _with_out(method, parameters.index("out")))
     return cls
 
 
@@ -64,9 +65,7 @@ def _with_out(method: Callable, position: int) -> Callable:
 
 
 def unnoted(method: Callable) -> Callable:
-    """A backend method (bound or not) without its noting of writes, for writes into
-    memory nothing is derived from (a compiled plan's own input buffers)."""
-    function = getattr(method, "__func__", method)
-    plain = getattr(function, "__wrapped__", function)
-    owner = getattr(method, "__self__", None)
-    return plain if owner is None else plain.__get__(owner)
+    """A bound backend method without its noting of writes, for writes into memory
+    nothing is derived from (a compiled plan's own input buffers)."""
+    function = method.__func__
+    return getattr(function, "__wrapped__", function).__get__(method.__self__)

@@ -41,8 +41,10 @@ class WeightPacks:
     def held(self, w: Any, key: tuple, shape: tuple[int, ...], fill: Callable[[Any], None]) -> Any | None:
         """The kept copy for weight ``w`` packed as ``key`` says, of ``shape`` (made by
         ``fill(copy)``), or None when ``w`` is not in memory the plan only reads."""
-        lo, hi = _extent(w)
-        if not any(start <= lo and hi <= end for start, end in self.spans):
+        from ...compile.trace import extent  # here: the backend loads before compile can
+
+        lo, size = extent(w)
+        if not any(start <= lo and lo + size <= end for start, end in self.spans):
             return None
         found = self._held.get(key)
         if found is None:
@@ -79,13 +81,3 @@ def collecting(packs: WeightPacks) -> Iterator[None]:
     finally:
         _active.packs = before
 
-
-def _extent(a: Any) -> tuple[int, int]:
-    """The lowest device address an array touches and the one past its highest."""
-    lo = hi = a.data.ptr
-    for size, stride in zip(a.shape, a.strides):
-        if stride < 0:
-            lo += (size - 1) * stride
-        else:
-            hi += (size - 1) * stride
-    return lo, hi + a.itemsize
