@@ -88,11 +88,14 @@ def mlp_rows(backend: str, device: str | None = None, sync: Callable[[], None] =
 
 
 def digits_train_row(backend: str, rounds: int = 8, per_round: int = 5, warmup: int = 10) -> tuple:
-    """(case, eager, compiled) ms per step of the CLI's default ``train`` step: the digits
-    UNet (levels 32, 64) on batches of 64 8x8 digits, AdamW, clipping, EMA.  An eager and
-    a compiled trainer take turns, ``per_round`` steps each for ``rounds`` rounds after
-    ``warmup`` steps each, so that a shared machine's drift from minute to minute falls on
-    both alike; the median round (wall, process CPU time)."""
+    """(case, eager, compiled, convolutions) ms per step of the CLI's default ``train``
+    step: the digits UNet (levels 32, 64) on batches of 64 8x8 digits, AdamW, clipping,
+    EMA.  An eager and a compiled trainer take turns, ``per_round`` steps each for
+    ``rounds`` rounds after ``warmup`` steps each, so that a shared machine's drift from
+    minute to minute falls on both alike; the median round (wall, process CPU time).
+    "convolutions" runs the compiled plan's convolution kernels alone (forward and both
+    gradients, as the plan calls them), in the same rounds: the same kernels run in
+    eager mode, so eager / convolutions bounds what any plan built on them can gain."""
     from diffusion import DDPMScheduler, UNet2D
     from diffusion.cli.digits import unet_config
     from diffusion.datasets import digit_images
@@ -106,21 +109,36 @@ def digits_train_row(backend: str, rounds: int = 8, per_round: int = 5, warmup: 
         trainers.append(ddpm_trainer(unet, DDPMScheduler(beta_schedule="squaredcos_cap_v2"), data,
                                      steps=warmup + rounds * per_round, batch_size=64, grad_clip=1.0,
                                      ema_decay=0.999, checkpoint_every=None, progress=False, compile=mode))
-    times: list[list[tuple[float, float]]] = [[], []]
     for trainer in trainers:
         for _ in range(warmup):
             trainer.train_step()
+    runs = [trainer.train_step for trainer in trainers] + [convolution_steps(trainers[1])]
+    times: list[list[tuple[float, float]]] = [[] for _ in runs]
     for _ in range(rounds):
-        for trainer, kept in zip(trainers, times):
+        for run, kept in zip(runs, times):
             start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(per_round):
-                trainer.train_step()
+                run()
             kept.append(((time.perf_counter() - start) / per_round * 1e3,
                          (time.process_time() - start_cpu) / per_round * 1e3))
     info = trainers[1].compile_info
     assert info.hits >= rounds * per_round, info
     medians = [tuple(statistics.median(t[i] for t in kept) for i in (0, 1)) for kept in times]
     return (f"digits train step (CLI default), {backend}", *medians)
+
+
+def convolution_steps(trainer: Any) -> Callable[[], None]:
+    """The convolution steps of a compiled trainer's plan, called in order on the
+    plan's own buffers (what its last step left there)."""
+    (entry,) = trainer._compiled_step._plans.values()
+    nodes, executor = entry.plan.graph.nodes, entry.executor
+    steps = [step for position, step in zip(entry.plan.steps, executor.steps)
+             if nodes[position].op.startswith("conv2d")]
+
+    def run() -> None:
+        for step in steps:
+            step()
+    return run
 
 
 STARTUP = """
@@ -179,7 +197,10 @@ def cpu_section() -> None:
         except RuntimeError as exc:  # numba not installed
             print(f"({name}: {exc})")
     print_rows("CPU, per call (wall / process CPU time)", rows)
-    print_rows("CPU, per training step (wall / process CPU time)", train_rows, unit="ms")
+    print_rows("CPU, per training step (wall / process CPU time)", [row[:3] for row in train_rows], unit="ms")
+    for case, eager, _, convolutions in train_rows:
+        print(f"{case}: its plan's convolution kernels alone {convolutions[0]:.1f} ms, so a plan "
+              f"that ran nothing else would be {eager[0] / convolutions[0]:.2f}x faster than eager")
     startup()
 
 
