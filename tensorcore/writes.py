@@ -4,7 +4,8 @@ Backends whose results can be kept derived from memory (the CuPy backend: a CUDA
 plan's packed convolution weights) call ``note_write`` from every method that writes
 into memory it was handed -- the in-place methods and those given ``out=`` -- and a
 compiled replay calls it when its plan writes its arguments or its modules' state.
-Whatever was derived from memory is made again once ``writes()`` has moved since.
+Whatever was derived from memory is made again once ``writes()`` has moved since --
+unless the one write since is known to leave it alone (``note_write_after``).
 Memory written past the backend (an array's own ``__setitem__``, another library
 through DLPack) is not seen: see docs/compile.md.
 """
@@ -14,16 +15,31 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import threading
 from typing import Any, Callable
 
 _numbers = itertools.count(1)
 _last = 0
+_lock = threading.Lock()  # a write's number and the one before it, read as a pair
 
 
 def note_write() -> None:
     """Mark a write: ``writes()`` moves to a number it never had."""
     global _last
-    _last = next(_numbers)  # atomic, so each write gets its own number whatever the threads
+    with _lock:
+        _last = next(_numbers)
+
+
+def note_write_after(seen: int | None) -> int | None:
+    """Mark a write that leaves alone what its writer derived when ``writes()`` was
+    ``seen`` (a compiled training step writes its parameters, never the frozen weights
+    its plan keeps packed): the write's number when it directly follows ``seen`` -- what
+    was derived then is still current as of it --, else None (another write came in
+    between)."""
+    global _last
+    with _lock:
+        before, _last = _last, next(_numbers)
+        return _last if before == seen and seen is not None else None
 
 
 def writes() -> int:

@@ -59,6 +59,16 @@ def test_every_write_gets_a_number_never_seen_before():
         seen.add(writes.writes())
 
 
+def test_a_write_that_directly_follows_a_known_number_keeps_what_was_derived_then():
+    seen = writes.writes()
+    kept = writes.note_write_after(seen)
+    assert kept == writes.writes() != seen
+    writes.note_write()  # another write in between: what was derived at `kept` is stale
+    stale = writes.writes()
+    assert writes.note_write_after(kept) is None and writes.writes() not in (stale, kept)
+    assert writes.note_write_after(None) is None
+
+
 # ----- packed weights (GPU) -----------------------------------------------------------------
 class _Convs(layers.Module):
     def __init__(self) -> None:
@@ -173,3 +183,43 @@ def test_weights_a_plan_computes_are_packed_in_its_graph():
             model.first.weight.mul_(scale)
             assert np.array_equal(compiled(x).numpy(), F.conv2d(x, model.first.weight * 2.0, padding=1).numpy())
     assert len(_executor(compiled).weight_packs) == 0
+
+
+@gpu
+def test_a_training_step_keeps_its_frozen_convolutions_packed_across_its_own_writes():
+    frozen, trained = _model(tc.float32), _model(tc.float32)
+    for model in (frozen, trained):
+        model.first.weight.requires_grad_(False)
+        model.first.bias.requires_grad_(False)
+        model.train()
+    optimizers = [optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.05) for m in (frozen, trained)]
+    x = tc.randn(2, 32, 16, 16, device="cuda")
+
+    def step(m: _Convs, batch: tc.Tensor, optimizer) -> tc.Tensor:
+        optimizer.zero_grad(set_to_none=False)
+        loss = (m(batch) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    compiled = tc.compile(step, cache_dir=False)
+    for _ in range(2):  # the optimizer's first step moves the parameters: one more trace
+        compiled(frozen, x, optimizers[0])
+        step(trained, x, optimizers[1])
+    executor = _executor(compiled)
+    packs = executor.weight_packs
+    assert executor.writes_modules and len(packs) == 1  # the frozen 3x3 weight alone
+    fills = []
+    packs._fills = [lambda fill=fill: fills.append(1) or fill() for fill in packs._fills]
+    losses = []
+    for i in range(4):
+        if i == 2:  # a write from outside the plan: packed again once
+            with tc.no_grad():
+                for m in (frozen, trained):
+                    m.first.weight.mul_(0.5)
+        losses.append((compiled(frozen, x, optimizers[0]).item(), step(trained, x, optimizers[1]).item()))
+    assert len(fills) == 1
+    for got, want in losses:
+        assert got == pytest.approx(want, rel=1e-5)
+    for got, want in zip(frozen.parameters(), trained.parameters()):
+        assert np.allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

@@ -330,7 +330,10 @@ class CudaGraphReplay:
             self.weight_packs.refresh()
         self.graph.launch(user)
         if self.writes_modules:
-            note_write()
+            if self.weight_packs:
+                self.weight_packs.note_plan_write()
+            else:
+                note_write()
         for i, buf in self.writeback:
             self.copy_(arrays[i], buf)
         if outputs is None:

@@ -8,7 +8,9 @@ about 0.1 ms of each forward moves the same parameters again.  While a plan is c
 and the graph holds no pack of it.  Before each launch ``refresh`` packs the copies
 again if any write into device memory was noted since the last time
 (``tensorcore.writes``): an optimizer step, ``copy_``, ``load_state_dict``, another
-plan writing its modules; otherwise it costs one comparison.
+plan writing its modules; otherwise it costs one comparison.  The plan's own writes
+(a compiled training step updating its parameters around frozen convolutions) leave
+the copies current.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import cupy
 
-from ...writes import writes
+from ...writes import note_write_after, writes
 
 _active = threading.local()
 
@@ -60,6 +62,14 @@ class WeightPacks:
         if now != self.written:
             for fill in self._fills:
                 fill()
+            self.written = now
+
+    def note_plan_write(self) -> None:
+        """Note a launch of the plan that wrote its modules' memory: the copies are of
+        memory the plan never writes, so they stay current unless another write came
+        since they were made."""
+        now = note_write_after(self.written)
+        if now is not None:
             self.written = now
 
     def __len__(self) -> int:
