@@ -149,24 +149,24 @@ def test_packed_weights_are_packed_again_after_every_kind_of_write(dtype, precis
         tc.set_matmul_precision(previous)
 
 
+def _train_step(m: _Convs, batch: tc.Tensor, optimizer: optim.Optimizer) -> tc.Tensor:
+    optimizer.zero_grad(set_to_none=False)
+    loss = (m(batch) ** 2).mean()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 @gpu
 def test_a_compiled_training_step_is_a_write_other_plans_see():
     model = _model(tc.float32)
     infer = tc.compile(model, cache_dir=False)
     optimizer = optim.AdamW(model.parameters(), lr=0.1)
     x = tc.randn(2, 32, 16, 16, device="cuda")
-
-    def step(m: _Convs, batch: tc.Tensor) -> tc.Tensor:
-        optimizer.zero_grad(set_to_none=False)
-        loss = (m(batch) ** 2).mean()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    train = tc.compile(step, cache_dir=False)
+    train = tc.compile(_train_step, cache_dir=False)
     for _ in range(4):
         model.train()
-        train(model, x)
+        train(model, x, optimizer)
         model.eval()
         _agrees(infer, model, x)
     assert train.cache_info().hits >= 2 and _executor(train).writes_modules
@@ -187,13 +187,7 @@ def test_weights_a_plan_computes_are_packed_in_its_graph():
 
 @gpu
 def test_a_training_step_keeps_its_frozen_convolutions_packed_across_its_own_writes():
-    def step(m: _Convs, batch: tc.Tensor, optimizer) -> tc.Tensor:
-        optimizer.zero_grad(set_to_none=False)
-        loss = (m(batch) ** 2).mean()
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    step = _train_step
     compiled = tc.compile(step, cache_dir=False)
     x = tc.randn(2, 32, 16, 16, device="cuda")
     fills, losses = [], []
