@@ -32,6 +32,7 @@ import numpy as np
 
 from tensorcore import Tensor, dtypes
 from tensorcore.compile import trace
+from tensorcore.writes import unnoted
 
 from .flat import Segment
 from .packing import Packing, pack, state_arrays
@@ -188,7 +189,7 @@ class Optimizer:
         if self._packing is None:
             return
         for segment in self._packing.by_group[group_index]:
-            segment.buffer.backend.copy_(segment.lr, device_value)
+            unnoted(segment.buffer.backend.copy_)(segment.lr, device_value)  # no weight: not a noted write
             segment.lr_seen = host_value
 
     # ----- state --------------------------------------------------------------------
@@ -265,7 +266,7 @@ def _sync_lr(segment: Segment, group: dict[str, Any]) -> None:
     """Copy a changed ``group["lr"]`` into the segment's device scalar."""
     if group["lr"] != segment.lr_seen:
         backend = segment.buffer.backend
-        backend.copy_(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
+        unnoted(backend.copy_)(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
         segment.lr_seen = group["lr"]
 
 

@@ -5,7 +5,9 @@ plan's packed convolution weights) call ``note_write`` from every method that wr
 into memory it was handed -- the in-place methods and those given ``out=`` -- and a
 compiled replay calls it when its plan writes its arguments or its modules' state.
 Whatever was derived from memory is made again once ``writes()`` has moved since --
-unless the one write since is known to leave it alone (``note_write_after``).
+unless the one write since is known to leave it alone (``note_write_after``).  Writes
+into memory nothing is derived from (a plan's input buffers, an optimizer's lr scalars)
+go through ``unnoted`` methods and are not counted.
 Memory written past the backend (an array's own ``__setitem__``, another library
 through DLPack) is not seen: see docs/compile.md.
 """
@@ -68,6 +70,7 @@ def _always(method: Callable) -> Callable:
     def writing(*args: Any, **kwargs: Any) -> Any:
         note_write()
         return method(*args, **kwargs)
+    writing.notes_writes = True  # type: ignore[attr-defined]
     return writing
 
 
@@ -77,11 +80,16 @@ def _with_out(method: Callable, position: int) -> Callable:
         if kwargs.get("out") is not None or (len(args) > position and args[position] is not None):
             note_write()
         return method(*args, **kwargs)
+    writing.notes_writes = True  # type: ignore[attr-defined]
     return writing
 
 
 def unnoted(method: Callable) -> Callable:
     """A bound backend method without its noting of writes, for writes into memory
-    nothing is derived from (a compiled plan's own input buffers)."""
-    function = method.__func__
-    return getattr(function, "__wrapped__", function).__get__(method.__self__)
+    nothing is derived from: a compiled plan's own input buffers, an optimizer's
+    learning rate, a schedule's step counter.  A method that notes no writes (another
+    backend's, a trace's recorder, which must still see the call) is returned as is."""
+    function = getattr(method, "__func__", None)
+    if function is None or not getattr(function, "notes_writes", False):
+        return method
+    return function.__wrapped__.__get__(method.__self__)

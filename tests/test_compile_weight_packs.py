@@ -59,6 +59,34 @@ def test_every_write_gets_a_number_never_seen_before():
         seen.add(writes.writes())
 
 
+def test_unnoted_strips_only_the_noting_of_writes():
+    plain = NumpyBackend()
+    assert writes.unnoted(plain.copy_) == plain.copy_  # nothing to strip
+
+    def recorder(*args):  # a trace's recorder is no bound method: kept, so the trace sees the call
+        return args
+    assert writes.unnoted(recorder) is recorder
+
+
+def test_learning_rate_schedules_write_their_scalars_unnoted(monkeypatch):
+    """A schedule's step writes the optimizer's lr scalars and its own step counter, from
+    which nothing is derived: a plan's packed weights must not be made again for it."""
+    backend = tc.backends.backend_for("cpu")
+    for name in ("add_", "copy_"):  # the CPU backend as the CuPy one is: noting its writes
+        monkeypatch.setattr(backend, name, writes._always(getattr(type(backend), name)).__get__(backend))
+    w = layers.Linear(3, 2)
+    optimizer = optim.AdamW(w.parameters(), lr=0.1)
+    schedule = optim.CosineAnnealingLR(optimizer, T_max=10)
+    (w(tc.randn(4, 3)) ** 2).mean().backward()
+    optimizer.step()  # packs the parameters into the optimizer's buffers
+    before = writes.writes()
+    for _ in range(3):
+        schedule.step()
+    assert writes.writes() == before and optimizer.param_groups[0]["lr"] < 0.1
+    backend.copy_(np.zeros(2), np.ones(2))  # any other copy is noted
+    assert writes.writes() != before
+
+
 def test_a_write_that_directly_follows_a_known_number_keeps_what_was_derived_then():
     seen = writes.writes()
     kept = writes.note_write_after(seen)
@@ -196,8 +224,14 @@ def test_a_training_step_keeps_its_frozen_convolutions_packed_across_its_own_wri
         model.first.weight.requires_grad_(False)
         model.first.bias.requires_grad_(False)
         optimizer = optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+        schedule = optim.CosineAnnealingLR(optimizer, T_max=20)  # stepped between steps, as Trainer does
+
+        def run_step() -> float:
+            loss = run(model, x, optimizer).item()
+            schedule.step()
+            return loss
         # the optimizer's first step moves the parameters: traced twice, then replayed
-        losses.append([run(model, x, optimizer).item() for _ in range(3)])
+        losses.append([run_step() for _ in range(3)])
         if run is compiled:
             executor = _executor(compiled)
             packs = executor.weight_packs
@@ -208,6 +242,6 @@ def test_a_training_step_keeps_its_frozen_convolutions_packed_across_its_own_wri
             if i == 2:  # a write from outside the plan: packed again once
                 with tc.no_grad():
                     model.first.weight.mul_(0.5)
-            losses[-1].append(run(model, x, optimizer).item())
+            losses[-1].append(run_step())
     assert len(fills) == 1 and compiled.cache_info().hits == hits + 4
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
