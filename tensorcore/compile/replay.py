@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..writes import note_write, unnoted
+from ..writes import unnoted
 from .graph import Node, Ref, Value, substitute
 from .plan import ALIGN, Plan, made_by
 from .trace import address, owner
@@ -326,14 +326,10 @@ class CudaGraphReplay:
         outputs = self._fresh_outputs(user.ptr) if fresh else None
         for i in self.io.submit(arrays, outputs):
             self.copy_in(self.inputs[i], arrays[i])
-        if self.weight_packs:
-            self.weight_packs.refresh()
+        self.weight_packs.refresh()
         self.graph.launch(user)
         if self.writes_modules:
-            if self.weight_packs:
-                self.weight_packs.note_plan_write()
-            else:
-                note_write()
+            self.weight_packs.note_plan_write()
         for i, buf in self.writeback:
             self.copy_(arrays[i], buf)
         if outputs is None:

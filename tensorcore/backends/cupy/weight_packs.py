@@ -65,9 +65,9 @@ class WeightPacks:
             self.written = now
 
     def note_plan_write(self) -> None:
-        """Note a launch of the plan that wrote its modules' memory: the copies are of
-        memory the plan never writes, so they stay current unless another write came
-        since they were made."""
+        """Note a launch of the plan that wrote its modules' memory (a write every other
+        plan sees): the copies are of memory the plan never writes, so they stay
+        current unless another write came since they were made."""
         now = note_write_after(self.written)
         if now is not None:
             self.written = now
