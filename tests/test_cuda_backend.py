@@ -398,9 +398,21 @@ def test_grouped_products_of_one_input(monkeypatch, dtype, rows, count):
         np.testing.assert_array_equal(as_float32(cp.asnumpy(g)), as_float32(cp.asnumpy(want)))
 
 
+def test_grouped_products_keep_their_strided_bias_copies_until_the_launch():
+    """Each strided bias is copied; a copy freed before the launch could be handed to
+    the next bias copy or to a result of the same launch."""
+    a = on_gpu(rand(2, 64))
+    products = tuple((on_gpu(rand(n, 64)).T, on_gpu(rand(2 * n))[::2], "silu") for n in (96,) * 8)
+    got = GPU.matmul_bias_act_group(a, products)
+    for g, p in zip(got, products):
+        np.testing.assert_array_equal(cp.asnumpy(g), cp.asnumpy(GPU.matmul_bias_act(a, *p)))
+
+
 def test_grouped_products_replay_in_a_cuda_graph():
     a = on_gpu(rand(1, 32))
     products = tuple((on_gpu(rand(n, 32)).T, on_gpu(rand(n)), "silu") for n in (16, 40, 8))
+    # the inputs were copied on the default stream, which a non-blocking stream does not wait for
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         want = GPU.matmul_bias_act_group(a, products)  # warm: compiled, pool ready
@@ -435,6 +447,8 @@ def test_graph_capture_gemm_and_rawkernel_replays():
     a, b = on_gpu(rand(129, 65)), on_gpu(rand(65, 257))
     bias = on_gpu(rand(257))
     gen = GPU.rng(5)
+    # the inputs were copied on the default stream, which a non-blocking stream does not wait for
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         GPU.bias_act(GPU.matmul(a, b), bias, "silu", 1)  # warm: compile, handle, pool

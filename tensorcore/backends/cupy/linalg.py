@@ -92,18 +92,20 @@ def _linear_rows(a, b, bias, act: str):
 def _linear_rows_group(a, products: list) -> list:
     """``_linear_rows`` of each (b, bias, act) in ``products`` (all taken by the kernel),
     GROUP_MAX products per launch: each launch gets a table of the products' operands
-    (``LinearRowsGroup`` in linear_rows.cu, passed by value)."""
+    (``LinearRowsGroup`` in linear_rows.cu, passed by value).  A bias copied to make it
+    contiguous is held until the launch that reads it: freed sooner, its block could be
+    handed to a later bias copy or result of the same launch."""
     (m, k), warps = a.shape, THREADS // 32
     results = []
     for start in range(0, len(products), GROUP_MAX):
         chunk = products[start:start + GROUP_MAX]
+        biases = [None if bias is None else contiguous(bias) for _, bias, _ in chunk]
         table = numpy.zeros(6 * GROUP_MAX + 1, numpy.int64)
         columns = table[:6 * GROUP_MAX].reshape(6, GROUP_MAX)  # w, bias, y, n, act, first_block
         first = 0
-        for i, (b, bias, act) in enumerate(chunk):
+        for i, ((b, _, act), bias) in enumerate(zip(chunk, biases)):
             n = b.shape[1]
             y = cupy.empty((m, n), dtype=a.dtype)
-            bias = None if bias is None else contiguous(bias)
             columns[:, i] = (b.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr, n, ACT_CODES[act], first)
             first += -(-n // warps)
             results.append(y)
