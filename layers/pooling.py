@@ -6,6 +6,7 @@ from typing import Any
 
 import tensorcore.functional as F
 from tensorcore import Tensor
+from tensorcore.ops.conv import scale_pair
 
 from .module import Module
 
@@ -41,6 +42,8 @@ class Upsample(Module):
             raise ValueError("Upsample: give exactly one of size and scale_factor")
         if mode not in ("nearest", "bilinear"):
             raise ValueError(f"Upsample: mode must be 'nearest' or 'bilinear', got {mode!r}")
+        if scale_factor is not None:
+            scale_pair(scale_factor, "Upsample")
         self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
 
     def forward(self, x: Tensor) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ from . import dlpack, dtypes
 from .backends import backend_for, default_device_name
 from .devices import canonical
 from .ops.shape_utils import nested_shape
+from .sizes import check_size
 from .tensor import Tensor
 
 
@@ -17,12 +19,11 @@ def _device(device: Any) -> str:
     return canonical(device) if device is not None else default_device_name()
 
 
-def _shape(shape: tuple) -> tuple[int, ...]:
+def _shape(op: str, shape: tuple, dtype: Any, device: str) -> tuple[int, ...]:
+    """The requested shape (one tuple/list or the ints themselves), checked against the device's memory."""
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
         shape = tuple(shape[0])
-    if any(not isinstance(n, int | np.integer) or n < 0 for n in shape):
-        raise ValueError(f"shape must be non-negative ints, got {shape}")
-    return tuple(int(n) for n in shape)
+    return check_size(op, shape, dtype, device)
 
 
 def tensor(data: Any, dtype: Any = None, device: str | None = None, requires_grad: bool = False) -> Tensor:
@@ -67,30 +68,30 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return Tensor(array, "cpu")
 
 
-def _filled(shape: tuple, value: Any, dtype: Any, device: str | None, requires_grad: bool) -> Tensor:
-    device = _device(device)
-    data = backend_for(device).full(_shape(shape), value, dtypes.as_dtype(dtype))
+def _filled(op: str, shape: tuple, value: Any, dtype: Any, device: str | None, requires_grad: bool) -> Tensor:
+    device, dtype = _device(device), dtypes.as_dtype(dtype)
+    data = backend_for(device).full(_shape(op, shape, dtype, device), value, dtype)
     return Tensor(data, device, requires_grad)
 
 
 def zeros(*shape: Any, dtype: Any = dtypes.float32, device: str | None = None, requires_grad: bool = False) -> Tensor:
-    return _filled(shape, 0, dtype, device, requires_grad)
+    return _filled("zeros", shape, 0, dtype, device, requires_grad)
 
 
 def ones(*shape: Any, dtype: Any = dtypes.float32, device: str | None = None, requires_grad: bool = False) -> Tensor:
-    return _filled(shape, 1, dtype, device, requires_grad)
+    return _filled("ones", shape, 1, dtype, device, requires_grad)
 
 
 def full(shape: Any, fill_value: Any, dtype: Any = None, device: str | None = None, requires_grad: bool = False) -> Tensor:
     if dtype is None:
         dtype = dtypes.bool_ if isinstance(fill_value, bool) else dtypes.int64 if isinstance(fill_value, int) else dtypes.float32
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    return _filled(shape, fill_value, dtype, device, requires_grad)
+    return _filled("full", shape, fill_value, dtype, device, requires_grad)
 
 
 def empty(*shape: Any, dtype: Any = dtypes.float32, device: str | None = None, requires_grad: bool = False) -> Tensor:
-    device = _device(device)
-    return Tensor(backend_for(device).empty(_shape(shape), dtypes.as_dtype(dtype)), device, requires_grad)
+    device, dtype = _device(device), dtypes.as_dtype(dtype)
+    return Tensor(backend_for(device).empty(_shape("empty", shape, dtype, device), dtype), device, requires_grad)
 
 
 def zeros_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:
@@ -115,22 +116,25 @@ def arange(start: float, end: float | None = None, step: float = 1, dtype: Any =
         start, end = 0, start
     if step == 0:
         raise ValueError("arange: step must not be zero")
+    if not all(math.isfinite(v) for v in (start, end, step)):
+        raise ValueError(f"arange: start, end and step must be finite, got {start}, {end}, {step}")
     if dtype is None:
         dtype = dtypes.int64 if all(isinstance(v, int) for v in (start, end, step)) else dtypes.float32
-    device = _device(device)
-    return Tensor(backend_for(device).arange(start, end, step, dtypes.as_dtype(dtype)), device)
+    device, dtype = _device(device), dtypes.as_dtype(dtype)
+    check_size("arange", (max(0, math.ceil((end - start) / step)),), dtype, device)
+    return Tensor(backend_for(device).arange(start, end, step, dtype), device)
 
 
 def linspace(start: float, end: float, steps: int, dtype: Any = dtypes.float32, device: str | None = None) -> Tensor:
-    if steps < 0:
-        raise ValueError(f"linspace: steps must be non-negative, got {steps}")
-    device = _device(device)
-    return Tensor(backend_for(device).linspace(start, end, steps, dtypes.as_dtype(dtype)), device)
+    device, dtype = _device(device), dtypes.as_dtype(dtype)
+    (steps,) = check_size("linspace", (steps,), dtype, device)
+    return Tensor(backend_for(device).linspace(start, end, steps, dtype), device)
 
 
 def eye(n: int, m: int | None = None, dtype: Any = dtypes.float32, device: str | None = None) -> Tensor:
-    device = _device(device)
-    return Tensor(backend_for(device).eye(n, n if m is None else m, dtypes.as_dtype(dtype)), device)
+    device, dtype = _device(device), dtypes.as_dtype(dtype)
+    n, m = check_size("eye", (n, n if m is None else m), dtype, device)
+    return Tensor(backend_for(device).eye(n, m, dtype), device)
 
 
 def from_dlpack(obj: Any) -> Tensor:

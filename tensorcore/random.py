@@ -12,6 +12,9 @@ import numpy as np
 from . import dtypes
 from .backends import backend_for, default_device_name
 from .devices import canonical
+from .sizes import check_size
+
+_OP_NAMES = {"uniform": "rand", "normal": "randn", "integers": "randint"}
 
 
 class Generator:
@@ -97,9 +100,9 @@ def _random(kind: str, shape: tuple, a: float, b: float, dtype: Any, device: str
             generator: Generator | None, requires_grad: bool = False) -> "Tensor":
     device = canonical(device) if device is not None else default_device_name()
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else tuple(shape)
-    if any(not isinstance(n, int) or n < 0 for n in shape):
-        raise ValueError(f"{kind}: shape must be non-negative ints, got {shape}")
-    data = _generator(device, generator).draw(kind, shape, a, b, dtypes.as_dtype(dtype))
+    dtype = dtypes.as_dtype(dtype)
+    shape = check_size(_OP_NAMES[kind], shape, dtype, device)
+    data = _generator(device, generator).draw(kind, shape, a, b, dtype)
     return Tensor(data, device, requires_grad)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..autograd import Function
+from ..sizes import check_factor, check_size
 from ..tensor import Tensor
 from .movement import pad
 
@@ -97,7 +98,7 @@ def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
         raise ValueError(f"{op}: output size {out_hw} is not positive for input {x.shape}")
     if bias is not None and bias.shape != (cout_g * groups,):
         raise ValueError(f"{op}: bias must have shape ({cout_g * groups},), got {bias.shape}")
-    out_shape = (x.shape[0], cout_g * groups) + out_hw
+    out_shape = check_size(op, (x.shape[0], cout_g * groups) + out_hw, x.dtype, x.device)
     # output_padding >= stride (allowed when the dilation is larger) makes conv2d of the output
     # longer than x; its adjoint then takes x zero-padded to that length
     extra_h, extra_w = (o // s for o, s in zip(output_padding, stride))
@@ -188,10 +189,10 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
     if size is not None:
         out_hw = _pair(size, op, "size")
     else:
-        scales = (scale_factor, scale_factor) if isinstance(scale_factor, int | float) else tuple(scale_factor)
-        out_hw = tuple(int(n * s) for n, s in zip(x.shape[2:], scales))
+        out_hw = tuple(int(n * s) for n, s in zip(x.shape[2:], scale_pair(scale_factor, op)))
     if min(out_hw) < 1:
         raise ValueError(f"{op}: output size {out_hw} must be positive")
+    check_size(op, x.shape[:2] + out_hw, x.dtype, x.device)
     if mode == "nearest":
         if align_corners is not None:
             raise ValueError(f"{op}: align_corners only applies to mode 'bilinear'")
@@ -202,3 +203,11 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
 
 
 upsample = interpolate
+
+
+def scale_pair(scale_factor: Any, op: str) -> tuple[float, float]:
+    """``scale_factor`` (one number or a pair) as two finite positive floats, else a ValueError naming ``op``."""
+    scales = (scale_factor, scale_factor) if not isinstance(scale_factor, tuple | list) else tuple(scale_factor)
+    if len(scales) != 2:
+        raise ValueError(f"{op}: scale_factor must be a number or a pair of numbers, got {scale_factor!r}")
+    return check_factor(op, "scale_factor", scales[0]), check_factor(op, "scale_factor", scales[1])

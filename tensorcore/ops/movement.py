@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from .. import dtypes
 from ..autograd import Function
+from ..sizes import check_size
 from ..tensor import Tensor
 from .shape_utils import normalize_axes, normalize_axis, unbroadcast
 
@@ -140,6 +141,7 @@ def expand(x: Tensor, shape: Sequence[int]) -> Tensor:
     for i, n in enumerate(x.shape):
         if n != 1 and n != full[lead + i]:
             raise ValueError(f"expand: cannot expand {x.shape} to {shape}")
+    check_size("expand", full, x.dtype, x.device)  # a view, but every op reading it allocates its size
     return Expand.apply(x, full) if full != x.shape else x
 
 
@@ -221,6 +223,7 @@ def pad(x: Tensor, pad: Sequence[int], value: float = 0.0) -> Tensor:
     widths = [(0, 0)] * x.ndim
     for i in range(len(pad) // 2):
         widths[x.ndim - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    check_size("pad", tuple(n + lo + hi for n, (lo, hi) in zip(x.shape, widths)), x.dtype, x.device)
     return Pad.apply(x, tuple(widths), value)
 
 
@@ -233,6 +236,8 @@ def repeat(x: Tensor, repeats: Sequence[int]) -> Tensor:
     repeats = tuple(repeats)
     if len(repeats) < x.ndim:
         raise ValueError(f"repeat: need at least {x.ndim} repeat counts for shape {x.shape}, got {repeats}")
+    check_size("repeat", tuple(r * n for r, n in zip(repeats, (1,) * (len(repeats) - x.ndim) + x.shape)),
+               x.dtype, x.device)
     x = reshape(x, (1,) * (len(repeats) - x.ndim) + x.shape)
     interleaved = tuple(v for pair in zip([1] * x.ndim, x.shape) for v in pair)
     tiled = tuple(v for pair in zip(repeats, x.shape) for v in pair)
