@@ -76,6 +76,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "flow_shift": (lambda v: _real(v) and v > 0, "a float > 0"),
     "sigma_min": (lambda v: v is None or (_real(v) and v > 0), "None or a float > 0"),
     "sigma_max": (lambda v: v is None or (_real(v) and v > 0), "None or a float > 0"),
+    # DPM-Solver reads only "learned" / "learned_range" and, as diffusers, takes any other
+    # name (a DDPM config's "fixed_small") as a fixed variance
+    "variance_type": (lambda v: v is None or isinstance(v, str), "None or a str"),
 }
 
 

@@ -24,7 +24,8 @@ class DDPMScheduler(SchedulerBase):
     Config keys, defaults and results are diffusers'.  ``step`` also works without
     ``set_timesteps`` (over every training timestep, t to t - 1), as in diffusers.
     ``variance_type="fixed_large_log"`` gives the standard deviation sqrt(β_t) (diffusers
-    takes the square root of log β_t there, which is NaN).
+    takes the square root of log β_t there, which is NaN); ``variance_type=None`` (which a
+    DPM-Solver config may carry) is ``fixed_small``, as in diffusers.
 
     ``step(model_output, timestep, sample, generator=None, variance_noise=None,
     return_dict=True)``; with a ``learned``/``learned_range`` variance the model output
@@ -33,7 +34,7 @@ class DDPMScheduler(SchedulerBase):
 
     _choices = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid", "laplace"),
                 "prediction_type": PREDICTION_TYPES, "timestep_spacing": SPACINGS,
-                "variance_type": VARIANCE_TYPES}
+                "variance_type": (*VARIANCE_TYPES, None)}
 
     @register_to_config
     def __init__(self, num_train_timesteps: int = 1000, beta_start: float = 0.0001, beta_end: float = 0.02,

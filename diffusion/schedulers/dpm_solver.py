@@ -40,7 +40,7 @@ class DPMSolverMultistepScheduler(SchedulerBase):
                 "prediction_type": PREDICTION_TYPES, "timestep_spacing": SPACINGS, "solver_order": (1, 2, 3),
                 "algorithm_type": ("dpmsolver++", "sde-dpmsolver++", *_ALGORITHM_ALIASES),
                 "solver_type": ("midpoint", "heun", *_SOLVER_TYPE_ALIASES),
-                "final_sigmas_type": ("zero", "sigma_min"), "variance_type": (None, "learned", "learned_range"),
+                "final_sigmas_type": ("zero", "sigma_min"),
                 "use_beta_sigmas": (False,), "use_flow_sigmas": (False,), "use_dynamic_shifting": (False,),
                 "time_shift_type": ("exponential",)}
 
