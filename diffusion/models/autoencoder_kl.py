@@ -17,6 +17,7 @@ from layers import Conv2d
 from tensorcore import Generator, Tensor
 
 from .activations import check_activation
+from .bounds import MAX_WIDTH, conv_net_shares, count, flag, list_of, name, number, optional, size_or_pair, width
 from .config import register_to_config
 from .distributions import DiagonalGaussianDistribution
 from .pretrained import PretrainedModel
@@ -32,6 +33,16 @@ class AutoencoderKL(PretrainedModel):
     """
 
     diffusers_class = "AutoencoderKL"
+
+    config_bounds = {
+        "in_channels": width(), "out_channels": width(), "down_block_types": list_of(name()),
+        "up_block_types": list_of(name()), "block_out_channels": list_of(width()), "layers_per_block": count(),
+        "act_fn": name(), "latent_channels": width(), "norm_num_groups": width(), "sample_size": size_or_pair(),
+        "scaling_factor": number(), "shift_factor": optional(number()),
+        "latents_mean": optional(list_of(number(), high=MAX_WIDTH)), "latents_std": optional(list_of(number(), high=MAX_WIDTH)),
+        "force_upcast": flag(), "use_quant_conv": flag(), "use_post_quant_conv": flag(), "mid_block_add_attention": flag(),
+    }
+    parameter_shares = staticmethod(conv_net_shares)
 
     @register_to_config
     def __init__(self, in_channels: int = 3, out_channels: int = 3,

@@ -12,6 +12,8 @@ import inspect
 import warnings
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
+from .bounds import check_config
+
 T = TypeVar("T")
 
 
@@ -56,15 +58,21 @@ def _jsonable(value: Any) -> Any:
 
 
 def register_to_config(init: Callable[..., None]) -> Callable[..., None]:
-    """Decorate ``__init__`` so the bound arguments (with defaults) become ``self.config``."""
+    """Decorate ``__init__`` so the bound arguments (with defaults) become ``self.config``.
+
+    Before ``__init__`` runs, the arguments pass the class's ``config_bounds`` and
+    ``parameter_shares`` (see ``bounds.check_config``), so an absurd config builds nothing.
+    """
     signature = inspect.signature(init)
 
     @functools.wraps(init)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
-        init(self, *args, **kwargs)
         values = {k: v for k, v in bound.arguments.items() if k != "self"}
+        cls = type(self)
+        check_config(cls.__name__, values, getattr(cls, "config_bounds", {}), getattr(cls, "parameter_shares", None))
+        init(self, *args, **kwargs)
         object.__setattr__(self, "config", FrozenConfig(values))
 
     return wrapper

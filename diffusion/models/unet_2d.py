@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from numbers import Integral, Real
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import tensorcore as tc
 from layers import Conv2d, Embedding, GroupNorm, Identity, ModuleList
@@ -21,6 +21,7 @@ from tensorcore import Tensor
 from .activations import check_activation, group_norm_act
 from .blocks import (DOWN_BLOCK_TYPES, RESAMPLE_TYPES, UP_BLOCK_TYPES, AttentionSpec, DownBlock2D, ResnetSpec,
                      UNetMidBlock2D, UpBlock2D, check_block_types)
+from .bounds import conv_net_shares, count, flag, list_of, name, number, optional, size_or_pair, width
 from .config import register_to_config
 from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps
 from .pretrained import PretrainedModel
@@ -43,6 +44,31 @@ class UNet2D(PretrainedModel):
         "down_block_types": ("DownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D"),
         "up_block_types": ("AttnUpBlock2D", "AttnUpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
     }
+
+    config_bounds = {
+        "sample_size": optional(size_or_pair()), "in_channels": width(), "out_channels": width(),
+        "center_input_sample": flag(), "time_embedding_type": name(), "time_embedding_dim": optional(width()),
+        "freq_shift": number(), "flip_sin_to_cos": flag(), "down_block_types": list_of(name()),
+        "mid_block_type": optional(name()), "up_block_types": list_of(name()), "block_out_channels": list_of(width()),
+        "layers_per_block": count(), "mid_block_scale_factor": number(), "downsample_padding": count(0),
+        "downsample_type": name(), "upsample_type": name(), "dropout": number(), "act_fn": name(),
+        "attention_head_dim": optional(width()), "norm_num_groups": width(), "attn_norm_num_groups": optional(width()),
+        "norm_eps": number(), "resnet_time_scale_shift": name(), "add_attention": flag(),
+        "class_embed_type": optional(name()), "num_class_embeds": optional(width()),
+        "num_train_timesteps": optional(width()), "cross_attention_dim": optional(width()),
+    }
+
+    @staticmethod
+    def parameter_shares(config: Mapping[str, Any]) -> dict[tuple[str, ...], int]:
+        """``conv_net_shares`` plus the embedding tables: class labels and learned timesteps."""
+        shares = conv_net_shares(config)
+        first = config["block_out_channels"][0]
+        time_dim = config["time_embedding_dim"] or 4 * first
+        if config["class_embed_type"] is None:
+            shares[("num_class_embeds",)] = (config["num_class_embeds"] or 0) * time_dim
+        if config["time_embedding_type"] == "learned":
+            shares[("num_train_timesteps",)] = (config["num_train_timesteps"] or 0) * first
+        return shares
 
     @register_to_config
     def __init__(self, sample_size: int | Sequence[int] | None = None, in_channels: int = 3, out_channels: int = 3,
@@ -195,20 +221,20 @@ class UNet2D(PretrainedModel):
         return self.class_embedding(class_labels).to(dtype=self.dtype)
 
 
-def batch_timesteps(timestep: Any, sample: Tensor) -> Tensor:
+def batch_timesteps(timestep: Any, sample: Tensor, owner: str = "UNet2D") -> Tensor:
     """``timestep`` as a [B] tensor on ``sample``'s device: a number is filled in, a 0-d or
     one-element tensor broadcast; device tensors are never read to the host."""
     batch = sample.shape[0]
     if isinstance(timestep, Tensor):
         if timestep.ndim > 1 or (timestep.ndim == 1 and timestep.shape[0] not in (1, batch)):
-            raise ValueError(f"UNet2D: timestep must be a scalar or have shape [{batch}], got {timestep.shape}")
+            raise ValueError(f"{owner}: timestep must be a scalar or have shape [{batch}], got {timestep.shape}")
         if timestep.device != sample.device:
             timestep = timestep.to(sample.device)
         return timestep.reshape(1).expand(batch) if timestep.numel() == 1 else timestep
     if isinstance(timestep, Real) and not isinstance(timestep, bool):
         dtype = tc.int64 if isinstance(timestep, Integral) else tc.float32
         return tc.full((batch,), timestep, dtype=dtype, device=sample.device)
-    raise TypeError(f"UNet2D: timestep must be a number or a Tensor, got {type(timestep).__name__}")
+    raise TypeError(f"{owner}: timestep must be a number or a Tensor, got {type(timestep).__name__}")
 
 
 def _time_projection(kind: str, channels: int, flip_sin_to_cos: bool, freq_shift: float,
