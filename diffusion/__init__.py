@@ -2,12 +2,12 @@
 loops, and the bundled digits."""
 
 from .datasets import load_digits, train_test_split
-from .models import AutoencoderKL, UNet2D
+from .models import AutoencoderKL, UNet2D, UNet2DConditionModel
 from .pipelines import DiffusionPipeline, ImagePipelineOutput, LatentDiffusionPipeline
 from .schedulers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 from .training import train_ddpm, train_vae
 
-__all__ = ["load_digits", "train_test_split", "UNet2D", "AutoencoderKL",
+__all__ = ["load_digits", "train_test_split", "UNet2D", "UNet2DConditionModel", "AutoencoderKL",
            "DiffusionPipeline", "LatentDiffusionPipeline", "ImagePipelineOutput",
            "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerDiscreteScheduler",
            "train_ddpm", "train_vae"]

@@ -1,11 +1,11 @@
-"""The activations diffusers' blocks name in their configs (``act_fn``), and GroupNorm fused with one."""
+"""The activations diffusers' blocks name in their configs (``act_fn``), GroupNorm fused with one, and GEGLU."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import tensorcore.functional as F
-from layers import GroupNorm
+from layers import GroupNorm, Linear, Module
 from tensorcore import Tensor
 
 
@@ -42,3 +42,18 @@ def group_norm_act(norm: GroupNorm, x: Tensor, act_fn: str) -> Tensor:
     if fused is None:
         return fn(norm(x))
     return F.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps, act=fused)
+
+
+class GEGLU(Module):
+    """The gated GELU of diffusers' transformer feed-forward: ``a * gelu(b)`` for ``[a | b] = proj(x)``.
+
+    ``proj`` maps ``dim_in`` to ``2 * dim_out`` channels (diffusers' ``GEGLU.proj``).
+    """
+
+    def __init__(self, dim_in: int, dim_out: int, bias: bool = True) -> None:
+        super().__init__()
+        self.proj = Linear(dim_in, 2 * dim_out, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden, gate = self.proj(x).chunk(2, axis=-1)
+        return hidden * F.gelu(gate)

@@ -1,28 +1,34 @@
-"""Attention over the pixels of a feature map, as diffusers' UNet and VAE blocks build it.
+"""Attention as diffusers' ``Attention`` builds it: over the pixels of a feature map or a token sequence.
 
-Parameter names follow diffusers' ``Attention``: ``group_norm``, ``to_q``, ``to_k``,
-``to_v``, ``to_out.0``.  Self-attention by default; with ``cross_attention_dim`` the
-keys and values come from a context sequence [B, L, D] instead.
+Parameter names follow diffusers: ``group_norm``, ``to_q``, ``to_k``, ``to_v``,
+``to_out.0``.  Self-attention by default; with ``cross_attention_dim`` the keys and
+values come from a context sequence [B, L, D] instead.
 """
 
 from __future__ import annotations
 
+import tensorcore as tc
 import tensorcore.functional as F
 from layers import Dropout, GroupNorm, Linear, Module, ModuleList
 from tensorcore import Tensor
 
 
 class Attention(Module):
-    """``x + to_out(softmax(Q Kᵀ / √d) V)`` over the H·W tokens of ``x`` [B, C, H, W].
+    """``to_out(softmax(Q Kᵀ / √d) V)`` over the tokens of ``x``, plus ``x`` when ``residual_connection``.
 
+    ``x`` is a feature map [B, C, H, W] (its H·W pixels are the tokens, as the UNet's and
+    VAE's attention blocks use it) or a sequence [B, L, C] (as a transformer block uses it).
     Q comes from ``group_norm(x)`` (when ``norm_num_groups`` is given), K and V from the
     same tokens or from ``context`` [B, L, cross_attention_dim]; ``heads`` heads of
-    ``dim_head`` channels each.  The sum is divided by ``rescale_output_factor``.
+    ``dim_head`` channels each.  ``upcast_attention`` computes the scores and softmax in
+    float32 for half-precision inputs, as diffusers does.  The sum is divided by
+    ``rescale_output_factor``.
     """
 
     def __init__(self, query_dim: int, heads: int, dim_head: int, norm_num_groups: int | None = None,
                  eps: float = 1e-5, cross_attention_dim: int | None = None, rescale_output_factor: float = 1.0,
-                 dropout: float = 0.0, bias: bool = True) -> None:
+                 dropout: float = 0.0, bias: bool = True, out_bias: bool = True, upcast_attention: bool = False,
+                 residual_connection: bool = True) -> None:
         super().__init__()
         if heads < 1 or dim_head < 1:
             raise ValueError(f"Attention: heads and dim_head must be positive, got heads={heads}, dim_head={dim_head}")
@@ -30,20 +36,21 @@ class Attention(Module):
         self.query_dim, self.heads, self.dim_head = query_dim, heads, dim_head
         self.cross_attention_dim = cross_attention_dim
         self.scale, self.rescale_output_factor = dim_head ** -0.5, rescale_output_factor
+        self.upcast_attention, self.residual_connection = upcast_attention, residual_connection
         self.group_norm = GroupNorm(norm_num_groups, query_dim, eps=eps) if norm_num_groups is not None else None
         kv_dim = cross_attention_dim or query_dim
         self.to_q = Linear(query_dim, inner, bias=bias)
         self.to_k = Linear(kv_dim, inner, bias=bias)
         self.to_v = Linear(kv_dim, inner, bias=bias)
-        self.to_out = ModuleList([Linear(inner, query_dim), Dropout(dropout)])
+        self.to_out = ModuleList([Linear(inner, query_dim, bias=out_bias), Dropout(dropout)])
 
     def _heads(self, x: Tensor) -> Tensor:
         """[B, L, heads * d] -> [B, heads, L, d]."""
         return x.reshape(x.shape[0], x.shape[1], self.heads, self.dim_head).permute(0, 2, 1, 3)
 
     def _check(self, x: Tensor, context: Tensor | None) -> None:
-        if x.ndim != 4 or x.shape[1] != self.query_dim:
-            raise ValueError(f"Attention: expected input [B, {self.query_dim}, H, W], got {x.shape}")
+        if x.ndim not in (3, 4) or x.shape[1 if x.ndim == 4 else 2] != self.query_dim:
+            raise ValueError(f"Attention: expected input [B, {self.query_dim}, H, W] or [B, L, {self.query_dim}], got {x.shape}")
         if self.cross_attention_dim is None:
             if context is not None:
                 raise ValueError("Attention: this is a self-attention block; it takes no context")
@@ -51,17 +58,34 @@ class Attention(Module):
             got = None if context is None else context.shape
             raise ValueError(f"Attention: expected context [{x.shape[0]}, L, {self.cross_attention_dim}], got {got}")
 
+    def _tokens(self, x: Tensor) -> Tensor:
+        """The normalised input as tokens [B, L, query_dim]."""
+        if x.ndim == 4:
+            b, c, h, w = x.shape
+            hidden = x if self.group_norm is None else self.group_norm(x)
+            return hidden.reshape(b, c, h * w).transpose(1, 2)
+        return x if self.group_norm is None else self.group_norm(x.transpose(1, 2)).transpose(1, 2)
+
+    def attend(self, tokens: Tensor, source: Tensor) -> Tensor:
+        """Attention of ``tokens`` [B, Lq, query_dim] over ``source`` [B, Lk, kv_dim] -> [B, Lq, query_dim]."""
+        q, k, v = self._heads(self.to_q(tokens)), self._heads(self.to_k(source)), self._heads(self.to_v(source))
+        upcast = self.upcast_attention and q.dtype in (tc.float16, tc.bfloat16)
+        if upcast:
+            q, k, v = q.to(dtype=tc.float32), k.to(dtype=tc.float32), v.to(dtype=tc.float32)
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        if upcast:
+            out = out.to(dtype=tokens.dtype)
+        out = out.permute(0, 2, 1, 3).reshape(tokens.shape[0], tokens.shape[1], self.heads * self.dim_head)
+        return self.to_out[1](self.to_out[0](out))
+
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         self._check(x, context)
-        b, c, h, w = x.shape
-        hidden = x if self.group_norm is None else self.group_norm(x)
-        tokens = hidden.reshape(b, c, h * w).transpose(1, 2)
-        source = tokens if context is None else context
-        q, k, v = self._heads(self.to_q(tokens)), self._heads(self.to_k(source)), self._heads(self.to_v(source))
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        out = out.permute(0, 2, 1, 3).reshape(b, h * w, self.heads * self.dim_head)
-        out = self.to_out[1](self.to_out[0](out))
-        out = out.transpose(1, 2).reshape(b, c, h, w) + x
+        tokens = self._tokens(x)
+        out = self.attend(tokens, tokens if context is None else context)
+        if x.ndim == 4:
+            out = out.transpose(1, 2).reshape(x.shape)
+        if self.residual_connection:
+            out = out + x
         return out if self.rescale_output_factor == 1.0 else out / self.rescale_output_factor
 
     def extra_repr(self) -> str:

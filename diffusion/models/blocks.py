@@ -1,17 +1,18 @@
 """The UNet's and the VAE's down, mid and up blocks, named as diffusers names their parts.
 
 A block is a stack of ResnetBlock2Ds (``resnets.i``), optionally each followed by an
-Attention (``attentions.i``) and, for context conditioning, a cross-attention
-(``cross_attentions.i``), then an optional resampler (``downsamplers.0`` /
-``upsamplers.0``).  One class per role covers diffusers' variants: ``DownBlock2D``,
-``AttnDownBlock2D``, ``DownEncoderBlock2D`` and ``AttnDownEncoderBlock2D`` differ only
-in whether there is attention and a timestep embedding.
+Attention or a Transformer2DModel (``attentions.i``) and, for UNet2D's context
+conditioning, a cross-attention (``cross_attentions.i``), then an optional resampler
+(``downsamplers.0`` / ``upsamplers.0``).  One class per role covers diffusers' variants:
+``DownBlock2D``, ``AttnDownBlock2D``, ``CrossAttnDownBlock2D``, ``DownEncoderBlock2D`` and
+``AttnDownEncoderBlock2D`` differ only in their attention (an ``AttentionSpec``, a
+``TransformerSpec`` or none) and whether there is a timestep embedding.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import tensorcore as tc
 from layers import Module, ModuleList
@@ -20,6 +21,7 @@ from tensorcore import Tensor
 from .attention import Attention
 from .resnet import ResnetBlock2D
 from .sampling import Downsample2D, Upsample2D
+from .transformer_2d import Transformer2DModel
 
 # block type -> whether it has attention
 DOWN_BLOCK_TYPES = {"DownBlock2D": False, "AttnDownBlock2D": True}
@@ -56,6 +58,7 @@ class AttentionSpec:
     eps: float
     cross_attention_dim: int | None = None
     rescale_output_factor: float = 1.0
+    takes_context: ClassVar[bool] = False
 
     def _heads(self, channels: int) -> tuple[int, int]:
         head_dim = self.head_dim or channels
@@ -71,18 +74,49 @@ class AttentionSpec:
         heads, head_dim = self._heads(channels)
         return Attention(channels, heads, head_dim, self.groups, self.eps, cross_attention_dim=self.cross_attention_dim)
 
+    def layers(self, channels: int, count: int) -> list[Module]:
+        return [self.build(channels) for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """How a block's Transformer2DModels are made (diffusers' cross-attention blocks).
+
+    ``heads`` heads of ``channels // heads`` channels; ``depth`` BasicTransformerBlocks in
+    each transformer, or one count per transformer of the block.
+    """
+
+    heads: int
+    cross_attention_dim: int
+    groups: int
+    depth: int | tuple[int, ...] = 1
+    use_linear_projection: bool = False
+    only_cross_attention: bool = False
+    upcast_attention: bool = False
+    dropout: float = 0.0
+    takes_context: ClassVar[bool] = True
+
+    def layers(self, channels: int, count: int) -> list[Module]:
+        depths = (self.depth,) * count if isinstance(self.depth, int) else self.depth
+        if len(depths) != count:
+            raise ValueError(f"transformer_layers_per_block: {len(depths)} counts {list(depths)} for a block of {count} layers")
+        return [Transformer2DModel(self.heads, channels // self.heads, channels, self.cross_attention_dim, depth,
+                                   self.groups, self.use_linear_projection, self.only_cross_attention,
+                                   self.upcast_attention, self.dropout) for depth in depths]
+
 
 class _AttentionStack(Module):
     """Resnets each followed by attention (and cross-attention) when the block has them."""
 
-    def _build_attention(self, attention: AttentionSpec | None, channels: int, count: int) -> None:
-        self.attentions = None if attention is None else ModuleList([attention.build(channels) for _ in range(count)])
-        cross = attention is not None and attention.cross_attention_dim is not None
+    def _build_attention(self, attention: AttentionSpec | TransformerSpec | None, channels: int, count: int) -> None:
+        self.attentions = None if attention is None else ModuleList(attention.layers(channels, count))
+        self.attention_takes_context = attention is not None and attention.takes_context
+        cross = isinstance(attention, AttentionSpec) and attention.cross_attention_dim is not None
         self.cross_attentions = ModuleList([attention.build_cross(channels) for _ in range(count)]) if cross else None
 
     def _attend(self, i: int, h: Tensor, context: Tensor | None) -> Tensor:
         if self.attentions is not None:
-            h = self.attentions[i](h)
+            h = self.attentions[i](h, context) if self.attention_takes_context else self.attentions[i](h)
         if self.cross_attentions is not None:
             h = self.cross_attentions[i](h, context)
         return h
@@ -96,7 +130,7 @@ class DownBlock2D(_AttentionStack):
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_layers: int, resnet: ResnetSpec,
-                 attention: AttentionSpec | None = None, add_downsample: bool = True,
+                 attention: AttentionSpec | TransformerSpec | None = None, add_downsample: bool = True,
                  downsample_type: str = "conv", downsample_padding: int = 1) -> None:
         super().__init__()
         self.resnets = ModuleList([resnet.build(in_channels if i == 0 else out_channels, out_channels)
@@ -131,7 +165,7 @@ class UpBlock2D(_AttentionStack):
     """
 
     def __init__(self, in_channels: Sequence[int], out_channels: int, resnet: ResnetSpec,
-                 attention: AttentionSpec | None = None, add_upsample: bool = True, upsample_type: str = "conv") -> None:
+                 attention: AttentionSpec | TransformerSpec | None = None, add_upsample: bool = True, upsample_type: str = "conv") -> None:
         super().__init__()
         self.resnets = ModuleList([resnet.build(c, out_channels) for c in in_channels])
         self._build_attention(attention, out_channels, len(in_channels))
@@ -158,7 +192,8 @@ class UpBlock2D(_AttentionStack):
 class UNetMidBlock2D(_AttentionStack):
     """resnet, then ``num_layers`` x (attention, resnet), all at the lowest resolution."""
 
-    def __init__(self, channels: int, resnet: ResnetSpec, attention: AttentionSpec | None, num_layers: int = 1) -> None:
+    def __init__(self, channels: int, resnet: ResnetSpec, attention: AttentionSpec | TransformerSpec | None,
+                 num_layers: int = 1) -> None:
         super().__init__()
         self.resnets = ModuleList([resnet.build(channels, channels) for _ in range(num_layers + 1)])
         self._build_attention(attention, channels, num_layers)

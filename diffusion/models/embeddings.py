@@ -74,13 +74,27 @@ class GaussianFourierProjection(Module):
 
 
 class TimestepEmbedding(Module):
-    """``linear_2(act(linear_1(x)))``: the MLP turning a timestep embedding into the model's ``temb``."""
+    """``post_act(linear_2(act(linear_1(x + cond_proj(condition)))))``: the MLP turning a timestep
+    embedding into the model's ``temb``.
 
-    def __init__(self, in_channels: int, time_embed_dim: int, act_fn: str = "silu", out_dim: int | None = None) -> None:
+    ``cond_proj_dim`` adds ``cond_proj`` (no bias), through which a guidance embedding joins
+    the input (diffusers' ``time_cond_proj_dim``, LCM's ``timestep_cond``); ``post_act_fn``
+    names an activation applied last.
+    """
+
+    def __init__(self, in_channels: int, time_embed_dim: int, act_fn: str = "silu", out_dim: int | None = None,
+                 post_act_fn: str | None = None, cond_proj_dim: int | None = None) -> None:
         super().__init__()
         self.act_fn = check_activation(act_fn, "TimestepEmbedding")
+        self.post_act_fn = None if post_act_fn is None else check_activation(post_act_fn, "TimestepEmbedding")
         self.linear_1 = Linear(in_channels, time_embed_dim)
+        self.cond_proj = None if cond_proj_dim is None else Linear(cond_proj_dim, in_channels, bias=False)
         self.linear_2 = Linear(time_embed_dim, out_dim or time_embed_dim)
 
-    def forward(self, sample: Tensor) -> Tensor:
-        return self.linear_2(activation(self.act_fn)(self.linear_1(sample)))
+    def forward(self, sample: Tensor, condition: Tensor | None = None) -> Tensor:
+        if condition is not None:
+            if self.cond_proj is None:
+                raise ValueError("TimestepEmbedding: a condition was given, but there is no cond_proj (cond_proj_dim)")
+            sample = sample + self.cond_proj(condition)
+        out = self.linear_2(activation(self.act_fn)(self.linear_1(sample)))
+        return out if self.post_act_fn is None else activation(self.post_act_fn)(out)
