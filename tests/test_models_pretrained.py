@@ -163,7 +163,7 @@ def test_bad_folders_raise(tmp_path) -> None:
         UNet2D.from_pretrained(tmp_path)
     (tmp_path / WEIGHTS_NAME).unlink()
     (tmp_path / "diffusion_pytorch_model.bin").write_bytes(b"pickle")
-    with pytest.raises(FileNotFoundError, match="only safetensors weights are read"):
+    with pytest.raises(ValueError, match="never loaded; convert them to safetensors"):
         AutoencoderKL.from_pretrained(tmp_path)
     (tmp_path / CONFIG_NAME).write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):

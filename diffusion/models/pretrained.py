@@ -87,9 +87,12 @@ def read_config(path: Path, cls: type[PretrainedModel]) -> dict[str, Any]:
     return config
 
 
-def read_weights(folder: Path) -> dict[str, np.ndarray]:
-    """Every array of the folder's safetensors weights (one file, or the shards an index names)."""
-    single, index = folder / WEIGHTS_NAME, folder / WEIGHTS_INDEX_NAME
+def read_weights(folder: Path, weights_name: str = WEIGHTS_NAME, index_name: str = WEIGHTS_INDEX_NAME) -> dict[str, np.ndarray]:
+    """Every array of the folder's safetensors weights (one file, or the shards an index names).
+
+    A folder with pickle ``.bin`` weights only raises ValueError: they are never unpickled.
+    """
+    single, index = folder / weights_name, folder / index_name
     if single.exists():
         return load_file(single)
     if index.exists():
@@ -102,8 +105,10 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
             weights.update(load_file(folder / shard))
         return weights
     others = sorted(p.name for p in folder.glob("*.bin")) if folder.is_dir() else []
-    hint = f"; found {others}, but only safetensors weights are read" if others else ""
-    raise FileNotFoundError(f"from_pretrained: no {WEIGHTS_NAME} in {str(folder)!r}{hint}")
+    if others:
+        raise ValueError(f"from_pretrained: {str(folder)!r} holds pickle weights {others}, which are never loaded; "
+                         f"convert them to safetensors ({weights_name})")
+    raise FileNotFoundError(f"from_pretrained: no {weights_name} in {str(folder)!r}")
 
 
 def rename_deprecated_keys(weights: dict[str, Any], expected: Any) -> dict[str, Any]:
