@@ -202,6 +202,25 @@ def test_softmax_of_large_logits_is_finite(backend):
     np.testing.assert_allclose(out, [[1, 0, 0]], atol=1e-30)
 
 
+_INF, _NAN = float("inf"), float("nan")
+INFINITE_ROWS = [[_INF, 1.0], [-_INF, -_INF], [_INF, _INF], [-_INF, 1.0], [_INF, -_INF], [_NAN, 1.0],
+                 [1.0] * 37 + [_INF], [1.0] * 37 + [_NAN], [-_INF] * 38, [-_INF] * 37 + [2.0]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_of_infinities_matches_torch(backend, name, dtype):
+    """A row holding +inf or NaN, or only -inf, is NaN throughout; -inf entries of a row with
+    a finite maximum get probability 0 -- as PyTorch gives (short rows and long ones, whose
+    maximum the kernels take in several lanes)."""
+    if torch is None:
+        pytest.skip("torch is not installed")
+    for row in INFINITE_ROWS:
+        out = getattr(F, name)(tc.tensor([row], dtype=dtype), -1).numpy()
+        want = getattr(torch, name)(torch.tensor([row], dtype=getattr(torch, dtype)), -1).numpy()
+        np.testing.assert_allclose(out, want, rtol=1e-6, err_msg=f"{name}({row})")
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @given(data=st.data(), smoothing=st.sampled_from([0.0, 0.2]), spatial=st.booleans())
 def test_cross_entropy(backend, data, reduction, smoothing, spatial):

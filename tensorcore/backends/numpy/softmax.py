@@ -24,18 +24,22 @@ class NumpySoftmaxKernels:
     xp: Any
 
     def softmax(self, x: Array) -> Array:
+        """A row holding +inf or NaN, or only -inf, is NaN throughout (as in PyTorch, quietly)."""
         xp = self.xp
-        e = xp.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
+        with numpy.errstate(invalid="ignore"):  # inf - inf
+            e = xp.exp(x - x.max(axis=-1, keepdims=True))
+            return e / e.sum(axis=-1, keepdims=True)
 
     def softmax_backward(self, grad: Array, y: Array) -> Array:
         """y is the softmax output: dx = y * (grad - sum(grad * y))."""
         return y * (grad - (grad * y).sum(axis=-1, keepdims=True))
 
     def log_softmax(self, x: Array) -> Array:
+        """NaN on the rows where ``softmax`` is NaN."""
         xp = self.xp
-        shifted = x - x.max(axis=-1, keepdims=True)
-        return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+        with numpy.errstate(invalid="ignore"):  # inf - inf
+            shifted = x - x.max(axis=-1, keepdims=True)
+            return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
 
     def log_softmax_backward(self, grad: Array, y: Array) -> Array:
         """y is the log_softmax output: dx = grad - exp(y) * sum(grad)."""

@@ -5,6 +5,10 @@ one pass that computes ``exp(x - max)`` and its sum together.  (A single "online
 max+sum pass rescales its sum whenever the max grows, which does not vectorise; the
 separate max pass over a cached row is cheaper; ``reductions.row_max`` keeps it
 vectorised.)
+
+A row holding +inf or NaN, or only -inf, has no finite normaliser: its softmax and
+log_softmax are NaN throughout, as in PyTorch.  The float32 ``fexp`` takes NaN to inf,
+so the check is on the sum, which lies in [1, C] for every other row.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ def _log_sum_exp(row):
     s = t(0.0)
     for c in range(row.size):
         s += fexp(row[c] - m)
-    return m + t(math.log(s))
+    return m + t(math.log(s)) if s < t(np.inf) else t(np.nan)
 
 
 @kernel
@@ -44,7 +48,7 @@ def softmax_rows(x):
             e = fexp(row[c] - m)
             res[c] = e
             s += e
-        inv = t(1.0) / s
+        inv = t(1.0) / s if s < t(np.inf) else t(np.nan)
         for c in range(row.size):
             res[c] *= inv
     return out
