@@ -7,8 +7,10 @@ or the whole new one, never a partial write.  A process killed mid-save cannot r
 its temporary file, so each save first removes the temporaries of that target whose
 writing process is gone.
 
-A new file gets the mode the umask gives (as ``open()`` would); an overwritten file
-keeps its mode.
+A new file gets the mode the umask gives (as ``open()`` would); an overwritten regular
+file keeps its mode.  A symbolic link at the target is replaced by a regular file with
+the umask's mode: the link's target (``/dev/null``, say) is neither written nor its mode
+copied.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import stat
 
 
 def write_atomic(path: str | os.PathLike, payload: bytes) -> None:
@@ -52,13 +55,14 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
 
 
 def _keep_mode(fd: int, path: str) -> None:
-    """Give the temporary file the mode of the file it will replace, if there is one."""
+    """Give the temporary file the mode of the regular file it will replace, if there is one
+    (a link is not followed: the rename replaces the link itself)."""
     try:
-        mode = os.stat(path).st_mode & 0o7777
+        info = os.lstat(path)
     except FileNotFoundError:
         return
-    if hasattr(os, "fchmod"):
-        os.fchmod(fd, mode)
+    if stat.S_ISREG(info.st_mode) and hasattr(os, "fchmod"):
+        os.fchmod(fd, stat.S_IMODE(info.st_mode))
 
 
 def _sync_directory(directory: str) -> None:

@@ -6,6 +6,8 @@ import inspect
 import json
 import math
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -113,6 +115,44 @@ def test_save_and_load_scheduler_config_json(cls, tmp_path):
     loaded = cls.from_pretrained(tmp_path / "scheduler")
     assert public(loaded.config) == public(scheduler.config)
     assert public(cls.from_pretrained(tmp_path, subfolder="scheduler").config) == public(scheduler.config)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_scheduler_config_json_gets_the_mode_of_the_umask(tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        DDIMScheduler().save_config(tmp_path)
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "scheduler_config.json").stat().st_mode & 0o777 == mode
+
+
+def test_a_failed_scheduler_config_save_leaves_no_temporary(tmp_path, monkeypatch):
+    DDIMScheduler().save_config(tmp_path)
+
+    def fail(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("tensorcore.atomic.os.fsync", fail)  # mid-write: the bytes are in the temporary
+    with pytest.raises(OSError, match="disk full"):
+        DDIMScheduler(steps_offset=1).save_config(tmp_path)
+    assert os.listdir(tmp_path) == ["scheduler_config.json"]
+    assert json.loads((tmp_path / "scheduler_config.json").read_text())["steps_offset"] == 0
+
+
+def test_a_scheduler_config_save_removes_a_killed_save_s_temporary(tmp_path):
+    dead = _finished_pid()
+    (tmp_path / f".scheduler_config.json.{dead}.0a1b2c3d.tmp").write_text("{")
+    DDIMScheduler().save_config(tmp_path)
+    assert os.listdir(tmp_path) == ["scheduler_config.json"]
+
+
+def _finished_pid() -> int:
+    """The id of a process that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -129,3 +129,33 @@ def test_saving_into_a_missing_directory_names_the_target(tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         serialization.save_file({"w": np.zeros(3, np.float32)}, path)
     assert str(path) in str(info.value) and ".tmp" not in str(info.value)
+
+
+@posix_only
+def test_a_save_over_a_link_to_dev_null_writes_a_regular_file_with_the_umask_mode(tmp_path):
+    path = tmp_path / "m.safetensors"
+    path.symlink_to(os.devnull)
+    previous = os.umask(0o022)
+    try:
+        serialization.save_file({"w": np.ones(3, np.float32)}, path)
+    finally:
+        os.umask(previous)
+    assert not path.is_symlink() and path.is_file()
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert np.all(serialization.load_file(path)["w"] == 1)
+
+
+@posix_only
+def test_a_save_over_a_link_neither_copies_nor_changes_the_linked_file(tmp_path):
+    linked = tmp_path / "elsewhere.safetensors"
+    serialization.save_file({"w": np.zeros(3, np.float32)}, linked)
+    linked.chmod(0o604)
+    path = tmp_path / "m.safetensors"
+    path.symlink_to(linked)
+    previous = os.umask(0o077)
+    try:
+        serialization.save_file({"w": np.ones(3, np.float32)}, path)
+    finally:
+        os.umask(previous)
+    assert not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600
+    assert linked.stat().st_mode & 0o777 == 0o604 and np.all(serialization.load_file(linked)["w"] == 0)

@@ -14,11 +14,12 @@ import json
 import math
 import numbers
 import os
-import tempfile
 import warnings
 from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 import numpy as np
+
+from tensorcore.atomic import write_atomic
 
 CONFIG_NAME = "scheduler_config.json"
 
@@ -190,18 +191,7 @@ class ConfigMixin:
         data = {k: v for k, v in self._config.items() if not k.startswith("_")}
         data["_class_name"] = type(self).__name__
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, prefix=".tmp-",
-                                         suffix=".json", delete=False) as f:
-            tmp = f.name
-            try:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            except BaseException:
-                f.close()
-                os.unlink(tmp)
-                raise
-        os.replace(tmp, os.path.join(directory, self.config_name))
+        write_atomic(os.path.join(directory, self.config_name), text.encode("utf-8"))
 
     save_pretrained = save_config
 
