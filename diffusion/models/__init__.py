@@ -8,6 +8,7 @@
 
 from .attention import Attention
 from .autoencoder_kl import AutoencoderKL
+from .clip_text import CLIPTextModel, CLIPTextModelWithProjection
 from .config import FrozenConfig
 from .distributions import DiagonalGaussianDistribution
 from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps
@@ -21,4 +22,5 @@ from .vae import Decoder, Encoder
 __all__ = [
     "UNet2D", "UNet2DConditionModel", "Transformer2DModel", "BasicTransformerBlock", "AutoencoderKL", "DiagonalGaussianDistribution", "FrozenConfig", "Attention", "ResnetBlock2D",
     "Downsample2D", "Upsample2D", "Timesteps", "TimestepEmbedding", "GaussianFourierProjection", "Encoder", "Decoder",
+    "CLIPTextModel", "CLIPTextModelWithProjection",
 ]

@@ -1,0 +1,220 @@
+"""CLIP's text encoder as transformers' ``CLIPTextModel`` and ``CLIPTextModelWithProjection``.
+
+Config keys, defaults, parameter names (``text_model.embeddings.token_embedding.weight``,
+``text_model.encoder.layers.N.self_attn.q_proj.weight``, ``text_projection.weight``, ...)
+and outputs are transformers', so a Stable Diffusion ``text_encoder`` folder loads as it
+is and code written for transformers reads ``out.last_hidden_state``,
+``out.hidden_states[-2]`` (``clip_skip``, SDXL) or ``out[0]`` unchanged.
+
+    encoder = CLIPTextModel.from_pretrained("sd-1.5/text_encoder")
+    states = encoder(tokenizer(prompt, padding="max_length", return_tensors="np").input_ids).last_hidden_state
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+
+import tensorcore as tc
+from layers import LayerNorm, Linear, Module, init
+from tensorcore import Tensor
+
+from .clip_layers import HIDDEN_ACTS, CLIPAttention, CLIPEncoder, CLIPMLP, CLIPTextEmbeddings, attention_mask
+from .config import register_to_config
+from .transformers_pretrained import TransformersPretrained
+
+PREFIX = "text_model."
+
+
+class _ModelOutput:
+    """Fields by name (``out.last_hidden_state``, ``out["last_hidden_state"]``) or by position
+    over the fields that are set (``out[0]``), as transformers' ``ModelOutput``."""
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(v for v in (getattr(self, f.name) for f in fields(self)) if v is not None)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: int | slice | str) -> Any:
+        return getattr(self, key) if isinstance(key, str) else self.to_tuple()[key]
+
+
+@dataclass
+class BaseModelOutputWithPooling(_ModelOutput):
+    """``last_hidden_state`` [B, L, hidden] (after the final LayerNorm), ``pooler_output`` [B, hidden]
+    (the state at each sequence's EOS token) and, when asked for, ``hidden_states``: the
+    embeddings, then every layer's output (``num_hidden_layers + 1`` tensors, before the final LayerNorm)."""
+
+    last_hidden_state: Tensor
+    pooler_output: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class CLIPTextModelOutput(_ModelOutput):
+    """``text_embeds`` [B, projection_dim] (the projected pooled state), ``last_hidden_state`` and ``hidden_states``."""
+
+    text_embeds: Tensor
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+
+
+class CLIPTextTransformer(Module):
+    """Embeddings, the encoder and ``final_layer_norm``; pools at the EOS token."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.eos_token_id = config.eos_token_id
+        self.embeddings = CLIPTextEmbeddings(config.vocab_size, config.hidden_size, config.max_position_embeddings)
+        self.encoder = CLIPEncoder(config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                                   config.num_attention_heads, config.hidden_act, config.layer_norm_eps)
+        self.final_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, input_ids: Tensor, attention_mask_: Tensor | None, output_hidden_states: bool
+                ) -> BaseModelOutputWithPooling:
+        hidden = self.embeddings(input_ids)
+        mask = None if attention_mask_ is None else attention_mask(attention_mask_, hidden.dtype)
+        states = self.encoder(hidden, mask)
+        last = self.final_layer_norm(states[-1])
+        return BaseModelOutputWithPooling(last, last[tc.arange(last.shape[0], device=last.device),
+                                                      self.eos_positions(input_ids)],
+                                          tuple(states) if output_hidden_states else None)
+
+    def eos_positions(self, input_ids: Tensor) -> Tensor:
+        """Each sequence's first EOS token; with ``eos_token_id == 2`` (configs written before
+        transformers fixed CLIP's ids, as Stable Diffusion's) its largest id, as transformers keeps it."""
+        if self.eos_token_id == 2:
+            return input_ids.argmax(axis=-1)
+        return (input_ids == self.eos_token_id).int().argmax(axis=-1)
+
+
+class CLIPTextPretrained(TransformersPretrained):
+    """What the two CLIP text models share: the config, the weights' layout, the checks on inputs."""
+
+    model_type = "clip_text_model"
+    retired_keys = frozenset({"dropout", "gradient_checkpointing"})
+    has_projection = False
+
+    @register_to_config
+    def __init__(self, vocab_size: int = 49408, hidden_size: int = 512, intermediate_size: int = 2048,
+                 projection_dim: int = 512, num_hidden_layers: int = 12, num_attention_heads: int = 8,
+                 max_position_embeddings: int = 77, hidden_act: str = "quick_gelu", layer_norm_eps: float = 1e-5,
+                 attention_dropout: float = 0.0, initializer_range: float = 0.02, initializer_factor: float = 1.0,
+                 pad_token_id: int | None = 1, bos_token_id: int | None = 49406, eos_token_id: int = 49407) -> None:
+        super().__init__()
+        _check_config(type(self).__name__, locals())
+        config = _Namespace(locals())
+        self.text_model = CLIPTextTransformer(config)
+        if self.has_projection:
+            self.text_projection = Linear(hidden_size, projection_dim, bias=False)
+        self._init_weights(initializer_factor, num_hidden_layers, hidden_size)
+
+    def _init_weights(self, factor: float, num_layers: int, hidden: int) -> None:
+        """transformers' initialisation of a CLIP text model (normal weights, zero biases)."""
+        depth = (2 * num_layers) ** -0.5
+        for module in self.modules():
+            if isinstance(module, CLIPTextEmbeddings):
+                init.normal_(module.token_embedding.weight, std=0.02 * factor)
+                init.normal_(module.position_embedding.weight, std=0.02 * factor)
+            elif isinstance(module, CLIPAttention):
+                for proj in (module.q_proj, module.k_proj, module.v_proj):
+                    init.normal_(proj.weight, std=hidden ** -0.5 * depth * factor)
+                init.normal_(module.out_proj.weight, std=hidden ** -0.5 * factor)
+            elif isinstance(module, CLIPMLP):
+                init.normal_(module.fc1.weight, std=(2 * hidden) ** -0.5 * factor)
+                init.normal_(module.fc2.weight, std=hidden ** -0.5 * depth * factor)
+            if isinstance(module, Linear) and module.bias is not None:
+                init.zeros_(module.bias)
+        if self.has_projection:
+            init.normal_(self.text_projection.weight, std=hidden ** -0.5 * factor)
+
+    def checkpoint_weights(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Keys under ``text_model.`` (transformers 5 saves a ``CLIPTextModel`` without the prefix);
+        the ``position_ids`` buffer older checkpoints carry is dropped."""
+        named = {}
+        for key, value in weights.items():
+            if not key.startswith(PREFIX) and key != "text_projection.weight":
+                key = PREFIX + key
+            if key != PREFIX + "embeddings.position_ids":
+                named[key] = value
+        return named
+
+    def _encode(self, input_ids: Any, attention_mask: Any, output_hidden_states: bool) -> BaseModelOutputWithPooling:
+        device = self.text_model.final_layer_norm.weight.device
+        ids = _as_ids(input_ids, device, "input_ids", type(self).__name__)
+        limit = self.config.max_position_embeddings
+        if ids.ndim != 2 or not 1 <= ids.shape[1] <= limit:
+            raise ValueError(f"{type(self).__name__}: input_ids must be [batch, length] with 1 <= length <= "
+                             f"max_position_embeddings={limit}, got shape {ids.shape}")
+        mask = None if attention_mask is None else _as_ids(attention_mask, device, "attention_mask", type(self).__name__)
+        if mask is not None and mask.shape != ids.shape:
+            raise ValueError(f"{type(self).__name__}: attention_mask must match input_ids' shape {ids.shape}, "
+                             f"got {mask.shape}")
+        return self.text_model(ids, mask, output_hidden_states)
+
+
+class CLIPTextModel(CLIPTextPretrained):
+    """``model(input_ids, attention_mask=None, output_hidden_states=False)`` -> ``BaseModelOutputWithPooling``.
+
+    ``input_ids`` [B, L] (a Tensor, NumPy array or nested list of ints); ``attention_mask``
+    [B, L] marks real tokens with 1 and padding with 0 (padding keys are hidden from every query).
+    """
+
+    def forward(self, input_ids: Any, attention_mask: Any = None,
+                output_hidden_states: bool = False) -> BaseModelOutputWithPooling:
+        return self._encode(input_ids, attention_mask, output_hidden_states)
+
+
+class CLIPTextModelWithProjection(CLIPTextPretrained):
+    """``model(input_ids, attention_mask=None, output_hidden_states=False)`` -> ``CLIPTextModelOutput``:
+    the pooled state projected by ``text_projection`` (no bias) as ``text_embeds``."""
+
+    has_projection = True
+
+    def forward(self, input_ids: Any, attention_mask: Any = None,
+                output_hidden_states: bool = False) -> CLIPTextModelOutput:
+        out = self._encode(input_ids, attention_mask, output_hidden_states)
+        return CLIPTextModelOutput(self.text_projection(out.pooler_output), out.last_hidden_state, out.hidden_states)
+
+
+class _Namespace:
+    """Attribute access to the constructor's arguments."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update({k: v for k, v in values.items() if k not in ("self", "__class__")})
+
+
+def _as_ids(value: Any, device: str, what: str, owner: str) -> Tensor:
+    """An integer Tensor on ``device`` from a Tensor, NumPy array or nested list; floats raise TypeError."""
+    if not isinstance(value, Tensor):
+        value = tc.from_numpy(np.asarray(value))
+    if value.dtype.kind not in "iub":
+        raise TypeError(f"{owner}: {what} must hold integers, got {value.dtype}")
+    return value.to(device, dtype=tc.int64) if value.device != device or value.dtype != tc.int64 else value
+
+
+def _check_config(owner: str, values: dict[str, Any]) -> None:
+    """ValueError naming the first config key whose value the model cannot be built from."""
+    def bad(key: str, expected: str) -> ValueError:
+        return ValueError(f"{owner}: config key {key} must be {expected}, got {values[key]!r}")
+
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "projection_dim", "num_hidden_layers",
+                "num_attention_heads", "max_position_embeddings"):
+        value = values[key]
+        if not isinstance(value, Integral) or isinstance(value, bool) or value < 1:
+            raise bad(key, "a positive int")
+    if values["hidden_size"] % values["num_attention_heads"]:
+        raise ValueError(f"{owner}: hidden_size={values['hidden_size']} is not a multiple of "
+                         f"num_attention_heads={values['num_attention_heads']}")
+    if values["hidden_act"] not in HIDDEN_ACTS:
+        raise bad("hidden_act", f"one of {sorted(HIDDEN_ACTS)}")
+    if values["attention_dropout"] != 0:
+        raise bad("attention_dropout", "0.0 (attention runs without dropout here)")
+    for key in ("layer_norm_eps", "initializer_range", "initializer_factor"):
+        value = values[key]
+        if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise bad(key, "a finite number >= 0")
+    if not isinstance(values["eos_token_id"], Integral) or isinstance(values["eos_token_id"], bool):
+        raise bad("eos_token_id", "an int (the id whose position is pooled)")

@@ -1,0 +1,222 @@
+"""CLIPTokenizer: transformers' CLIP tokenizer, read from the same folder, giving the same ids.
+
+    tokenizer = CLIPTokenizer.from_pretrained("sd-1.5/tokenizer")
+    ids = tokenizer(["a photo of a cat"], padding="max_length", truncation=True, return_tensors="np").input_ids
+
+A folder holds ``vocab.json`` (token -> id), ``merges.txt`` (the BPE merges, most frequent
+first, after a ``#version`` line), ``tokenizer_config.json`` (``model_max_length`` and the
+special tokens) and, from older transformers versions, ``special_tokens_map.json``.
+Each sequence is ``<|startoftext|>``, the text's tokens, ``<|endoftext|>``, then padding
+with the pad token the folder names (``<|endoftext|>`` in SD-1.x, ``!`` in SD-2.x and SDXL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from tensorcore.atomic import write_atomic
+
+from .clip_bpe import BytePairEncoder, normalize, words
+from .special_tokens import special_tokens
+
+VOCAB_NAME, MERGES_NAME = "vocab.json", "merges.txt"
+CONFIG_NAME, SPECIAL_MAP_NAME = "tokenizer_config.json", "special_tokens_map.json"
+PADDING = {False: None, "do_not_pad": None, True: "longest", "longest": "longest", "max_length": "max_length"}
+TRUNCATION = {None: None, False: False, "do_not_truncate": False, True: True, "longest_first": True, "only_first": True}
+
+
+class BatchEncoding(Mapping[str, Any]):
+    """``input_ids`` and ``attention_mask``, as attributes or keys (transformers' ``BatchEncoding``)."""
+
+    def __init__(self, input_ids: Any, attention_mask: Any) -> None:
+        self.input_ids, self.attention_mask = input_ids, attention_mask
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in ("input_ids", "attention_mask"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("input_ids", "attention_mask"))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __repr__(self) -> str:
+        return f"BatchEncoding(input_ids={self.input_ids!r}, attention_mask={self.attention_mask!r})"
+
+
+class CLIPTokenizer:
+    """``tokenizer(text_or_texts, padding=False, truncation=None, max_length=None, return_tensors=None)``.
+
+    ``padding``: False, True / "longest" (to the batch's longest) or "max_length";
+    ``truncation``: True cuts each sequence to ``max_length`` tokens, end token included
+    (None: only when ``max_length`` is given without padding, as transformers does);
+    ``max_length`` defaults to ``model_max_length``; ``return_tensors="np"`` gives int64
+    arrays [B, L] (a single text too), None gives lists (a single text: one list).
+    """
+
+    def __init__(self, vocab: Mapping[str, int], merges: Sequence[tuple[str, str]],
+                 tokenizer_config: Mapping[str, Any] | None = None,
+                 special_tokens_map: Mapping[str, Any] | None = None) -> None:
+        self.vocab = dict(vocab)
+        self.merges = [tuple(pair) for pair in merges]
+        self.tokenizer_config = dict(tokenizer_config or {})
+        self.special_tokens_map = dict(special_tokens_map or {})
+        named, normalized, ids = special_tokens(self.tokenizer_config, self.special_tokens_map)
+        self.special_ids = {}
+        for content in normalized:  # tokens the vocabulary lacks get the next free ids, as transformers adds them
+            self.special_ids[content] = ids.get(content, self.vocab.get(content, len(self.vocab) + len(self.special_ids)))
+        self.bos_token, self.eos_token = named["bos_token"], named["eos_token"]
+        self.pad_token, self.unk_token = named["pad_token"], named["unk_token"]
+        self.bos_token_id, self.eos_token_id = self.special_ids[self.bos_token], self.special_ids[self.eos_token]
+        self.pad_token_id, self.unk_token_id = self.special_ids[self.pad_token], self.special_ids[self.unk_token]
+        limit = self.tokenizer_config.get("model_max_length")
+        self.model_max_length: int | None = limit if isinstance(limit, int) and 0 < limit < 2 ** 31 else None
+        self._raw = _matcher([c for c, n in normalized.items() if not n])
+        self._normalized = {normalize(c): self.special_ids[c] for c, n in normalized.items() if n}
+        self._after_normalizing = _matcher(list(self._normalized))
+        self.bpe = BytePairEncoder(self.merges)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> CLIPTokenizer:
+        """The tokenizer stored in a transformers tokenizer folder."""
+        folder = Path(path)
+        vocab = _read_json(folder / VOCAB_NAME)
+        if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+            raise ValueError(f"CLIPTokenizer.from_pretrained: {str(folder / VOCAB_NAME)!r} must map tokens to int ids")
+        config = _read_json(folder / CONFIG_NAME) if (folder / CONFIG_NAME).exists() else {}
+        special_map = _read_json(folder / SPECIAL_MAP_NAME) if (folder / SPECIAL_MAP_NAME).exists() else {}
+        if not isinstance(config, dict) or not isinstance(special_map, dict):
+            raise ValueError(f"CLIPTokenizer.from_pretrained: {CONFIG_NAME} and {SPECIAL_MAP_NAME} must hold JSON objects")
+        return cls(vocab, _read_merges(folder / MERGES_NAME), config, special_map)
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write the four files of the folder ``path`` (created if needed), each atomically."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {**self.tokenizer_config, "tokenizer_class": "CLIPTokenizer"}
+        if self.model_max_length is not None:
+            config["model_max_length"] = self.model_max_length
+        merges = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges)
+        write_atomic(folder / VOCAB_NAME, json.dumps(self.vocab, ensure_ascii=False).encode())
+        write_atomic(folder / MERGES_NAME, merges.encode())
+        write_atomic(folder / SPECIAL_MAP_NAME, (json.dumps(self.special_tokens_map, indent=2) + "\n").encode())
+        write_atomic(folder / CONFIG_NAME, (json.dumps(config, indent=2) + "\n").encode())
+
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens of ``text`` (BPE symbols and special tokens), without the start and end tokens."""
+        inverse = {i: t for t, i in self.vocab.items()} | {i: c for c, i in self.special_ids.items()}
+        return [inverse[i] for i in self.encode(text)]
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of ``text``'s tokens, without the start and end tokens."""
+        if not isinstance(text, str):
+            raise TypeError(f"CLIPTokenizer: a text must be a str, got {type(text).__name__}")
+        ids: list[int] = []
+        for piece, raw_special in _split(text, self._raw):
+            if raw_special:
+                ids.append(self.special_ids[piece])
+                continue
+            for part, special in _split(normalize(piece), self._after_normalizing):
+                if special:
+                    ids.append(self._normalized[part])
+                    continue
+                for word in words(part):
+                    ids.extend(self.vocab.get(symbol, self.unk_token_id) for symbol in self.bpe(word))
+        return ids
+
+    def __call__(self, text: str | Sequence[str], padding: bool | str = False, truncation: bool | str | None = None,
+                 max_length: int | None = None, return_tensors: str | None = None) -> BatchEncoding:
+        single = isinstance(text, str)
+        texts = [text] if single else list(text)
+        if padding not in PADDING:
+            raise ValueError(f"CLIPTokenizer: padding must be one of {list(PADDING)}, got {padding!r}")
+        if truncation not in TRUNCATION:
+            raise ValueError(f"CLIPTokenizer: truncation must be one of {list(TRUNCATION)}, got {truncation!r}")
+        if return_tensors not in (None, "np"):
+            raise ValueError(f"CLIPTokenizer: return_tensors must be None or 'np', got {return_tensors!r}")
+        if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2):
+            raise ValueError(f"CLIPTokenizer: max_length must be an int >= 2 (room for the start and end tokens), "
+                             f"got {max_length!r}")
+        pad = PADDING[padding]
+        truncate = TRUNCATION[truncation]
+        if truncate is None:  # transformers truncates when a max_length comes without padding
+            truncate = max_length is not None and pad is None
+        limit = max_length if max_length is not None else self.model_max_length
+        if limit is None and (truncate or pad == "max_length"):
+            raise ValueError("CLIPTokenizer: truncation and padding='max_length' need max_length "
+                             "(this tokenizer's config gives no model_max_length)")
+        body = [self.encode(t) for t in texts]
+        if truncate:
+            body = [ids[:limit - 2] for ids in body]
+        sequences = [[self.bos_token_id, *ids, self.eos_token_id] for ids in body]
+        width = max(map(len, sequences), default=0) if pad == "longest" else limit if pad == "max_length" else 0
+        masks = [[1] * len(s) + [0] * max(width - len(s), 0) for s in sequences]
+        sequences = [s + [self.pad_token_id] * max(width - len(s), 0) for s in sequences]
+        if return_tensors == "np":
+            if len({len(s) for s in sequences}) > 1:
+                raise ValueError("CLIPTokenizer: return_tensors='np' needs sequences of one length; "
+                                 "pass padding=True or padding='max_length'")
+            return BatchEncoding(np.array(sequences, dtype=np.int64).reshape(len(texts), -1),
+                                 np.array(masks, dtype=np.int64).reshape(len(texts), -1))
+        return BatchEncoding(sequences[0], masks[0]) if single else BatchEncoding(sequences, masks)
+
+    @property
+    def vocab_size(self) -> int:
+        """The BPE vocabulary's size (without added special tokens)."""
+        return len(self.vocab)
+
+    def __len__(self) -> int:
+        return len(set(self.vocab.values()) | set(self.special_ids.values()))
+
+
+def _matcher(tokens: list[str]) -> re.Pattern[str] | None:
+    """A pattern finding the leftmost, then longest, of ``tokens``; None when there are none."""
+    if not tokens:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+
+def _split(text: str, matcher: re.Pattern[str] | None) -> Iterator[tuple[str, bool]]:
+    """``text`` cut into (piece, is a special token) around the matches of ``matcher``; empty pieces left out."""
+    start = 0
+    for match in matcher.finditer(text) if matcher is not None else ():
+        if match.start() > start:
+            yield text[start:match.start()], False
+        yield match.group(), True
+        start = match.end()
+    if start < len(text):
+        yield text[start:], False
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"CLIPTokenizer.from_pretrained: no {path.name} in {str(path.parent)!r}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} is not valid JSON ({exc})") from exc
+
+
+def _read_merges(path: Path) -> list[tuple[str, str]]:
+    """The merge pairs of a merges.txt, its ``#version`` line and blank lines skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"CLIPTokenizer.from_pretrained: no {path.name} in {str(path.parent)!r}") from None
+    merges = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or (number == 1 and line.startswith("#version")):
+            continue
+        pair = line.split()
+        if len(pair) != 2:
+            raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} line {number} is not a merge pair: {line!r}")
+        merges.append((pair[0], pair[1]))
+    return merges
