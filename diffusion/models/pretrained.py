@@ -16,14 +16,14 @@ from typing import Any, Mapping, TypeVar
 import numpy as np
 
 from layers import Module
-from layers.serialization import load_file, save_file
+from layers.files import inside, read_json
+from layers.serialization import save_file
 from tensorcore.atomic import write_atomic
 
 from .config import init_kwargs
+from .weights import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, Found, check_weights, open_weights, read_found
 
 CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
-WEIGHTS_INDEX_NAME = WEIGHTS_NAME + ".index.json"
 _DEPRECATED_ATTENTION_NAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}
 
 M = TypeVar("M", bound="PretrainedModel")
@@ -43,72 +43,102 @@ class PretrainedModel(Module):
         return cls(**init_kwargs(cls, {**config, **overrides}))
 
     @classmethod
-    def from_pretrained(cls: type[M], path: str | os.PathLike, dtype: Any = None, device: str | None = None) -> M:
+    def from_pretrained(cls: type[M], path: str | os.PathLike, dtype: Any = None, device: str | None = None,
+                        variant: str | None = None) -> M:
         """The model stored in a diffusers folder, in eval mode.
 
         Weights are cast to ``dtype`` (default float32, so float16/bfloat16 checkpoints
         load into float32; pass ``tc.float16`` to keep them half) and placed on ``device``.
-        A missing, extra or mis-shaped weight raises ValueError naming the key.
+        ``variant="fp16"`` reads ``diffusion_pytorch_model.fp16.safetensors`` (or its
+        sharded index).  A missing, extra or mis-shaped weight raises ValueError naming the key.
         """
         folder = Path(path)
+        owner = f"{cls.__name__}.from_pretrained"
         config = read_config(folder / CONFIG_NAME, cls)
-        weights = read_weights(folder)
-        model = cls.from_config({**cls.diffusers_defaults, **config})
-        if dtype is not None or device is not None:
-            model.to(device, dtype)
-        model.load_state_dict(rename_deprecated_keys(weights, model.state_dict().keys()))
+        names = variant_name(WEIGHTS_NAME, variant), variant_name(WEIGHTS_INDEX_NAME, variant)
+        with open_weights(folder, *names, owner) as found:
+            model = cls.from_config({**cls.diffusers_defaults, **config})
+            if dtype is not None or device is not None:
+                model.to(device, dtype)
+            load_found(model, folder, found, owner)
         return model.eval()
 
-    def save_pretrained(self, path: str | os.PathLike) -> None:
+    def save_pretrained(self, path: str | os.PathLike, variant: str | None = None) -> None:
         """Write config.json and the safetensors weights into the folder ``path`` (created if needed).
 
-        Each file is written to a temporary file and renamed into place, weights first.
+        Each file is written to a temporary file and renamed into place, weights first;
+        ``variant="fp16"`` names the weights ``diffusion_pytorch_model.fp16.safetensors``.
         """
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         config = {"_class_name": self.diffusers_class, **self.config.to_json_dict()}
-        save_file({k: v.numpy() for k, v in self.state_dict().items()}, folder / WEIGHTS_NAME)
+        save_file({k: v.numpy() for k, v in self.state_dict().items()}, folder / variant_name(WEIGHTS_NAME, variant))
         write_atomic(folder / CONFIG_NAME, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
 
 
+def variant_name(name: str, variant: str | None) -> str:
+    """A weights file name with ``variant`` before its last suffix, as diffusers and transformers name
+    variants: ``x.safetensors`` -> ``x.fp16.safetensors``, ``x.safetensors.index.json`` -> ``x.safetensors.index.fp16.json``."""
+    if variant is None:
+        return name
+    stem, suffix = name.rsplit(".", 1)
+    return f"{stem}.{variant}.{suffix}"
+
+
 def read_config(path: Path, cls: type[PretrainedModel]) -> dict[str, Any]:
-    """The JSON object in ``path``; a config written for another model class raises ValueError."""
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{cls.__name__}.from_pretrained: no {CONFIG_NAME} in {str(path.parent)!r}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{cls.__name__}.from_pretrained: {str(path)!r} is not valid JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise ValueError(f"{cls.__name__}.from_pretrained: {str(path)!r} must hold a JSON object")
+    """The JSON object in ``path``; a config written for another model class raises ValueError.
+
+    The file must resolve to a regular file inside its folder, of bounded size and nesting.
+    """
+    owner = f"{cls.__name__}.from_pretrained"
+    config = read_json_object(path, owner)
     name = config.get("_class_name", cls.diffusers_class)
     if name not in (cls.diffusers_class, cls.__name__):
-        raise ValueError(f"{cls.__name__}.from_pretrained: {str(path)!r} describes a {name}, not a {cls.diffusers_class}")
+        raise ValueError(f"{owner}: {str(path)!r} describes a {name}, not a {cls.diffusers_class}")
     return config
 
 
-def read_weights(folder: Path, weights_name: str = WEIGHTS_NAME, index_name: str = WEIGHTS_INDEX_NAME) -> dict[str, np.ndarray]:
-    """Every array of the folder's safetensors weights (one file, or the shards an index names).
+def read_json_object(path: Path, owner: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (a config), read only when it resolves to a regular file
+    inside its folder, within ``layers.files``' size and nesting caps; ValueError naming
+    ``owner`` and the path otherwise, FileNotFoundError when it is missing."""
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        raise FileNotFoundError(f"{owner}: no {path.name} in {str(path.parent)!r}")
+    value = read_json(inside(path.parent, path.name, owner), owner)
+    if not isinstance(value, dict):
+        raise ValueError(f"{owner}: {str(path)!r} must hold a JSON object")
+    return value
 
-    A folder with pickle ``.bin`` weights only raises ValueError: they are never unpickled.
+
+def read_weights(folder: Path, weights_name: str = WEIGHTS_NAME, index_name: str | None = None) -> dict[str, np.ndarray]:
+    """Every array of the folder's safetensors weights (one file, or the shards an index names;
+    ``index_name`` defaults to ``weights_name + ".index.json"``).
+
+    Files must resolve to regular files inside the folder.  A folder with pickle ``.bin``
+    weights only raises ValueError: they are never unpickled.  ``load_weights`` also
+    compares the headers with a model before reading any data.
     """
-    single, index = folder / weights_name, folder / index_name
-    if single.exists():
-        return load_file(single)
-    if index.exists():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as exc:
-            raise ValueError(f"from_pretrained: {str(index)!r} is not a safetensors index ({exc})") from exc
-        weights: dict[str, np.ndarray] = {}
-        for shard in shards:
-            weights.update(load_file(folder / shard))
-        return weights
-    others = sorted(p.name for p in folder.glob("*.bin")) if folder.is_dir() else []
-    if others:
-        raise ValueError(f"from_pretrained: {str(folder)!r} holds pickle weights {others}, which are never loaded; "
-                         f"convert them to safetensors ({weights_name})")
-    raise FileNotFoundError(f"from_pretrained: no {weights_name} in {str(folder)!r}")
+    with open_weights(Path(folder), weights_name, index_name) as found:
+        return read_found(found)
+
+
+def load_weights(model: Module, folder: str | os.PathLike, weights_name: str = WEIGHTS_NAME,
+                 index_name: str | None = None) -> None:
+    """Load the folder's safetensors weights into ``model``, comparing every header with the
+    model (names, shapes, float dtypes) before any tensor data is read; any mismatch raises
+    ValueError naming the keys and leaves the model untouched."""
+    owner = f"{type(model).__name__}.from_pretrained"
+    with open_weights(Path(folder), weights_name, index_name, owner) as found:
+        load_found(model, Path(folder), found, owner)
+
+
+def load_found(model: Module, folder: Path, found: Found, owner: str) -> None:
+    """Check the open weights ``found`` against ``model`` (early key names renamed), then load them."""
+    targets = model.state_dict()
+    found = rename_deprecated_keys(found, targets.keys())
+    check_weights(owner, folder, targets, found)
+    model.load_state_dict(read_found(found))
 
 
 def rename_deprecated_keys(weights: dict[str, Any], expected: Any) -> dict[str, Any]:
