@@ -22,8 +22,8 @@ from .config import register_to_config
 from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps
 from .pretrained import PretrainedModel
 from .unet_2d import batch_timesteps
-from .unet_2d_condition_config import (DOWN_BLOCK_TYPES, OWNER, UP_BLOCK_TYPES, Depth, Level, check_config, levels,
-                                       up_depths)
+from .unet_2d_condition_config import (CONFIG_BOUNDS, DOWN_BLOCK_TYPES, OWNER, UP_BLOCK_TYPES, Depth, Level,
+                                       check_config, levels, parameter_shares, up_depths)
 
 
 class UNet2DConditionModel(PretrainedModel):
@@ -41,6 +41,8 @@ class UNet2DConditionModel(PretrainedModel):
     """
 
     diffusers_class = "UNet2DConditionModel"
+    config_bounds = CONFIG_BOUNDS
+    parameter_shares = staticmethod(parameter_shares)
 
     @register_to_config
     def __init__(self, sample_size: int | Sequence[int] | None = None, in_channels: int = 4, out_channels: int = 4,

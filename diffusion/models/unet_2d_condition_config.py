@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .activations import check_activation
+from .bounds import Bound, count, flag, list_of, name, number, optional, size_or_pair, width
 from .resnet import TIME_EMBEDDING_NORMS
 
 OWNER = "UNet2DConditionModel"
@@ -24,6 +25,57 @@ ADDITION_EMBED_TYPES = (None, "text_time")
 TIME_EMBEDDING_TYPES = ("positional", "fourier")
 
 Depth = int | tuple[int, ...]
+
+
+def _one_or_list(bound: Bound) -> Bound:
+    """``bound``, or a list of values each passing it (a per-level key)."""
+    many = list_of(bound)
+    return lambda v: None if bound(v) is None or many(v) is None else f"{bound(None)} or {many(None)}"
+
+
+# The kind and range of every key, checked before anything is built (see bounds.check_config).
+CONFIG_BOUNDS: dict[str, Bound] = {
+    "sample_size": optional(size_or_pair()), "in_channels": width(), "out_channels": width(),
+    "center_input_sample": flag(), "flip_sin_to_cos": flag(), "freq_shift": number(),
+    "down_block_types": list_of(name()), "mid_block_type": optional(name()), "up_block_types": list_of(name()),
+    "only_cross_attention": _one_or_list(flag()), "block_out_channels": list_of(width()),
+    "layers_per_block": _one_or_list(count()), "downsample_padding": count(0), "mid_block_scale_factor": number(),
+    "dropout": number(), "act_fn": name(), "norm_num_groups": width(), "norm_eps": number(),
+    "cross_attention_dim": _one_or_list(width()), "transformer_layers_per_block": _one_or_list(_one_or_list(count())),
+    "reverse_transformer_layers_per_block": optional(list_of(_one_or_list(count()))),
+    "encoder_hid_dim": optional(width()), "encoder_hid_dim_type": optional(name()),
+    "attention_head_dim": _one_or_list(width()), "num_attention_heads": optional(_one_or_list(width())),
+    "dual_cross_attention": flag(), "use_linear_projection": flag(), "class_embed_type": optional(name()),
+    "addition_embed_type": optional(name()), "addition_time_embed_dim": optional(width()),
+    "num_class_embeds": optional(width()), "upcast_attention": flag(), "resnet_time_scale_shift": name(),
+    "resnet_skip_time_act": flag(), "resnet_out_scale_factor": number(), "time_embedding_type": name(),
+    "time_embedding_dim": optional(width()), "time_embedding_act_fn": optional(name()),
+    "timestep_post_act": optional(name()), "time_cond_proj_dim": optional(width()), "conv_in_kernel": count(),
+    "conv_out_kernel": count(), "projection_class_embeddings_input_dim": optional(width()), "attention_type": name(),
+    "class_embeddings_concat": flag(), "mid_block_only_cross_attention": optional(flag()),
+    "cross_attention_norm": optional(name()), "addition_embed_type_num_heads": width(),
+}
+
+
+def parameter_shares(c: Mapping[str, Any]) -> dict[tuple[str, ...], int]:
+    """A lower bound on the parameters, by the keys that make them: per level the 3x3 convs of the
+    resnets (``layers_per_block`` down, one more up) and the transformers' 12 c² per block (down
+    path only), the stem and head convs, and the class-label table."""
+    n = len(c["block_out_channels"])
+    layers = per_level("layers_per_block", c["layers_per_block"], n)
+    depths = per_level("transformer_layers_per_block", c["transformer_layers_per_block"], n)
+    first, kernel_in, kernel_out = c["block_out_channels"][0], c["conv_in_kernel"], c["conv_out_kernel"]
+    cross = [DOWN_BLOCK_TYPES.get(t, False) for t in c["down_block_types"]]
+    return {
+        ("block_out_channels", "layers_per_block"): sum(9 * ch * ch * (2 * l + 1)
+                                                        for ch, l in zip(c["block_out_channels"], layers)),
+        ("block_out_channels", "transformer_layers_per_block"): sum(
+            12 * ch * ch * (sum(d) if isinstance(d, tuple) else d * l)
+            for ch, l, d, has in zip(c["block_out_channels"], layers, depths, cross) if has),
+        ("in_channels", "conv_in_kernel"): kernel_in * kernel_in * c["in_channels"] * first,
+        ("out_channels", "conv_out_kernel"): kernel_out * kernel_out * c["out_channels"] * first,
+        ("num_class_embeds",): (c["num_class_embeds"] or 0) * (c["time_embedding_dim"] or 4 * first),
+    }
 
 
 @dataclass(frozen=True)
