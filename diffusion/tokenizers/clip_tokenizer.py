@@ -3,9 +3,11 @@
     tokenizer = CLIPTokenizer.from_pretrained("sd-1.5/tokenizer")
     ids = tokenizer(["a photo of a cat"], padding="max_length", truncation=True, return_tensors="np").input_ids
 
-A folder holds ``vocab.json`` (token -> id), ``merges.txt`` (the BPE merges, most frequent
-first, after a ``#version`` line), ``tokenizer_config.json`` (``model_max_length`` and the
-special tokens) and, from older transformers versions, ``special_tokens_map.json``.
+A folder holds ``vocab.json`` (token -> id) and ``merges.txt`` (the BPE merges, most
+frequent first, after a ``#version`` line), or instead ``tokenizer.json`` (both, and the
+added tokens, as transformers 5 saves them), then ``tokenizer_config.json``
+(``model_max_length`` and the special tokens) and, from older transformers versions,
+``special_tokens_map.json``.
 Each sequence is ``<|startoftext|>``, the text's tokens, ``<|endoftext|>``, then padding
 with the pad token the folder names (``<|endoftext|>`` in SD-1.x, ``!`` in SD-2.x and SDXL).
 """
@@ -25,7 +27,7 @@ from tensorcore.atomic import write_atomic
 from .clip_bpe import BytePairEncoder, normalize, words
 from .special_tokens import special_tokens
 
-VOCAB_NAME, MERGES_NAME = "vocab.json", "merges.txt"
+VOCAB_NAME, MERGES_NAME, TOKENIZER_NAME = "vocab.json", "merges.txt", "tokenizer.json"
 CONFIG_NAME, SPECIAL_MAP_NAME = "tokenizer_config.json", "special_tokens_map.json"
 PADDING = {False: None, "do_not_pad": None, True: "longest", "longest": "longest", "max_length": "max_length"}
 TRUNCATION = {None: None, False: False, "do_not_truncate": False, True: True, "longest_first": True, "only_first": True}
@@ -64,14 +66,16 @@ class CLIPTokenizer:
 
     def __init__(self, vocab: Mapping[str, int], merges: Sequence[tuple[str, str]],
                  tokenizer_config: Mapping[str, Any] | None = None,
-                 special_tokens_map: Mapping[str, Any] | None = None) -> None:
+                 special_tokens_map: Mapping[str, Any] | None = None, added_tokens: Mapping[str, Any] | None = None
+                 ) -> None:
         self.vocab = dict(vocab)
         self.merges = [tuple(pair) for pair in merges]
         self.tokenizer_config = dict(tokenizer_config or {})
         self.special_tokens_map = dict(special_tokens_map or {})
-        named, normalized, ids = special_tokens(self.tokenizer_config, self.special_tokens_map)
+        # content -> whether the token is matched in the normalised text (else in the raw text)
+        named, self.normalized, ids = special_tokens(self.tokenizer_config, self.special_tokens_map, added_tokens)
         self.special_ids = {}
-        for content in normalized:  # tokens the vocabulary lacks get the next free ids, as transformers adds them
+        for content in self.normalized:  # tokens the vocabulary lacks get the next free ids, as transformers adds them
             self.special_ids[content] = ids.get(content, self.vocab.get(content, len(self.vocab) + len(self.special_ids)))
         self.bos_token, self.eos_token = named["bos_token"], named["eos_token"]
         self.pad_token, self.unk_token = named["pad_token"], named["unk_token"]
@@ -79,29 +83,36 @@ class CLIPTokenizer:
         self.pad_token_id, self.unk_token_id = self.special_ids[self.pad_token], self.special_ids[self.unk_token]
         limit = self.tokenizer_config.get("model_max_length")
         self.model_max_length: int | None = limit if isinstance(limit, int) and 0 < limit < 2 ** 31 else None
-        self._raw = _matcher([c for c, n in normalized.items() if not n])
-        self._normalized = {normalize(c): self.special_ids[c] for c, n in normalized.items() if n}
+        self._raw = _matcher([c for c, n in self.normalized.items() if not n])
+        self._normalized = {normalize(c): self.special_ids[c] for c, n in self.normalized.items() if n}
         self._after_normalizing = _matcher(list(self._normalized))
         self.bpe = BytePairEncoder(self.merges)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> CLIPTokenizer:
-        """The tokenizer stored in a transformers tokenizer folder."""
+        """The tokenizer stored in a transformers tokenizer folder (``tokenizer.json`` first, as transformers reads it)."""
         folder = Path(path)
-        vocab = _read_json(folder / VOCAB_NAME)
+        if (folder / TOKENIZER_NAME).exists():
+            vocab, merges, added = _read_tokenizer_json(folder / TOKENIZER_NAME)
+        else:
+            vocab, merges, added = _read_json(folder / VOCAB_NAME), _read_merges(folder / MERGES_NAME), None
         if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
-            raise ValueError(f"CLIPTokenizer.from_pretrained: {str(folder / VOCAB_NAME)!r} must map tokens to int ids")
+            raise ValueError(f"CLIPTokenizer.from_pretrained: the vocabulary in {str(folder)!r} must map tokens to int ids")
         config = _read_json(folder / CONFIG_NAME) if (folder / CONFIG_NAME).exists() else {}
         special_map = _read_json(folder / SPECIAL_MAP_NAME) if (folder / SPECIAL_MAP_NAME).exists() else {}
         if not isinstance(config, dict) or not isinstance(special_map, dict):
             raise ValueError(f"CLIPTokenizer.from_pretrained: {CONFIG_NAME} and {SPECIAL_MAP_NAME} must hold JSON objects")
-        return cls(vocab, _read_merges(folder / MERGES_NAME), config, special_map)
+        return cls(vocab, merges, config, special_map, added)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Write the four files of the folder ``path`` (created if needed), each atomically."""
+        """Write vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json into the
+        folder ``path`` (created if needed), each atomically; the config lists every special
+        token with its id and flags (``added_tokens_decoder``), so transformers reads them back alike."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        config = {**self.tokenizer_config, "tokenizer_class": "CLIPTokenizer"}
+        decoder = {str(self.special_ids[c]): {"content": c, "lstrip": False, "normalized": n, "rstrip": False,
+                                              "single_word": False, "special": True} for c, n in self.normalized.items()}
+        config = {**self.tokenizer_config, "added_tokens_decoder": decoder, "tokenizer_class": "CLIPTokenizer"}
         if self.model_max_length is not None:
             config["model_max_length"] = self.model_max_length
         merges = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges)
@@ -220,3 +231,23 @@ def _read_merges(path: Path) -> list[tuple[str, str]]:
             raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} line {number} is not a merge pair: {line!r}")
         merges.append((pair[0], pair[1]))
     return merges
+
+
+def _read_tokenizer_json(path: Path) -> tuple[Any, list[tuple[str, str]], dict[str, Any]]:
+    """(vocab, merges, id -> added token) of a tokenizers BPE file with ``</w>`` word ends."""
+    data = _read_json(path)
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("end_of_word_suffix") != "</w>":
+        raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} does not hold a BPE model with '</w>' word ends")
+    merges = []
+    for merge in model.get("merges") or []:
+        pair = merge.split() if isinstance(merge, str) else merge
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
+            raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} holds a merge that is not a pair: {merge!r}")
+        merges.append((pair[0], pair[1]))
+    added = {}
+    for token in data.get("added_tokens") or []:
+        if not isinstance(token, dict) or not isinstance(token.get("id"), int):
+            raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} holds an added token without an id: {token!r}")
+        added[str(token["id"])] = {k: v for k, v in token.items() if k != "id"}
+    return model.get("vocab"), merges, added

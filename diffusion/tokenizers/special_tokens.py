@@ -1,9 +1,10 @@
 """Which special tokens a tokenizer folder names, and whether each is matched before or after normalisation.
 
-transformers reads them from ``tokenizer_config.json`` (its ``added_tokens_decoder`` when
-present; otherwise the named tokens, with ``special_tokens_map.json`` taking precedence)
-and registers the named ones in the order of ``KEYS``; a token registered twice keeps the
-flags of its last registration.  A token written as a plain string is matched in the raw
+transformers reads them from ``tokenizer_config.json``: its ``added_tokens_decoder`` when
+present; otherwise the named tokens, ``special_tokens_map.json`` taking precedence, and
+the ``added_tokens`` of ``tokenizer.json`` when there is one.  It registers the named ones
+in the order of ``KEYS``; a named token that is also an added token keeps the added
+token's flags, and one registered twice keeps the flags of its last registration.  A token written as a plain string is matched in the raw
 text; one written as an object with ``"normalized": true`` is matched in the lower-cased,
 normalised text (so ``<|ENDOFTEXT|>`` matches it too).
 """
@@ -30,24 +31,24 @@ def _token(value: Any, where: str) -> tuple[str, bool]:
     return value["content"], bool(value.get("normalized", False))
 
 
-def special_tokens(config: Mapping[str, Any], special_map: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, bool], dict[str, int]]:
+def special_tokens(config: Mapping[str, Any], special_map: Mapping[str, Any], added: Mapping[str, Any] | None = None
+                   ) -> tuple[dict[str, str], dict[str, bool], dict[str, int]]:
     """``(named, normalized, ids)``: key -> content of the named tokens (CLIP's defaults for the
-    ones left out), content -> matched after normalisation, and the ids ``added_tokens_decoder`` gives."""
+    ones left out), content -> matched after normalisation, and the ids of the added tokens
+    (``added``: id -> token, from tokenizer.json)."""
     decoder = config.get("added_tokens_decoder")
+    sources: Mapping[str, Any] = config if decoder is not None else {**config, **special_map}
+    decoder = decoder if decoder is not None else added or {}
+    if not isinstance(decoder, Mapping):
+        raise ValueError(f"CLIPTokenizer: added_tokens_decoder must be an object of id -> token, got {decoder!r}")
     normalized: dict[str, bool] = {}
     ids: dict[str, int] = {}
-    if decoder is not None:
-        if not isinstance(decoder, Mapping):
-            raise ValueError(f"CLIPTokenizer: added_tokens_decoder must be an object of id -> token, got {decoder!r}")
-        for key, value in decoder.items():
-            content, normalized[content] = _token(value, f"added_tokens_decoder[{key!r}]")
-            try:
-                ids[content] = int(key)
-            except ValueError:
-                raise ValueError(f"CLIPTokenizer: added_tokens_decoder key {key!r} is not an id") from None
-        sources: Mapping[str, Any] = config
-    else:
-        sources = {**config, **special_map}
+    for key, value in decoder.items():
+        content, normalized[content] = _token(value, f"added token {key!r}")
+        try:
+            ids[content] = int(key)
+        except ValueError:
+            raise ValueError(f"CLIPTokenizer: added token id {key!r} is not an int") from None
     named: dict[str, str] = {}
     for key in KEYS:
         value = sources.get(key, CLIP_DEFAULTS.get(key))

@@ -1,0 +1,137 @@
+"""CLIPTokenizer against transformers' on the real CLIP vocabulary, token for token.
+
+The vocabulary is built as CLIP builds it from the merges file open_clip ships
+(``bpe_simple_vocab_16e6.txt.gz``): the 256 byte characters, the same with ``</w>``, one
+token per merge, then ``<|startoftext|>`` and ``<|endoftext|>``.  open_clip is only located,
+never imported."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diffusion import CLIPTokenizer
+from diffusion.tokenizers.clip_bpe import bytes_to_unicode
+
+transformers = pytest.importorskip("transformers")
+
+MERGES = 49152 - 256 - 2  # CLIP's merge count: lines 1..48894 of the file
+
+PROMPTS = [
+    "a photo of a cat", "A Photo Of A CAT", "", "   ", "  hello   world  ", "tab\there\nnew line\r\n",
+    "(masterpiece:1.2), best quality, [ugly:0.5], {extra}, ((double))", "hello!! wow?! ...", "don't it's we're I'VE 'tis o'clock",
+    "user's cats' toys", "naïve café résumé", "e\u0301 vs \u00e9", "İstanbul ß ﬁ Σσ ΣΑΣ", "Ａｂｃ １２３",
+    "日本語のテキスト", "中文提示词", "한국어", "Привет мир", "مرحبا", "😀👍🏽🏳️‍🌈", "1234.5678 3.14 1e-5 $5 #tag @user",
+    "a<|endoftext|>b", "<|startoftext|>x<|endoftext|>", "<|ENDOFTEXT|> <|StartOfText|>", "<|endoftext", "a\x1cb a\u00a0b a\u3000b",
+    "a\u200bb", "over-the-top snake_case path/to\\file e=mc^2 ~x~", "the quick brown fox jumps over the lazy dog " * 8,
+    "x" * 200,
+]
+
+
+def clip_merges_file() -> Path:
+    """open_clip's ``bpe_simple_vocab_16e6.txt.gz``, located without importing open_clip."""
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or spec.origin is None:
+        pytest.skip("open_clip_torch (the source of CLIP's merges file) is not installed")
+    return Path(spec.origin).parent / "bpe_simple_vocab_16e6.txt.gz"
+
+
+def write_clip_folder(folder: Path, pad_token: str, normalized: bool = True) -> Path:
+    """A tokenizer folder as Stable Diffusion ships one, on the real CLIP vocabulary."""
+    merges = gzip.open(clip_merges_file()).read().decode("utf-8").split("\n")[1:MERGES + 1]
+    chars = list(bytes_to_unicode().values())
+    vocab = chars + [c + "</w>" for c in chars] + ["".join(m.split()) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+
+    def token(content: str) -> dict:
+        return {"content": content, "lstrip": False, "normalized": normalized, "rstrip": False, "single_word": False}
+
+    specials = {"bos_token": token("<|startoftext|>"), "eos_token": token("<|endoftext|>"),
+                "unk_token": token("<|endoftext|>"), "pad_token": pad_token}
+    config = {"add_prefix_space": False, "do_lower_case": True, "errors": "replace", "model_max_length": 77,
+              "tokenizer_class": "CLIPTokenizer", **{k: {"__type": "AddedToken", **v} if isinstance(v, dict) else v
+                                                      for k, v in specials.items()}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2))
+    return folder
+
+
+@pytest.fixture(scope="module", params=["sd1", "sd2", "raw"])
+def folders(request, tmp_path_factory) -> tuple[Path, Path]:
+    """(folder, folder transformers re-saved): SD-1.x's (pad ``<|endoftext|>``), SD-2.x's (pad ``!``),
+    and one whose special tokens all match the raw text only."""
+    pad, normalized = {"sd1": ("<|endoftext|>", True), "sd2": ("!", True), "raw": ("<|endoftext|>", False)}[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    folder = write_clip_folder(root / "original", pad, normalized)
+    transformers.CLIPTokenizer.from_pretrained(folder).save_pretrained(root / "resaved")
+    return folder, root / "resaved"
+
+
+def assert_same(ours: CLIPTokenizer, theirs, texts, **kwargs) -> None:
+    want, got = theirs(texts, **kwargs), ours(texts, **kwargs)
+    assert got.input_ids == want["input_ids"], (texts, kwargs)
+    assert got.attention_mask == want["attention_mask"], (texts, kwargs)
+
+
+def test_prompts_match_transformers(folders) -> None:
+    for folder in folders:
+        ours, theirs = CLIPTokenizer.from_pretrained(folder), transformers.CLIPTokenizer.from_pretrained(folder)
+        assert (ours.pad_token_id, ours.model_max_length) == (theirs.pad_token_id, theirs.model_max_length)
+        for prompt in PROMPTS:
+            assert_same(ours, theirs, prompt)
+
+
+@pytest.mark.parametrize("kwargs", [dict(padding="max_length", max_length=77, truncation=True), dict(padding=True),
+                                    dict(padding="max_length", max_length=40), dict(max_length=10),
+                                    dict(truncation=True), dict(padding="max_length", truncation=True),
+                                    dict(padding="longest", truncation=True, max_length=16)])
+def test_padding_and_truncation_match_transformers(folders, kwargs) -> None:
+    folder = folders[0]
+    ours, theirs = CLIPTokenizer.from_pretrained(folder), transformers.CLIPTokenizer.from_pretrained(folder)
+    assert_same(ours, theirs, PROMPTS, **kwargs)
+    assert_same(ours, theirs, PROMPTS[-2], **kwargs)
+
+
+def test_arrays_and_encoding_access(folders) -> None:
+    ours = CLIPTokenizer.from_pretrained(folders[0])
+    single = ours("a photo", padding="max_length", return_tensors="np")
+    assert single.input_ids.shape == (1, 77) and single.input_ids.dtype == np.int64
+    assert single["attention_mask"].sum() == 4 and dict(single).keys() == {"input_ids", "attention_mask"}
+    batch = ours(["a", "a photo of a cat"], padding=True, return_tensors="np")
+    assert batch.input_ids.shape == (2, 7)
+    with pytest.raises(ValueError, match="return_tensors='np' needs sequences of one length"):
+        ours(["a", "a photo of a cat"], return_tensors="np")
+
+
+def test_save_pretrained_reads_back_in_transformers(folders, tmp_path) -> None:
+    ours = CLIPTokenizer.from_pretrained(folders[0])
+    ours.save_pretrained(tmp_path)
+    again, theirs = CLIPTokenizer.from_pretrained(tmp_path), transformers.CLIPTokenizer.from_pretrained(tmp_path)
+    assert_same(again, theirs, PROMPTS, padding="max_length", truncation=True)
+    assert again(PROMPTS).input_ids == ours(PROMPTS).input_ids
+
+
+def test_bad_arguments_and_folders_raise(folders, tmp_path) -> None:
+    ours = CLIPTokenizer.from_pretrained(folders[0])
+    with pytest.raises(ValueError, match="padding must be one of"):
+        ours("a", padding="left")
+    with pytest.raises(ValueError, match="max_length must be an int >= 2"):
+        ours("a", max_length=1, truncation=True)
+    with pytest.raises(ValueError, match="return_tensors must be None or 'np'"):
+        ours("a", return_tensors="pt")
+    with pytest.raises(TypeError, match="a text must be a str, got int"):
+        ours(["a", 3])
+    with pytest.raises(FileNotFoundError, match="no vocab.json"):
+        CLIPTokenizer.from_pretrained(tmp_path)
+    ours.save_pretrained(tmp_path)
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b c\n")
+    with pytest.raises(ValueError, match="line 2 is not a merge pair"):
+        CLIPTokenizer.from_pretrained(tmp_path)
