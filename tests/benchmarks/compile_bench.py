@@ -17,6 +17,7 @@ Nothing is asserted: the figures go to docs/benchmarks.md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -32,6 +33,7 @@ import tensorcore.functional as F
 
 import layers  # noqa: E402
 import optim  # noqa: E402
+import bench_report  # noqa: E402  (tests/benchmarks/bench_report.py)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -171,19 +173,17 @@ def startup() -> None:
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     traced, loaded = runs
     assert traced["traces"] == 1 and loaded["disk_loads"] == 1, runs
-    print(f"\nfirst call in a new process (small CNN, kernels warm): traced {traced['first_ms']:.1f} ms, "
+    bench_report.note(f"first call in a new process (small CNN, kernels warm): traced {traced['first_ms']:.1f} ms, "
           f"plan loaded from disk {loaded['first_ms']:.1f} ms: {traced['first_ms'] - loaded['first_ms']:.1f} ms saved")
 
 
 def print_rows(title: str, rows: list[tuple], unit: str = "us") -> None:
     """Rows of (case, eager, compiled), each time a number or a (wall, cpu) pair."""
-    print(f"\n{title}")
-    print(f"{'case':<44} {'eager ' + unit:>18} {'compiled ' + unit:>18} {'speed-up':>14}")
+    table = bench_report.Table(title, ["case", "eager " + unit, "compiled " + unit, "speed-up"], first=44)
     for case, eager, compiled in rows:
         eager, compiled = (eager if isinstance(eager, tuple) else (eager,)), (compiled if isinstance(compiled, tuple) else (compiled,))
-        cells = [" / ".join(f"{v:.1f}" for v in eager), " / ".join(f"{v:.1f}" for v in compiled),
-                 " / ".join(f"{e / c:.2f}x" for e, c in zip(eager, compiled))]
-        print(f"{case:<44} {cells[0]:>18} {cells[1]:>18} {cells[2]:>14}")
+        table.row(case, " / ".join(f"{v:.1f}" for v in eager), " / ".join(f"{v:.1f}" for v in compiled),
+                  " / ".join(f"{e / c:.2f}x" for e, c in zip(eager, compiled)))
 
 
 def cpu_section() -> None:
@@ -195,11 +195,11 @@ def cpu_section() -> None:
                 if name == "numba":  # the command line's fast backend
                     train_rows.append(digits_train_row(name))
         except RuntimeError as exc:  # numba not installed
-            print(f"({name}: {exc})")
+            bench_report.note(f"({name}: {exc})")
     print_rows("CPU, per call (wall / process CPU time)", rows)
     print_rows("CPU, per training step (wall / process CPU time)", [row[:3] for row in train_rows], unit="ms")
     for case, eager, _, convolutions in train_rows:
-        print(f"{case}: its plan's convolution kernels alone {convolutions[0]:.1f} ms, so a plan "
+        bench_report.note(f"{case}: its plan's convolution kernels alone {convolutions[0]:.1f} ms, so a plan "
               f"that ran nothing else would be {eager[0] / convolutions[0]:.2f}x faster than eager")
     startup()
 
@@ -217,7 +217,7 @@ def gpu_section() -> None:
 
         unet = UNet2D.reference().to("cuda").eval()
     except (ImportError, AttributeError) as exc:
-        print(f"\nreference UNet unavailable ({exc}); skipping the UNet figures")
+        bench_report.note(f"reference UNet unavailable ({exc}); skipping the UNet figures")
         return
     x = tc.randn(1, 4, 128, 128, device="cuda")
     t = tc.tensor([500.0], device="cuda")
@@ -229,12 +229,12 @@ def gpu_section() -> None:
         host = host_us(lambda: compiled(x, t))
     print_rows("GPU reference UNet forward (CUDA-event time per call)",
                [("UNet forward [1,4,128,128] fp32", eager_ms, replay_ms)], unit="ms")
-    print(f"host time per forward replay: {host:.1f} us ({host_parts(compiled, (x, t))})", flush=True)
+    bench_report.note(f"host time per forward replay: {host:.1f} us ({host_parts(compiled, (x, t))})")
     static = tc.compile(unet, cache_dir=False, reuse_outputs=True)  # outputs are the plan's buffers
     with tc.no_grad():
         static(x, t)
         host_static = host_us(lambda: static(x, t))
-    print(f"host time per forward replay with reuse_outputs=True: {host_static:.1f} us", flush=True)
+    bench_report.note(f"host time per forward replay with reuse_outputs=True: {host_static:.1f} us")
     static.release()
     opt = optim.AdamW(unet.parameters(), lr=1e-5)
     noise = tc.randn(1, 4, 128, 128, device="cuda")
@@ -255,7 +255,7 @@ def gpu_section() -> None:
     host_step = host_us(step_compiled, number=5)
     print_rows("GPU reference UNet train step (CUDA-event time per call)",
                [("UNet AdamW train step", eager_step, replay_step)], unit="ms")
-    print(f"host time per train-step replay: {host_step:.1f} us "
+    bench_report.note(f"host time per train-step replay: {host_step:.1f} us "
           f"(forward plans: {compiled.cache_info().plans}, train step {step_compiled.cache_info()})")
 
 
@@ -275,7 +275,10 @@ def host_parts(compiled: Any, args: tuple) -> str:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    if "--gpu-only" not in sys.argv[1:]:  # the CPU rows take a while: skip them on a timed GPU run
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="skip the CPU rows, which take a while (on a timed GPU run)")
+    if not bench_report.parse(parser).gpu_only:
         cpu_section()
     if tc.get_backend().name == "cupy":
         gpu_section()

@@ -33,6 +33,7 @@ import tensorcore as tc
 from tensorcore import settings
 from tensorcore.backends.cupy import conv_plan
 from tensorcore.backends.cupy.backend import CupyBackend
+import bench_report  # tests/benchmarks/bench_report.py
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()
@@ -170,18 +171,17 @@ def allow_tf32() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="batch 8 [128,64,64] cases only")
     parser.add_argument("--tiles", action="store_true", help="also time every tile on targets")
-    args = parser.parse_args()
+    args = bench_report.parse(parser)
     torch.backends.cudnn.benchmark = True
     allow_tf32()
     convs = unet_convs()
     target = Conv(128, 128, 3, 1, 64)  # [8,128,64,64] -> 128, timed at batch 8 below
     cases = [target] if args.quick else list(convs) + [target]
-    header = (f"{'conv':<24}{'B':>3} {'pass':<8}{'dtype':<6}{'tc ms':>9}{'torch ms':>10}{'speed':>7}"
-              f"{'tc TF/s':>9}{'peak':>6}{'torch TF/s':>11}  plan")
-    print(header)
+    columns = ["conv", "B", "pass", "dtype", "tc ms", "torch ms", "speed", "tc TF/s", "peak", "torch TF/s", "plan"]
+    table = bench_report.Table("Every convolution (speed = torch ms / tc ms)", columns, first=24)
     forward_sum: dict[str, list[float]] = {"tf32": [0.0, 0.0], "bf16": [0.0, 0.0]}
     targets = []
     for dtype in ("tf32", "bf16"):
@@ -191,31 +191,31 @@ def main() -> None:
                     ms, tms, plan = time_conv(conv, batch, dtype, backward)
                     flops = conv.flops(batch) * (3 if backward else 1)
                     rate = flops / (ms * 1e-3)
-                    name = "fwd+bwd" if backward else "fwd"
-                    line = (f"{conv.label():<24}{batch:>3} {name:<8}{dtype:<6}{ms:9.4f}{tms:10.4f}"
-                            f"{tms / ms:7.2f}{rate / 1e12:9.1f}{rate / PEAK[dtype]:6.2f}"
-                            f"{flops / (tms * 1e-3) / 1e12:11.1f}  {plan}")
-                    print(line, flush=True)
+                    cells = (conv.label(), batch, "fwd+bwd" if backward else "fwd", dtype, f"{ms:.4f}",
+                             f"{tms:.4f}", f"{tms / ms:.2f}", f"{rate / 1e12:.1f}", f"{rate / PEAK[dtype]:.2f}",
+                             f"{flops / (tms * 1e-3) / 1e12:.1f}", plan)
+                    table.row(*cells)
                     if batch == 1 and not backward and conv in convs:
                         forward_sum[dtype][0] += convs[conv] * ms
                         forward_sum[dtype][1] += convs[conv] * tms
                     if batch == 8 and conv == target:
-                        targets.append(line)
+                        targets.append(cells)
     if args.tiles:
         tile_sweep()
-    print("\n== targets ([8,128,64,64] -> 128; speed = torch ms / tc ms)")
-    print(header)
-    for line in targets:
-        print(line)
+    table = bench_report.Table("Targets ([8,128,64,64] -> 128; speed = torch ms / tc ms)", columns, first=24)
+    for cells in targets:
+        table.row(*cells)
     if not args.quick:
+        table = bench_report.Table("UNet forward convolutions, batch 1 (each times its count per forward)",
+                                   ["dtype", "tensorcore ms", "torch ms", "speed"])
         for dtype, (ours, theirs) in forward_sum.items():
-            print(f"UNet forward convolutions, batch 1, {dtype}: tensorcore {ours:.3f} ms, "
-                  f"torch {theirs:.3f} ms, speed {theirs / ours:.2f}")
+            table.row(dtype, f"{ours:.3f}", f"{theirs:.3f}", f"{theirs / ours:.2f}")
 
 
 def tile_sweep() -> None:
     """Every forward / weight-gradient tile and a few splits on the target shapes."""
-    print("\n== tile sweep (tensorcore ms per tile / split)")
+    table = bench_report.Table("Tile sweep (tensorcore ms per tile / split)",
+                               ["dtype", "B", "conv", "kernel", "tile/warps/split: ms"])
     for dtype, prec in (("tf32", conv_plan.PREC_TF32), ("bf16", conv_plan.PREC_16)):
         for conv, batch in ((Conv(128, 128, 3, 1, 64), 8), (Conv(512, 512, 3, 1, 32), 1)):
             (x, w, g), _ = operands(conv, batch, dtype)
@@ -233,7 +233,7 @@ def tile_sweep() -> None:
                             continue  # a tile the call's path does not run
                         cells.append(f"{tile.bm}x{tile.bn}x{tile.bk}/{tile.warps_m * tile.warps_n}w"
                                      f"{'g' if tile.wgmma else ''}/{splits}: {ms:.4f}")
-                print(f"{dtype} B={batch} {conv.label()} {kernel}: " + "  ".join(cells), flush=True)
+                table.row(dtype, batch, conv.label(), kernel, "  ".join(cells))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 #   bash tests/benchmarks/conv_gpu_check.sh [log-dir] [all|tests|bench]
 # log-dir defaults to $OUT, else ./gpu-logs; "tests" stops after the tests, "bench" skips
 # them (each half fits a 10-minute limit).  Time limits: TEST_SECONDS (default 240),
-# BENCH_SECONDS (default 330); BENCH_ARGS is passed to conv_bench.py ("--quick", "--tiles").
+# BENCH_SECONDS (default 330); BENCH_ARGS is passed to conv_bench.py ("--quick", "--tiles",
+# "--markdown" for its tables in Markdown).
 set -u
 logs=${1:-${OUT:-gpu-logs}}
 stage=${2:-all}
@@ -56,6 +57,6 @@ if [ "$stage" != bench ]; then
     echo "== tests"; tail -2 "$logs/tests.log"
 fi
 if [ "$stage" != tests ]; then
-    echo "== bench"; grep -E "^== targets" -A 8 "$logs/conv_bench.log"
-    grep -E "^UNet|exit code" "$logs/conv_bench.log"
+    echo "== bench"; grep -E "^Targets" -A 10 "$logs/conv_bench.log"
+    grep -E "^UNet forward convolutions" -A 5 "$logs/conv_bench.log"; grep -E "exit code" "$logs/conv_bench.log"
 fi

@@ -14,6 +14,7 @@ from tensorcore import settings
 from tensorcore.backends.cupy.loader import launch
 from tensorcore.backends.cupy.backend import CupyBackend
 from tensorcore.backends.cupy.linalg import CONV, _gemm
+import bench_report  # tests/benchmarks/bench_report.py
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()
@@ -21,6 +22,7 @@ N, C, H, W, COUT = 8, 128, 64, 64, 128
 
 
 def main() -> None:
+    bench_report.parse(__doc__)
     settings.set_matmul_precision("high")
     x = cp.random.standard_normal((N, C, H, W), dtype=np.float32)
     w = cp.random.standard_normal((COUT, C, 3, 3), dtype=np.float32)
@@ -49,11 +51,12 @@ def main() -> None:
              "TFLOP/s"),
             ("conv2d grad weight", lambda: GPU.conv2d_grad_weight(g, x, w.shape, *geo), flops,
              "TFLOP/s")]
-    print(f"column matrix {col_bytes / 2**20:.0f} MiB, {flops / 1e9:.2f} GFLOP per GEMM")
+    table = bench_report.Table(f"conv3x3 [8,128,64,64] -> 128, TF32: column matrix {col_bytes / 2**20:.0f} MiB, "
+                               f"{flops / 1e9:.2f} GFLOP per GEMM", ["part", "us", "rate", "unit"], first=24)
     for name, fn, amount, unit in rows:
         ms = graph_ms(fn)
         scale = 1e9 if unit == "GB/s" else 1e12
-        print(f"{name:24s} {ms * 1e3:8.1f} us  {amount / (ms * 1e-3) / scale:8.1f} {unit}")
+        table.row(name, f"{ms * 1e3:.1f}", f"{amount / (ms * 1e-3) / scale:.1f}", unit)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 import tensorcore as tc
+import bench_report  # tests/benchmarks/bench_report.py
 
 Case = dict[str, Callable[[], object]]
 
@@ -197,7 +198,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=15)
-    args = parser.parse_args()
+    args = bench_report.parse(parser)
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     import numba
     import torch
@@ -209,23 +210,21 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tc.set_num_threads(args.threads)
     info = thread_info()
-    print(f"threads: torch {torch.get_num_threads()}, tensorcore {tc.get_num_threads()} "
+    bench_report.note(f"threads: torch {torch.get_num_threads()}, tensorcore {tc.get_num_threads()} "
           f"(Numba layer {info['numba_layer']}, BLAS jobs on Numba's pool: {info['blas_on_numba_pool']}); "
           f"numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}, "
           f"{os.cpu_count()} cores")
-    print(startup_line())
+    bench_report.note(startup_line())
     cases = kernel_cases(torch, *backends)
     cases.update({k: (v, 0) for k, v in train_cases(torch).items()})
-    header = f"{'case':36s} {'numba ms':>9s} {'numpy ms':>9s} {'torch ms':>9s} {'numba/torch':>11s} {'numpy/numba':>11s}"
-    print(header)
-    print("-" * len(header))
+    table = bench_report.Table(f"Best of {args.repeat} runs, {args.threads} threads",
+                               ["case", "numba ms", "numpy ms", "torch ms", "numba/torch", "numpy/numba",
+                                "GB/s numba, numpy, torch"], first=36)
     for name, (fns, nbytes) in cases.items():
         t = {k: best_time(fn, args.repeat) for k, fn in fns.items()}
-        line = (f"{name:36s} {t['numba'] * 1e3:9.3f} {t['numpy'] * 1e3:9.3f} {t['torch'] * 1e3:9.3f} "
-                f"{t['numba'] / t['torch']:10.2f}x {t['numpy'] / t['numba']:10.2f}x")
-        if nbytes:
-            line += "   GB/s: " + ", ".join(f"{k} {nbytes / t[k] / 1e9:.1f}" for k in ("numba", "numpy", "torch"))
-        print(line, flush=True)
+        rates = ", ".join(f"{nbytes / t[k] / 1e9:.1f}" for k in ("numba", "numpy", "torch")) if nbytes else ""
+        table.row(name, f"{t['numba'] * 1e3:.3f}", f"{t['numpy'] * 1e3:.3f}", f"{t['torch'] * 1e3:.3f}",
+                  f"{t['numba'] / t['torch']:.2f}x", f"{t['numpy'] / t['numba']:.2f}x", rates)
 
 
 if __name__ == "__main__":

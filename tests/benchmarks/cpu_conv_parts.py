@@ -22,6 +22,7 @@ from typing import Callable  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+import bench_report  # noqa: E402
 from cpu_bench import best_time  # noqa: E402
 
 Parts = dict[str, Callable[[], object]]
@@ -85,7 +86,7 @@ def im2col_parts(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> Parts:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=15)
-    repeat = parser.parse_args().repeat
+    repeat = bench_report.parse(parser).repeat
     threads = int(os.environ.setdefault("NUMBA_NUM_THREADS", "2"))  # torch gets as many
     from tensorcore.backends import load
 
@@ -100,9 +101,10 @@ def main() -> None:
         x = rng.standard_normal(shape, dtype=np.float32)
         w = rng.standard_normal((cout, shape[1], 3, 3), dtype=np.float32) * 0.05
         g = rng.standard_normal((shape[0], cout) + shape[2:], dtype=np.float32)
-        print(title)
+        table = bench_report.Table(f"{title}, best of {repeat} runs, {threads} threads", ["pass or part", "ms"],
+                                   first=28)
         for name, fn in {**passes(nb, torch, x, w, g), **parts(x, w, g)}.items():
-            print(f"  {name:28s} {best_time(fn, repeat) * 1e3:8.3f} ms", flush=True)
+            table.row(name, f"{best_time(fn, repeat) * 1e3:.3f}")
 
 
 if __name__ == "__main__":

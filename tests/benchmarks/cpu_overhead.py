@@ -17,6 +17,7 @@ import tensorcore.functional as F
 
 import numpy as np  # noqa: E402
 
+import bench_report  # noqa: E402  (tests/benchmarks/bench_report.py)
 import layers  # noqa: E402
 import optim  # noqa: E402
 
@@ -76,7 +77,7 @@ def torch_cases(torch) -> dict[str, Callable[[], object]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = bench_report.parse(parser)
     ours = tensorcore_cases()
     try:
         import torch
@@ -85,13 +86,13 @@ def main() -> None:
         theirs = torch_cases(torch)
     except ImportError:
         theirs = {}
-    print(f"backend={tc.get_backend().name}  torch={'yes' if theirs else 'not installed'}")
-    print(f"{'work':34s} {'tensorcore':>12s} {'torch':>12s} {'ratio':>7s}")
+    table = bench_report.Table(f"backend={tc.get_backend().name}  torch={'yes' if theirs else 'not installed'}",
+                               ["work", "tensorcore us", "torch us", "ratio"], first=34)
     for name, fn in ours.items():
         number = 2000 if "tiny" in name else 10
         t_ours = median_time(fn, 7, number)
         t_theirs = median_time(theirs[name], 7, number) if name in theirs else float("nan")
-        print(f"{name:34s} {t_ours * 1e6:10.1f}us {t_theirs * 1e6:10.1f}us {t_ours / t_theirs:6.2f}x")
+        table.row(name, f"{t_ours * 1e6:.1f}", f"{t_theirs * 1e6:.1f}", f"{t_ours / t_theirs:.2f}x")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 import tensorcore as tc
+import bench_report  # tests/benchmarks/bench_report.py
 
 GEO = ((1, 1), (1, 1), (1, 1), 1)  # stride, padding, dilation, groups
 BATCHES = 4  # inputs taken in turn, as the step's batches: one array over and over
@@ -74,11 +75,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=300, help="calls per timed block")
     parser.add_argument("--blocks", type=int, default=7, help="timed blocks (the median is reported)")
-    args = parser.parse_args()
+    args = bench_report.parse(parser)
     tc.set_num_threads(args.threads)
-    print(f"{tc.get_num_threads()} threads; median of {args.blocks} blocks of {args.calls} calls, us per call")
+    table = bench_report.Table(f"{tc.get_num_threads()} threads; median of {args.blocks} blocks of {args.calls} "
+                               "calls", ["call", "us per call"], first=36)
     for name, fn in cases().items():
-        print(f"{name:36s} {median_us(fn, args.calls, args.blocks):8.1f}", flush=True)
+        table.row(name, f"{median_us(fn, args.calls, args.blocks):.1f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ im2col / small-K routing they replace, per pass, as output channels grow.
 
     TENSORCORE_BACKEND=numba PYTHONPATH=. python tests/benchmarks/cpu_thin_conv.py [--repeat 40]
 
-Prints one Markdown row per shape: forward, input gradient and weight gradient, ms per
+Prints one row per shape: forward, input gradient and weight gradient, ms per
 call "before -> direct", best of ``--repeat`` calls (the two routings interleaved, so
 a slow spell of the machine hits both), and which one ``conv_algorithm`` now picks.
 float32, padding 1 for 3x3 and 0 for 1x1, stride 1 unless marked; nothing is asserted.
@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+import bench_report  # tests/benchmarks/bench_report.py
 from tensorcore.backends.numba import spatial
 from tensorcore.backends.numba.backend import NumbaBackend
 
@@ -45,7 +46,7 @@ def direct(*_args: object) -> str:
     return spatial.FEW_OUT
 
 
-def row(be: NumbaBackend, xs: Shape, ws: Shape, groups: int, stride: int, repeat: int) -> str:
+def row(be: NumbaBackend, xs: Shape, ws: Shape, groups: int, stride: int, repeat: int) -> list[str]:
     rng = np.random.default_rng(0)
     x, w = rng.random(xs, dtype=np.float32), rng.random(ws, dtype=np.float32)
     pad = ws[2] // 2
@@ -64,21 +65,21 @@ def row(be: NumbaBackend, xs: Shape, ws: Shape, groups: int, stride: int, repeat
                     best[k, j] = min(best[k, j], (time.perf_counter() - start) * 1e3)
     spatial.conv_algorithm = CHOSEN
     picked = CHOSEN("forward", ws, *geo, xs[0], g.shape[2:]) == spatial.FEW_OUT
-    cells = " | ".join(f"{best[0, j]:.2f} -> {best[1, j]:.2f}" for j in range(3))
+    cells = [f"{best[0, j]:.2f} -> {best[1, j]:.2f}" for j in range(3)]
     name = (f"x {list(xs)}, w {list(ws)}" + (f", groups {groups}" if groups > 1 else "")
             + (f", stride {stride}" if stride > 1 else ""))
-    return f"| {name} | {cells} | {'direct' if picked else 'as before'} |"
+    return [name, *cells, "direct" if picked else "as before"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=40)
-    args = parser.parse_args()
+    args = bench_report.parse(parser)
     be = NumbaBackend()
-    print("| shape | forward | input gradient | weight gradient | picked |")
-    print("|---|---|---|---|---|")
+    table = bench_report.Table(f"ms per call, im2col / small-K -> direct, best of {args.repeat}",
+                               ["shape", "forward", "input gradient", "weight gradient", "picked"], first=40)
     for xs, ws, groups, stride in CASES:
-        print(row(be, xs, ws, groups, stride, args.repeat), flush=True)
+        table.row(*row(be, xs, ws, groups, stride, args.repeat))
 
 
 if __name__ == "__main__":

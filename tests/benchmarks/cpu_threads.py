@@ -27,6 +27,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+import bench_report  # tests/benchmarks/bench_report.py
+
 CONFIGS = {
     "plain": {},
     "torch first": {"torch_first": True},
@@ -137,22 +139,21 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=7, help="timed blocks (the median is reported)")
     parser.add_argument("--only", nargs="*", choices=list(CONFIGS), help="run only these configurations")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = bench_report.parse(parser)
     if args.child:
         print(json.dumps(child(Config(**CONFIGS[args.child]), args.steps, args.blocks)))
         return
     names = args.only or list(CONFIGS)
-    header = (f"{'configuration':42s} {'threads':>7s} {'tc ms':>7s} {'torch ms':>8s} {'tc/torch':>8s}  pools")
-    print(f"{os.cpu_count()} cores; median of {args.blocks} blocks of {args.steps} steps; torch at its default threads")
-    print(header)
-    print("-" * len(header))
+    table = bench_report.Table(f"{os.cpu_count()} cores; median of {args.blocks} blocks of {args.steps} steps; "
+                               "torch at its default threads",
+                               ["configuration", "threads", "tc ms", "torch ms", "tc/torch", "pools"], first=42)
     results = {}
     for name in names:
         r = results[name] = run_config(name, args.steps, args.blocks)
-        print(f"{name:42s} {r['tc_threads']:>7d} {r['tc']:7.2f} {r['torch']:8.2f} {r['tc'] / r['torch']:7.2f}x  "
-              f"{r['pools']}", flush=True)
+        table.row(name, r["tc_threads"], f"{r['tc']:.2f}", f"{r['torch']:.2f}", f"{r['tc'] / r['torch']:.2f}x",
+                  r["pools"])
     best = min(results, key=lambda k: results[k]["tc"])
-    print(f"fastest tensorcore row: {best} ({results[best]['tc']:.2f} ms); each row / fastest: "
+    bench_report.note(f"fastest tensorcore row: {best} ({results[best]['tc']:.2f} ms); each row / fastest: "
           + ", ".join(f"{k} {r['tc'] / results[best]['tc']:.2f}x" for k, r in results.items()))
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ sys.path.append(".gpu-vendor")  # the GPU machine vendors diffusers here
 
 import numpy as np  # noqa: E402
 
+import bench_report  # noqa: E402  (tests/benchmarks/bench_report.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -122,7 +124,7 @@ def gpu_rows(steps_list: list[int], repeats: int, precisions: list[str], use_tor
             ours.to(dtype=tc.bfloat16)
             theirs.to(torch.bfloat16)
             latents, torch_latents = latents.to(dtype=tc.bfloat16), torch_latents.to(torch.bfloat16)
-        print(f"\n== {precision}: {PRECISION_NOTES[precision]} on both sides ({repeats} runs, median)")
+        bench_report.note(f"{precision}: {PRECISION_NOTES[precision]} on both sides ({repeats} runs, median)")
         forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, host_times, use_torch_compile)
         compiled = ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repeats,
                              use_torch_compile, DiffusionPipeline, DDIMScheduler, TorchDDIM)
@@ -142,11 +144,12 @@ def forward_rows(ours, theirs, latents, torch_latents, tc, torch, queued_ms, hos
         difference = float(np.abs(compiled(latents, t).numpy().astype(np.float32)
                                 - theirs(torch_latents, torch_t).sample.float().cpu().numpy()).max())
     compiled.release()
-    print("UNet forward [1,4,128,128], ms per call: " + ", ".join(f"{k} {v:.2f}" for k, v in rows.items()))
-    torch_rows = {k: v for k, v in rows.items() if k.startswith("torch")}
-    print("ours compiled against: " + ", ".join(f"{k} {v / rows['ours compiled']:.2f}x" for k, v in torch_rows.items())
-          + f" (> 1: ours faster); max |ours compiled - torch eager| {difference:.2e}")
-    print(f"host time per compiled UNet forward replay: {host[0]:.1f} us ({host[1]:.1f} us of thread CPU time)")
+    table = bench_report.Table("UNet forward [1,4,128,128] (> 1: ours compiled faster)",
+                               ["run", "ms per call", "its time / ours compiled"], first=16)
+    for name, ms in rows.items():
+        table.row(name, f"{ms:.2f}", f"{ms / rows['ours compiled']:.2f}x")
+    bench_report.note(f"max |ours compiled - torch eager| {difference:.2e}; host time per compiled UNet forward "
+                      f"replay: {host[0]:.1f} us ({host[1]:.1f} us of thread CPU time)")
 
 
 def step_host_row(pipe, latents, tc, host_times) -> None:
@@ -159,7 +162,7 @@ def step_host_row(pipe, latents, tc, host_times) -> None:
     with tc.no_grad():
         host = host_times(lambda: denoiser(*args))
     info = denoiser.cache_info()
-    print(f"host time per replayed DDIM step (compiled denoise step): {host[0]:.1f} us "
+    bench_report.note(f"host time per replayed DDIM step (compiled denoise step): {host[0]:.1f} us "
           f"({host[1]:.1f} us of thread CPU time; {info.hits} replays, {info.traces} traces, "
           f"{info.fallbacks} eager fallbacks)")
 
@@ -192,7 +195,9 @@ def ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repea
         return images
 
     names = ["eager", "async", "compiled", "c. async", *torch_calls]
-    print("DDIM generate [1,4,128,128], ms: " + " | ".join(names))
+    table = bench_report.Table("DDIM generate [1,4,128,128], ms (compiled against eager and torch: speed-ups)",
+                               ["steps", *names, "compiled ms/step", "vs our eager", "vs torch eager",
+                                "vs torch graph", "max diff torch", "max diff compiled-eager"])
     for steps in steps_list:
         times, images = {}, {}
         times["eager"], images["eager"] = median_ms(lambda: ours_sync(steps), repeats)
@@ -205,11 +210,9 @@ def ddim_rows(ours, theirs, latents, torch_latents, tc, torch, steps_list, repea
         assert np.array_equal(images["compiled"].numpy(), images["c. async"].numpy()), "compiled async differs"
         diff = float(np.abs(images["eager"].numpy() - images["torch eager"].float().cpu().numpy()).max())
         compiled_diff = float(np.abs(images["eager"].numpy() - images["compiled"].numpy()).max())
-        print(f"{steps:>3} steps: " + " | ".join(f"{times[n]:.1f}" for n in names)
-              + f"; compiled {times['compiled'] / steps:.2f} ms/step, {times['eager'] / times['compiled']:.2f}x our "
-              f"eager, {times['torch eager'] / times['compiled']:.2f}x torch eager, "
-              f"{times['torch graph'] / times['compiled']:.2f}x torch graph; max |diff| torch {diff:.2e}, "
-              f"compiled-eager {compiled_diff:.2e}")
+        table.row(steps, *(f"{times[n]:.1f}" for n in names), f"{times['compiled'] / steps:.2f}",
+                  *(f"{times[n] / times['compiled']:.2f}x" for n in ("eager", "torch eager", "torch graph")),
+                  f"{diff:.2e}", f"{compiled_diff:.2e}")
     return compiled
 
 
@@ -232,13 +235,13 @@ def main() -> None:
                         help="matmul/convolution precisions to run, each on both sides")
     parser.add_argument("--torch-compile", action="store_true",
                         help='add torch.compile(mode="reduce-overhead") rows (compiles for minutes)')
-    args = parser.parse_args()
+    args = bench_report.parse(parser)
     if not args.no_gpu:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         gpu_rows(args.steps, args.repeats, args.precision, args.torch_compile)
     if args.cpu_train:
         seconds = cpu_train_seconds()
-        print(f"python -m diffusion train (defaults, numba backend, {os.cpu_count()} CPU cores): "
+        bench_report.note(f"python -m diffusion train (defaults, numba backend, {os.cpu_count()} CPU cores): "
               f"{seconds:.1f} s wall ({seconds / 60:.2f} min)")
 
 

@@ -11,7 +11,8 @@ bandwidth, next to PyTorch's eager ``silu(x * a + b)`` (three kernels).
 from __future__ import annotations
 
 import cupy as cp
-from gpu_ops import median_ms  # this folder is on sys.path when run as a script
+import bench_report  # this folder is on sys.path when run as a script
+from gpu_ops import median_ms
 
 from tensorcore.backends.cupy import loader
 
@@ -19,6 +20,7 @@ ACT_SILU, ACT_NONE = 4, 0
 
 
 def main() -> None:
+    bench_report.parse(__doc__)
     x = cp.random.standard_normal((8, 128, 256, 256), dtype=cp.float32)
     y = cp.empty_like(x)
     scale = cp.random.standard_normal(128, dtype=cp.float32)
@@ -27,19 +29,19 @@ def main() -> None:
     stream = cp.cuda.get_current_stream().ptr
     copy = median_ms(lambda: cp.cuda.runtime.memcpyAsync(y.data.ptr, x.data.ptr, x.nbytes,
                                                          cp.cuda.runtime.memcpyDeviceToDevice, stream))
-    print(f"memcpy {copy:.4f} ms  {moved / copy / 1e6:.0f} GB/s")
+    bench_report.note(f"memcpy {copy:.4f} ms  {moved / copy / 1e6:.0f} GB/s")
     try:
         import torch
 
         tx = torch.as_tensor(x, device="cuda")
         ta, tb = torch.as_tensor(scale, device="cuda").view(1, -1, 1, 1), torch.as_tensor(bias, device="cuda").view(1, -1, 1, 1)
         t = median_ms(lambda: torch.nn.functional.silu(tx * ta + tb))
-        print(f"torch silu(x*a+b) eager {t:.4f} ms  {moved / t / 1e6:.0f} GB/s")
+        bench_report.note(f"torch silu(x*a+b) eager {t:.4f} ms  {moved / t / 1e6:.0f} GB/s")
     except ImportError:
         pass
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     source = loader.source("elementwise.cu")
-    print(f"{'packs':>5s} {'blocks/SM':>9s} {'act':>5s} {'ms':>8s} {'% memcpy':>9s}")
+    table = bench_report.Table("affine_act_kernel on 64 M float32", ["packs", "blocks/SM", "act", "ms", "% memcpy"])
     for packs in (1, 2, 4, 8):
         code = source.replace("#define UNROLL 1", f"#define UNROLL {packs}")
         module = cp.RawModule(code=code, options=loader.OPTIONS, name_expressions=["affine_act_kernel<float>"])
@@ -48,7 +50,7 @@ def main() -> None:
             for act in (ACT_SILU, ACT_NONE):
                 args = (x, scale, bias, y, n, 128, 256 * 256, act, 1)
                 ms = median_ms(lambda: kernel((sms * blocks,), (loader.THREADS,), args), iters=60)
-                print(f"{packs:5d} {blocks:9d} {'silu' if act else 'none':>5s} {ms:8.4f} {copy / ms * 100:8.1f}%")
+                table.row(packs, blocks, "silu" if act else "none", f"{ms:.4f}", f"{copy / ms * 100:.1f}%")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ each output written once.  No timing is asserted.
 
 from __future__ import annotations
 
-import sys
+import argparse
 import statistics
 import time
 
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import tensorcore as tc
 from tensorcore import settings
 from tensorcore.backends.cupy.backend import CupyBackend
+import bench_report  # tests/benchmarks/bench_report.py
 from gpu_timing import graph_ms, queued_ms  # tests/benchmarks/gpu_timing.py
 
 GPU = CupyBackend()
@@ -208,9 +209,11 @@ def bench_launch() -> list[tuple[str, float, float]]:
 
 
 def main() -> None:
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
-          f"CuPy {cp.__version__}, torch {torch.__version__}")
-    quick = "--indexed-only" in sys.argv[1:]  # the copy row and the indexed rows only
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--indexed-only", action="store_true", help="the copy row and the indexed rows only")
+    quick = bench_report.parse(parser).indexed_only
+    bench_report.note(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
+                      f"CuPy {cp.__version__}, torch {torch.__version__}")
     bench_copy_and_fused(fused=not quick)
     if not quick:
         bench_rows()
@@ -219,21 +222,24 @@ def main() -> None:
         bench_conv()
         bench_matmul()
     launches = [] if quick else bench_launch()
-    print(f"\n{'work':34s} {'tc eager':>9s} {'queued':>8s} {'graph':>8s} | {'torch eager':>11s} "
-          f"{'queued':>8s} | {'speed eager':>11s} {'queued':>6s} {'graph':>6s} | "
-          f"{'tc graph':>8s} {'torch':>8s}")
+    table = bench_report.Table(
+        "Times in ms; speed = torch / tensorcore (graph against torch queued); rate of tc graph and torch queued",
+        ["work", "tc eager", "tc queued", "tc graph", "torch eager", "torch queued", "speed eager",
+         "speed queued", "speed graph", "tc rate", "torch rate", "unit"], first=34)
     for name, eager, queued, graphed, t_eager, t_queued, tv, pv, unit in ROWS:
-        print(f"{name:34s} {eager:9.4f} {queued:8.4f} {graphed:8.4f} | {t_eager:11.4f} "
-              f"{t_queued:8.4f} | {t_eager / eager:10.2f}x {t_queued / queued:5.2f}x "
-              f"{t_queued / graphed:5.2f}x | {tv:8.1f} {pv:8.1f} {unit}")
-    print("(times in ms)")
+        table.row(name, f"{eager:.4f}", f"{queued:.4f}", f"{graphed:.4f}", f"{t_eager:.4f}", f"{t_queued:.4f}",
+                  f"{t_eager / eager:.2f}x", f"{t_queued / queued:.2f}x", f"{t_queued / graphed:.2f}x",
+                  f"{tv:.1f}", f"{pv:.1f}", unit)
     copy_bw = ROWS[0][6]
+    table = bench_report.Table("Bandwidth of the graph replays",
+                               ["work", "% of the copy bandwidth", "% of a copy of its bytes"], first=34)
     for name, _, _, graphed, *_, tv, _, unit in ROWS[1:]:
         if unit == "GB/s":
-            print(f"{name:34s} {tv / copy_bw * 100:5.1f}% of the copy bandwidth, "
-                  f"{SAME_SIZE_COPY_MS[name] / graphed * 100:5.1f}% of a copy of its bytes (graph replay)")
-    for name, tc_us, torch_us in launches:
-        print(f"host us per call, {name:26s} tensorcore {tc_us:7.2f}  torch {torch_us:7.2f}")
+            table.row(name, f"{tv / copy_bw * 100:.1f}", f"{SAME_SIZE_COPY_MS[name] / graphed * 100:.1f}")
+    if launches:
+        table = bench_report.Table("Host us per call", ["call", "tensorcore", "torch"], first=26)
+        for name, tc_us, torch_us in launches:
+            table.row(name, f"{tc_us:.2f}", f"{torch_us:.2f}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import numpy as np
 
 from tensorcore.backends.cupy import loader
 from tensorcore.backends.cupy.util import NULL
+import bench_report  # tests/benchmarks/bench_report.py
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 N, C, H, W, GROUPS = 8, 256, 64, 64, 32
@@ -58,6 +59,7 @@ def variant(cluster: int, packs: int, exchange: bool = True, clustered: bool = T
 
 
 def main() -> None:
+    bench_report.parse(__doc__)
     x = cp.random.standard_normal((N, C, H, W), dtype=np.float32)
     y = cp.empty_like(x)
     w = cp.random.standard_normal(C, dtype=np.float32)
@@ -67,8 +69,8 @@ def main() -> None:
     copy = graph_ms(lambda: cp.cuda.runtime.memcpyAsync(
         y.data.ptr, x.data.ptr, x.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
         cp.cuda.get_current_stream().ptr))
-    print(f"copy {x.nbytes >> 20} MiB: {copy * 1e3:.1f} us ({2 * x.nbytes / copy / 1e6:.0f} GB/s)")
-    print(f"{'cluster':>7s} {'packs':>5s} {'threads':>7s} {'variant':>16s} {'us':>7s} {'GB/s':>6s}")
+    table = bench_report.Table(f"copy {x.nbytes >> 20} MiB: {copy * 1e3:.1f} us ({2 * x.nbytes / copy / 1e6:.0f} GB/s)",
+                               ["cluster", "packs", "threads", "variant", "us", "GB/s"])
     # (blocks per cluster, packs per thread, threads, register cap for N 512-thread blocks)
     cases = [(8, 4, 256, 0), (8, 4, 256, 3), (8, 4, 256, 4), (8, 8, 128, 0), (8, 2, 512, 0),
              (4, 8, 256, 0), (4, 4, 512, 0), (4, 4, 512, 2), (2, 8, 512, 0), (1, 8, 1024, 0)]
@@ -83,14 +85,13 @@ def main() -> None:
             args = (x, NULL, w, w, y, mean, rstd, stat_len, s, C, 1e-5, 0)
             t = graph_ms(lambda: fn((stats * cluster,), (threads,), args))
             label = name + (f" lb{min_blocks}" if min_blocks else "")
-            print(f"{cluster:7d} {packs:5d} {threads:7d} {label:>16s} {t * 1e3:7.1f} "
-                  f"{2 * x.nbytes / t / 1e6:6.0f}")
+            table.row(cluster, packs, threads, label, f"{t * 1e3:.1f}", f"{2 * x.nbytes / t / 1e6:.0f}")
     for label, hints in (("ld.cs", (STREAMING_LOAD,)), ("st.cs", (STREAMING_STORE,)),
                          ("ld.cs + st.cs", (STREAMING_LOAD, STREAMING_STORE))):
         fn = variant(8, 4, min_blocks=3, hints=hints)
         t = graph_ms(lambda: fn((stats * 8,), (256,), (x, NULL, w, w, y, mean, rstd, stat_len, s, C,
                                                       1e-5, 0)))
-        print(f"{8:7d} {4:5d} {256:7d} {label:>16s} {t * 1e3:7.1f} {2 * x.nbytes / t / 1e6:6.0f}")
+        table.row(8, 4, 256, label, f"{t * 1e3:.1f}", f"{2 * x.nbytes / t / 1e6:.0f}")
 
 if __name__ == "__main__":
     main()

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from tensorcore.backends.cupy import groupnorm as gn
 from tensorcore.backends.cupy.backend import CupyBackend
+import bench_report  # tests/benchmarks/bench_report.py
 from gpu_timing import graph_ms, queued_ms  # tests/benchmarks/gpu_timing.py
 
 SHAPES = [((8, 256, 64, 64), 32, "float32"), ((8, 256, 64, 64), 32, "float16"),
@@ -52,8 +53,10 @@ def run(name: str, fn, x, ref) -> str:
 
 
 def main() -> None:
-    print(f"{'shape':>20s} {'dtype':>7s} {'MiB':>5s} {'copy':>6s} {'resident':>8s} "
-          f"{'cluster':>7s} {'two-pass':>8s} {'torch':>6s} {'speedup':>7s}  picked (us; speedup = torch / best)")
+    bench_report.parse(__doc__)
+    table = bench_report.Table("GroupNorm forward, us (speedup = torch / best)",
+                               ["shape", "dtype", "MiB", "copy", "resident", "cluster", "two-pass", "torch", "speedup",
+                                "picked"], first=20)
     for shape, groups, dtype in SHAPES:
         x = (cp.random.standard_normal(shape, dtype=np.float32) * 2 + 0.5).astype(dtype)
         w = cp.random.standard_normal(shape[1], dtype=np.float32).astype(dtype)
@@ -76,8 +79,8 @@ def main() -> None:
         best = min(float(v) for v in (resident, cluster, two_pass) if v != "-")
         first = gn.forward_kernels(n * groups, stat_len // (16 // x.itemsize))[0]
         picked = "cluster" if first is gn.clustered else "resident"
-        print(f"{str(list(shape)):>20s} {dtype:>7s} {x.nbytes / 2**20:5.0f} {copy:6.1f} "
-              f"{resident:>8s} {cluster:>7s} {two_pass:>8s} {t:6.1f} {t / best:6.2f}x  {picked}")
+        table.row(list(shape), dtype, f"{x.nbytes / 2**20:.0f}", f"{copy:.1f}", resident, cluster, two_pass,
+                  f"{t:.1f}", f"{t / best:.2f}x", picked)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import numpy as np
 from tensorcore.backends.cupy import loader
 from tensorcore.backends.cupy.util import NULL
 from tensorcore.backends.cupy.groupnorm import RES_REG_PACKS, RES_SHARED_PACKS, RES_THREADS
+import bench_report  # tests/benchmarks/bench_report.py
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 # stage code (passed as `act`) -> (text of the kernel, the same with an exit after it)
@@ -50,6 +51,7 @@ def staged_kernel():
 
 
 def main() -> None:
+    bench_report.parse(__doc__)
     kernel = staged_kernel()
     flush_buffer = cp.empty(256 << 20, dtype=np.uint8)
 
@@ -58,8 +60,8 @@ def main() -> None:
                                     cp.cuda.get_current_stream().ptr)
 
     flush_us = graph_ms(flush) * 1e3
-    print(f"256 MiB memset: {flush_us:.1f} us ({flush_buffer.nbytes / flush_us / 1e3:.0f} GB/s)")
-    print(f"{'shape':>18s} {'stage':>18s} {'warm us':>8s} {'cold us':>8s}")
+    table = bench_report.Table(f"256 MiB memset: {flush_us:.1f} us ({flush_buffer.nbytes / flush_us / 1e3:.0f} GB/s)",
+                               ["shape", "stage", "warm us", "cold us"], first=18)
     for shape, groups in (((8, 256, 64, 64), 32), ((2, 512, 16, 16), 32)):
         x = cp.random.standard_normal(shape, dtype=np.float32) * 2 + 0.5
         w = cp.random.standard_normal(shape[1], dtype=np.float32)
@@ -84,7 +86,7 @@ def main() -> None:
 
             warm = graph_ms(run) * 1e3
             cold = graph_ms(lambda: (flush(), run())) * 1e3 - flush_us
-            print(f"{str(list(shape)):>18s} {NAMES[code]:>18s} {warm:8.1f} {cold:8.1f}")
+            table.row(list(shape), NAMES[code], f"{warm:.1f}", f"{cold:.1f}")
 
 
 if __name__ == "__main__":

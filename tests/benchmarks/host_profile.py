@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import tensorcore as tc
+import bench_report  # tests/benchmarks/bench_report.py
 from tensorcore.backends.cupy import loader
 from tensorcore.backends.cupy.backend import CupyBackend
 from tensorcore.backends.cupy.util import has_kernels
@@ -56,6 +57,7 @@ def driver_launcher(function, values: int):
 
 
 def main() -> None:
+    bench_report.parse(__doc__)
     x = cp.random.standard_normal(1, dtype=np.float32)
     tx = torch.from_dlpack(x.copy())
     add = loader.raw_kernel("elementwise.cu", "binary_vec_kernel", x.dtype)
@@ -87,9 +89,10 @@ def main() -> None:
         ("has_kernels(a, b)", lambda: has_kernels(x, x)),
         ("get_current_stream()", cp.cuda.get_current_stream),
     ]
+    table = bench_report.Table("Host time per call", ["call", "us"], first=34)
     for name, fn in rows:
-        print(f"{name:34s} {host_us(fn):7.2f} us")
-    print(f"driver.launchKernel result correct: {raw_ok}")
+        table.row(name, f"{host_us(fn):.2f}")
+    bench_report.note(f"driver.launchKernel result correct: {raw_ok}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,10 @@ import sys
 import time
 from typing import Any, Callable
 
+import bench_report  # tests/benchmarks/bench_report.py
+
 BYTES_PER_PARAM = 28
+COLUMNS = ["implementation", "step ms", "GB/s"]
 
 
 def _cpu_threads(n: int) -> None:
@@ -77,10 +80,10 @@ def _theirs(name: str, sizes: list[int], device: str, impl: str) -> Any:
     return getattr(torch.optim, name)(params, lr=1e-3, weight_decay=1e-2, **flag)
 
 
-def _row(label: str, ms: float, n: int, reference_ms: float | None) -> str:
+def _row(label: str, ms: float, n: int, reference_ms: float | None) -> list[str]:
+    """The cells of one implementation's row: step time, bandwidth, time / the reference's."""
     gbs = BYTES_PER_PARAM * n / (ms * 1e-3) / 1e9
-    ratio = f"{ms / reference_ms:6.2f}x" if reference_ms else "      "
-    return f"{label:<34} {ms:9.3f} ms {gbs:9.1f} GB/s  {ratio}"
+    return [label, f"{ms:.3f}", f"{gbs:.1f}", f"{ms / reference_ms:.2f}x" if reference_ms else ""]
 
 
 def bench_cpu(total: int, count: int, repeats: int, threads: int) -> None:
@@ -91,24 +94,24 @@ def bench_cpu(total: int, count: int, repeats: int, threads: int) -> None:
     torch.set_num_threads(threads)
     sizes = _sizes(total, count)
     backend = tc.get_backend().name
-    print(f"CPU: Adam over {total / 1e6:.0f} M float32 parameters in {count} tensors, {threads} threads, "
-          f"tensorcore backend {backend!r}, torch {torch.__version__}")
-    print(f"{'implementation':<34} {'step':>12} {'bandwidth':>14}  vs torch foreach")
+    title = (f"CPU: Adam over {total / 1e6:.0f} M float32 parameters in {count} tensors, {threads} threads, "
+             f"tensorcore backend {backend!r}, torch {torch.__version__}")
     timings = {}
     for impl in ("foreach", "fused"):
         try:
             opt = _theirs("Adam", sizes, "cpu", impl)
         except (RuntimeError, ValueError) as exc:
-            print(f"torch Adam {impl}: unavailable ({exc})")
+            bench_report.note(f"torch Adam {impl}: unavailable ({exc})")
             continue
         timings[impl] = _median_ms(opt.step, repeats, _host_timer)
     ours, _ = _ours("Adam", sizes, "cpu")
     timings["ours"] = _median_ms(ours.step, repeats, _host_timer)
     reference = timings.get("foreach")
+    table = bench_report.Table(title, COLUMNS + ["vs torch foreach"], first=34)
     for impl in ("foreach", "fused"):
         if impl in timings:
-            print(_row(f"torch Adam ({impl})", timings[impl], total, reference))
-    print(_row(f"tensorcore Adam ({backend})", timings["ours"], total, reference))
+            table.row(*_row(f"torch Adam ({impl})", timings[impl], total, reference))
+    table.row(*_row(f"tensorcore Adam ({backend})", timings["ours"], total, reference))
 
 
 def _cuda_timer(run: Callable[[], None]) -> float:
@@ -152,13 +155,15 @@ def bench_cuda(total: int, count: int, repeats: int) -> None:
 
     sizes = _sizes(total, count)
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    print(f"GPU ({name}): Adam/AdamW over {total / 1e6:.0f} M float32 parameters in {count} tensors")
-    print(f"{'implementation':<34} {'step':>12} {'bandwidth':>14}  vs torch fused")
+    title = f"GPU ({name}): Adam/AdamW over {total / 1e6:.0f} M float32 parameters in {count} tensors"
     try:
         import torch
         has_torch = torch.cuda.is_available()
     except ImportError:
         has_torch = False
+    if not has_torch:
+        bench_report.note("torch with CUDA is not installed here: no torch reference rows")
+    table = bench_report.Table(title, COLUMNS + ["vs torch fused"], first=34)
     for name in ("Adam", "AdamW"):
         reference = None
         if has_torch:
@@ -166,14 +171,12 @@ def bench_cuda(total: int, count: int, repeats: int) -> None:
                 opt = _theirs(name, sizes, "cuda", impl)
                 ms = _median_ms(opt.step, repeats, _torch_cuda_timer)
                 reference = reference or ms
-                print(_row(f"torch {name} ({impl})", ms, total, reference))
+                table.row(*_row(f"torch {name} ({impl})", ms, total, reference))
                 del opt
                 torch.cuda.empty_cache()
-        else:
-            print("torch with CUDA is not installed here: no torch reference rows")
         ours, params = _ours(name, sizes, "cuda")
-        print(_row(f"tensorcore {name} (eager)", _median_ms(ours.step, repeats, _cuda_timer), total, reference))
-        print(_row(f"tensorcore {name} (CUDA graph)", _replay_ms(ours.step, repeats), total, reference))
+        table.row(*_row(f"tensorcore {name} (eager)", _median_ms(ours.step, repeats, _cuda_timer), total, reference))
+        table.row(*_row(f"tensorcore {name} (CUDA graph)", _replay_ms(ours.step, repeats), total, reference))
         del ours, params
         cupy.get_default_memory_pool().free_all_blocks()
 
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tensors", type=int, default=None, help="tensor count (default 100 CPU, 200 GPU)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for both libraries")
-    args = parser.parse_args(argv)
+    args = bench_report.parse(parser, argv)
     if args.device == "cpu":
         _cpu_threads(args.threads)
         bench_cpu(int(args.params or 10e6), args.tensors or 100, args.repeats, args.threads)

@@ -16,6 +16,7 @@ import numpy as np
 
 from tensorcore.backends.cupy import loader
 from tensorcore.backends.cupy.util import NULL, DeviceBuffers, zeroed_counters
+import bench_report  # tests/benchmarks/bench_report.py
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
 
 N, C, H, W, GROUPS = 8, 256, 64, 64, 32
@@ -31,6 +32,7 @@ def module(batch: int):
 
 
 def main() -> None:
+    bench_report.parse(__doc__)
     x = cp.random.standard_normal((N, C, H, W), dtype=np.float32)
     y = cp.empty_like(x)
     w = cp.random.standard_normal(C, dtype=np.float32)
@@ -39,10 +41,9 @@ def main() -> None:
     copy = graph_ms(lambda: cp.cuda.runtime.memcpyAsync(
         y.data.ptr, x.data.ptr, x.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
         cp.cuda.get_current_stream().ptr))
-    print(f"copy {x.nbytes >> 20} MiB: {copy * 1e3:.1f} us "
-          f"({2 * x.nbytes / copy / 1e6:.0f} GB/s)")
-    print(f"{'batch':>5s} {'threads':>7s} {'chunks':>6s} {'stats us':>9s} {'apply us':>9s} "
-          f"{'both us':>8s} {'stats GB/s':>10s} {'apply GB/s':>10s}")
+    table = bench_report.Table(f"copy {x.nbytes >> 20} MiB: {copy * 1e3:.1f} us ({2 * x.nbytes / copy / 1e6:.0f} GB/s)",
+                               ["batch", "threads", "chunks", "stats us", "apply us", "both us", "stats GB/s",
+                                "apply GB/s"])
     for batch in (2, 4, 8):
         mod = module(batch)
         st = mod.get_function("plane_stats_kernel<float>")
@@ -62,9 +63,8 @@ def main() -> None:
 
             t_stats, t_apply = graph_ms(stats_pass), graph_ms(apply_pass)
             t_both = graph_ms(lambda: (stats_pass(), apply_pass()))
-            print(f"{batch:5d} {threads:7d} {chunks:6d} {t_stats * 1e3:9.1f} {t_apply * 1e3:9.1f} "
-                  f"{t_both * 1e3:8.1f} {x.nbytes / t_stats / 1e6:10.0f} "
-                  f"{2 * x.nbytes / t_apply / 1e6:10.0f}")
+            table.row(batch, threads, chunks, f"{t_stats * 1e3:.1f}", f"{t_apply * 1e3:.1f}", f"{t_both * 1e3:.1f}",
+                      f"{x.nbytes / t_stats / 1e6:.0f}", f"{2 * x.nbytes / t_apply / 1e6:.0f}")
 
 
 if __name__ == "__main__":

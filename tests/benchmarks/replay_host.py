@@ -23,6 +23,7 @@ from typing import Any, Callable
 import cupy as cp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_report  # noqa: E402
 from gpu_timing import host_us  # noqa: E402
 
 import tensorcore as tc  # noqa: E402
@@ -91,6 +92,7 @@ def resync(executor: Any) -> None:
 
 
 def main() -> None:
+    bench_report.parse(__doc__)
     tc.manual_seed(0)
     tc.set_matmul_precision("high")
     unet = UNet2D.reference().to("cuda").eval()
@@ -126,11 +128,11 @@ def main() -> None:
                 results[name].append(host_us(fn))
                 resync(executor)
     nodes = len(executor.plan.steps)
-    print(f"DDIM step plan: {nodes} steps, {len(arrays)} inputs; empty 100k loop: "
-          + ", ".join(f"{g:.2f} ms" for g in gauges))
-    print(f"{'host us per call':34s} {'run 1':>8s} {'run 2':>8s}")
+    table = bench_report.Table(f"DDIM step plan: {nodes} steps, {len(arrays)} inputs; empty 100k loop: "
+                               + ", ".join(f"{g:.2f} ms" for g in gauges), ["host us per call", "run 1", "run 2"],
+                               first=34)
     for name, values in results.items():
-        print(f"{name:34s} " + " ".join(f"{v:8.2f}" for v in values))
+        table.row(name, *(f"{v:.2f}" for v in values))
 
 
 if __name__ == "__main__":

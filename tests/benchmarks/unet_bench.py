@@ -26,6 +26,8 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
+import bench_report  # noqa: E402  (tests/benchmarks/bench_report.py)
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,7 +36,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--size", type=int, default=None, help="latent side (default 128 on cuda, 32 on cpu)")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per row (default 30 on cuda, 5 on cpu)")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    return bench_report.parse(parser)
 
 
 def median_ms(fn: Callable[[], Any], iters: int, timer: Callable[[Callable[[], Any]], float]) -> float:
@@ -109,8 +111,10 @@ def main() -> None:
 
     gpu = args.device == "cuda"
     name = torch.cuda.get_device_name() if gpu else f"CPU, {torch.get_num_threads()} torch threads"
-    print(f"reference UNet forward [1, 4, {size}, {size}] float32, eager, no grad, {args.device} ({name})")
-    print(f"{'matmul precision':<18}{'tensorcore ms':>15}{'torch ms':>11}{'ratio':>8}{'max |diff|':>13}{'max |out|':>12}")
+    table = bench_report.Table(f"reference UNet forward [1, 4, {size}, {size}] float32, eager, no grad, "
+                               f"{args.device} ({name})",
+                               ["matmul precision", "tensorcore ms", "torch ms", "ratio", "max |diff|", "max |out|"],
+                               first=18)
     for precision in ("highest", "high"):
         tc.set_matmul_precision(precision)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "high"
@@ -119,8 +123,8 @@ def main() -> None:
         expected = run_theirs().float().cpu().numpy()
         diff = float(np.abs(run_ours().numpy() - expected).max())
         label = "high (TF32)" if precision == "high" else precision
-        print(f"{label:<18}{ours_ms:>15.2f}{theirs_ms:>11.2f}{ours_ms / theirs_ms:>8.2f}{diff:>13.2e}"
-              f"{float(np.abs(expected).max()):>12.3f}")
+        table.row(label, f"{ours_ms:.2f}", f"{theirs_ms:.2f}", f"{ours_ms / theirs_ms:.2f}", f"{diff:.2e}",
+                  f"{float(np.abs(expected).max()):.3f}")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,11 @@ has both); nothing is asserted.
 
 from __future__ import annotations
 
+import argparse
 import collections
-import sys
 from typing import Any
+
+import bench_report  # tests/benchmarks/bench_report.py
 
 REPLAYS = 10
 
@@ -51,22 +53,25 @@ def profile(precision: str) -> list[Any]:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    precision = args[0] if args and not args[0].startswith("--") else "tf32"
-    order = args[args.index("--order") + 1] if "--order" in args else None
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("precision", nargs="?", choices=("tf32", "bf16", "fp32"), default="tf32")
+    parser.add_argument("--order", metavar="NAME", help="list each launch of the kernels whose name contains NAME")
+    args = bench_report.parse(parser)
+    precision, order = args.precision, args.order
     events = profile(precision)
     total_us, calls = collections.Counter(), collections.Counter()
     for e in events:
         total_us[e.name] += e.device_time_total
         calls[e.name] += 1
-    print(f"{precision}: kernel time per forward {sum(total_us.values()) / REPLAYS / 1e3:.3f} ms, "
-          f"{sum(calls.values()) // REPLAYS} kernels per forward")
+    table = bench_report.Table(f"{precision}: kernel time per forward {sum(total_us.values()) / REPLAYS / 1e3:.3f} ms, "
+                               f"{sum(calls.values()) // REPLAYS} kernels per forward",
+                               ["ms per forward", "calls per forward", "kernel"])
     for name, us in total_us.most_common(25):
-        print(f"  {us / REPLAYS / 1e3:.4f} ms  x{calls[name] // REPLAYS:<3} {name[:100]}")
+        table.row(f"{us / REPLAYS / 1e3:.4f}", calls[name] // REPLAYS, name[:100])
     if order:
         chosen = [e for e in events if order in e.name]
         first = chosen[:len(chosen) // REPLAYS]
-        print(f"{order}, each launch of the first forward in order (us): "
+        bench_report.note(f"{order}, each launch of the first forward in order (us): "
               + " ".join(f"{e.device_time_total:.1f}" for e in first))
 
 
