@@ -112,6 +112,9 @@ def test_variants_and_shards_load(tmp_path) -> None:
     got_variant = CLIPTextModel.from_pretrained(tmp_path / "fp16", variant="fp16")(IDS).last_hidden_state.numpy()
     np.testing.assert_array_equal(got_sharded, want)
     np.testing.assert_array_equal(got_variant, want)
+    CLIPTextModel.from_pretrained(tmp_path / "plain", dtype=tc.float16).save_pretrained(tmp_path / "ours", variant="fp16")
+    theirs_fp16 = transformers.CLIPTextModel.from_pretrained(tmp_path / "ours", variant="fp16")
+    assert theirs_fp16.dtype == torch.float16
 
 
 def test_prefixed_keys_and_the_position_ids_buffer_load(tmp_path) -> None:
@@ -163,17 +166,19 @@ def test_bad_folders_raise(tmp_path) -> None:
 def test_bad_configs_and_inputs_raise() -> None:
     with pytest.raises(ValueError, match="hidden_size=30 is not a multiple of num_attention_heads=4"):
         CLIPTextModel(**{**TINY, "hidden_size": 30})
-    with pytest.raises(ValueError, match="hidden_act must be one of"):
+    with pytest.raises(ValueError, match="'hidden_act' must be one of"):
         CLIPTextModel(**TINY, hidden_act="swish")
-    with pytest.raises(ValueError, match="num_hidden_layers must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="'num_hidden_layers' must be an int from 1 to 256, got 0"):
         CLIPTextModel(**{**TINY, "num_hidden_layers": 0})
-    with pytest.raises(ValueError, match="eos_token_id must be an int"):
+    with pytest.raises(ValueError, match="'eos_token_id' must be an int from 0"):
         CLIPTextModel(**{**TINY, "eos_token_id": [2, 3]})
     model = CLIPTextModel(**TINY)
     with pytest.raises(TypeError, match="input_ids must hold integers"):
         model(IDS.astype(np.float32))
     with pytest.raises(ValueError, match="max_position_embeddings=12, got shape \\(1, 13\\)"):
         model(np.zeros((1, 13), dtype=np.int64))
+    with pytest.raises(ValueError, match="more than the .* bytes of memory"):
+        CLIPTextModel(**{**TINY, "vocab_size": 2 ** 24, "hidden_size": 2 ** 24 // 4, "num_attention_heads": 1})
     with pytest.raises(ValueError, match="attention_mask must match input_ids' shape"):
         model(IDS, attention_mask=RIGHT_PADDING[:, :4])
 

@@ -12,10 +12,8 @@ is and code written for transformers reads ``out.last_hidden_state``,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
-from numbers import Integral, Real
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -23,11 +21,14 @@ import tensorcore as tc
 from layers import LayerNorm, Linear, Module, init
 from tensorcore import Tensor
 
+from .bounds import MAX_WIDTH, count, name, number, optional, width
 from .clip_layers import HIDDEN_ACTS, CLIPAttention, CLIPEncoder, CLIPMLP, CLIPTextEmbeddings, attention_mask
 from .config import register_to_config
 from .transformers_pretrained import TransformersPretrained
+from .weights import Found
 
 PREFIX = "text_model."
+TOKEN_ID = count(0, MAX_WIDTH)
 
 
 class _ModelOutput:
@@ -97,6 +98,23 @@ class CLIPTextPretrained(TransformersPretrained):
     retired_keys = frozenset({"dropout", "gradient_checkpointing"})
     has_projection = False
 
+    config_bounds = {
+        "vocab_size": width(), "hidden_size": width(), "intermediate_size": width(), "projection_dim": width(),
+        "num_hidden_layers": count(), "num_attention_heads": width(), "max_position_embeddings": width(),
+        "hidden_act": name(), "layer_norm_eps": number(), "attention_dropout": number(),
+        "initializer_range": number(), "initializer_factor": number(),
+        "pad_token_id": optional(TOKEN_ID), "bos_token_id": optional(TOKEN_ID), "eos_token_id": TOKEN_ID,
+    }
+
+    @staticmethod
+    def parameter_shares(config: Mapping[str, Any]) -> dict[tuple[str, ...], int]:
+        """The embedding tables and the layers' projections (the projection head is left out)."""
+        hidden = config["hidden_size"]
+        return {("vocab_size", "hidden_size"): config["vocab_size"] * hidden,
+                ("max_position_embeddings", "hidden_size"): config["max_position_embeddings"] * hidden,
+                ("num_hidden_layers", "hidden_size", "intermediate_size"):
+                    config["num_hidden_layers"] * (4 * hidden + 2 * config["intermediate_size"]) * hidden}
+
     @register_to_config
     def __init__(self, vocab_size: int = 49408, hidden_size: int = 512, intermediate_size: int = 2048,
                  projection_dim: int = 512, num_hidden_layers: int = 12, num_attention_heads: int = 8,
@@ -130,11 +148,11 @@ class CLIPTextPretrained(TransformersPretrained):
         if self.has_projection:
             init.normal_(self.text_projection.weight, std=hidden ** -0.5 * factor)
 
-    def checkpoint_weights(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def checkpoint_weights(self, found: Found) -> Found:
         """Keys under ``text_model.`` (transformers 5 saves a ``CLIPTextModel`` without the prefix);
         the ``position_ids`` buffer older checkpoints carry is dropped."""
         named = {}
-        for key, value in weights.items():
+        for key, value in found.items():
             if not key.startswith(PREFIX) and key != "text_projection.weight":
                 key = PREFIX + key
             if key != PREFIX + "embeddings.position_ids":
@@ -196,25 +214,14 @@ def _as_ids(value: Any, device: str, what: str, owner: str) -> Tensor:
 
 
 def _check_config(owner: str, values: dict[str, Any]) -> None:
-    """ValueError naming the first config key whose value the model cannot be built from."""
-    def bad(key: str, expected: str) -> ValueError:
-        return ValueError(f"{owner}: config key {key} must be {expected}, got {values[key]!r}")
-
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "projection_dim", "num_hidden_layers",
-                "num_attention_heads", "max_position_embeddings"):
-        value = values[key]
-        if not isinstance(value, Integral) or isinstance(value, bool) or value < 1:
-            raise bad(key, "a positive int")
+    """ValueError for what the config bounds cannot say: heads that do not divide the width, an
+    activation other than CLIP's, attention dropout (attention runs without it here)."""
     if values["hidden_size"] % values["num_attention_heads"]:
         raise ValueError(f"{owner}: hidden_size={values['hidden_size']} is not a multiple of "
                          f"num_attention_heads={values['num_attention_heads']}")
     if values["hidden_act"] not in HIDDEN_ACTS:
-        raise bad("hidden_act", f"one of {sorted(HIDDEN_ACTS)}")
+        raise ValueError(f"{owner}: config key 'hidden_act' must be one of {sorted(HIDDEN_ACTS)}, "
+                         f"got {values['hidden_act']!r}")
     if values["attention_dropout"] != 0:
-        raise bad("attention_dropout", "0.0 (attention runs without dropout here)")
-    for key in ("layer_norm_eps", "initializer_range", "initializer_factor"):
-        value = values[key]
-        if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-            raise bad(key, "a finite number >= 0")
-    if not isinstance(values["eos_token_id"], Integral) or isinstance(values["eos_token_id"], bool):
-        raise bad("eos_token_id", "an int (the id whose position is pooled)")
+        raise ValueError(f"{owner}: config key 'attention_dropout' must be 0.0 (attention runs without dropout "
+                         f"here), got {values['attention_dropout']!r}")

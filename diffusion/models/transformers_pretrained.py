@@ -4,7 +4,8 @@
 ``save_pretrained`` in the layout transformers writes: the config's keys beside
 ``architectures`` and ``model_type``, the weights in ``model.safetensors`` (or the shards
 ``model.safetensors.index.json`` names; ``variant="fp16"`` reads
-``model.fp16.safetensors``).  The weights are read by ``pretrained.read_weights``.
+``model.fp16.safetensors``).  Files are found, opened and checked against the model by
+the same code as diffusers folders (``weights``): headers first, data only when all fit.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
-import numpy as np
-
 from layers import Module
 from layers.serialization import save_file
 from tensorcore.atomic import write_atomic
 
 from .config import init_kwargs
-from .pretrained import CONFIG_NAME, read_weights
+from .pretrained import CONFIG_NAME, read_json_object, variant_name
+from .weights import Found, check_weights, open_weights, read_found
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = WEIGHTS_NAME + ".index.json"
@@ -29,15 +29,6 @@ WEIGHTS_INDEX_NAME = WEIGHTS_NAME + ".index.json"
 BOOKKEEPING_KEYS = frozenset({"architectures", "model_type", "transformers_version", "torch_dtype", "dtype"})
 
 M = TypeVar("M", bound="TransformersPretrained")
-
-
-def variant_name(name: str, variant: str | None) -> str:
-    """``model.safetensors`` -> ``model.fp16.safetensors`` (and ``model.safetensors.index.json`` ->
-    ``model.safetensors.index.fp16.json``) for ``variant="fp16"``, as transformers names variants."""
-    if variant is None:
-        return name
-    stem, suffix = name.rsplit(".", 1)
-    return f"{stem}.{variant}.{suffix}"
 
 
 class TransformersPretrained(Module):
@@ -63,46 +54,43 @@ class TransformersPretrained(Module):
         extra or mis-shaped weight raises ValueError naming the key, before any is copied.
         """
         folder = Path(path)
+        owner = f"{cls.__name__}.from_pretrained"
         config = read_transformers_config(folder / CONFIG_NAME, cls)
-        weights = read_weights(folder, variant_name(WEIGHTS_NAME, variant), variant_name(WEIGHTS_INDEX_NAME, variant))
-        model = cls.from_config(config)
-        if dtype is not None or device is not None:
-            model.to(device, dtype)
-        model.load_state_dict(model.checkpoint_weights(weights))
+        names = variant_name(WEIGHTS_NAME, variant), variant_name(WEIGHTS_INDEX_NAME, variant)
+        with open_weights(folder, *names, owner) as found:
+            model = cls.from_config(config)
+            if dtype is not None or device is not None:
+                model.to(device, dtype)
+            found = model.checkpoint_weights(found)
+            check_weights(owner, folder, model.state_dict(), found)
+            model.load_state_dict(read_found(found))
         return model.eval()
 
-    def checkpoint_weights(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The checkpoint's arrays under this model's parameter names (subclasses rename keys)."""
-        return weights
+    def checkpoint_weights(self, found: Found) -> Found:
+        """The checkpoint's tensors under this model's parameter names (subclasses rename keys)."""
+        return found
 
-    def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Write config.json and model.safetensors into the folder ``path`` (created if needed), weights first."""
+    def save_pretrained(self, path: str | os.PathLike, variant: str | None = None) -> None:
+        """Write config.json and model.safetensors into the folder ``path`` (created if needed), weights
+        first; ``variant="fp16"`` names the weights ``model.fp16.safetensors``."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         weights = {k: v.numpy() for k, v in self.state_dict().items()}
         dtype = next(iter(weights.values())).dtype.name if weights else "float32"
         config = {"architectures": [type(self).__name__], "model_type": self.model_type,
                   **self.config.to_json_dict(), "dtype": dtype}
-        save_file(weights, folder / WEIGHTS_NAME)
+        save_file(weights, folder / variant_name(WEIGHTS_NAME, variant))
         write_atomic(folder / CONFIG_NAME, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_transformers_config(path: Path, cls: type[TransformersPretrained]) -> dict[str, Any]:
     """The JSON object in ``path``; a config of another model type or architecture raises ValueError."""
     owner = f"{cls.__name__}.from_pretrained"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{owner}: no {CONFIG_NAME} in {str(path.parent)!r}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{owner}: {str(path)!r} is not valid JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise ValueError(f"{owner}: {str(path)!r} must hold a JSON object")
+    config = read_json_object(path, owner)
     model_type = config.get("model_type", cls.model_type)
     if model_type != cls.model_type:
         raise ValueError(f"{owner}: {str(path)!r} has model_type {model_type!r}, not {cls.model_type!r}")
     architectures = config.get("architectures") or [cls.__name__]
     if not isinstance(architectures, list) or cls.__name__ not in architectures:
-        raise ValueError(f"{owner}: {str(path)!r} describes a {architectures!r}, "
-                         f"not a {cls.__name__}")
+        raise ValueError(f"{owner}: {str(path)!r} describes a {architectures!r}, not a {cls.__name__}")
     return config
