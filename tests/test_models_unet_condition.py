@@ -4,6 +4,7 @@ shards, and the errors bad folders, configs and inputs raise."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from hypothesis import strategies as st
 
 import tensorcore as tc
 from diffusion import UNet2DConditionModel
+from diffusion.models.bounds import check_config as check_bounds
 from diffusion.models.pretrained import CONFIG_NAME, WEIGHTS_NAME
+from diffusion.models.unet_2d_condition_config import check_config, levels
 from models_oracle import perturbed, randn
 
 torch = pytest.importorskip("torch")
@@ -177,6 +180,42 @@ def test_drawn_configs_equal_diffusers(tmp_path_factory, config) -> None:
     if config.get("addition_embed_type") == "text_time":
         values["text_embeds"], values["time_ids"] = randn(2, 6, seed=8), np.array([[4, 8, 0], [16, 2, 1]], np.float32)
     assert max_error(ours, theirs, values) <= TOLERANCE
+
+
+# config.json of released checkpoints, as diffusers wrote them (the keys that differ from the defaults,
+# and the nulls later diffusers versions write)
+RELEASED = {
+    "sd-1.5": dict(cross_attention_dim=768, attention_head_dim=8, sample_size=64),
+    "sd-2.1": dict(cross_attention_dim=1024, attention_head_dim=[5, 10, 20, 20], use_linear_projection=True,
+                   upcast_attention=True, sample_size=96, dual_cross_attention=False, num_class_embeds=None,
+                   only_cross_attention=False, class_embed_type=None, resnet_time_scale_shift="default"),
+    "sdxl": dict(addition_embed_type="text_time", addition_embed_type_num_heads=64, addition_time_embed_dim=256,
+                 attention_head_dim=[5, 10, 20], block_out_channels=[320, 640, 1280], cross_attention_dim=2048,
+                 cross_attention_norm=None, down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                 encoder_hid_dim=None, encoder_hid_dim_type=None, mid_block_only_cross_attention=None,
+                 num_attention_heads=None, projection_class_embeddings_input_dim=2816, sample_size=128,
+                 time_cond_proj_dim=None, time_embedding_act_fn=None, time_embedding_dim=None, timestep_post_act=None,
+                 transformer_layers_per_block=[1, 2, 10], upcast_attention=None, use_linear_projection=True,
+                 up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"]),
+    "lcm-sdxl": dict(addition_embed_type="text_time", addition_time_embed_dim=256, attention_head_dim=[5, 10, 20],
+                     block_out_channels=[320, 640, 1280], cross_attention_dim=2048,
+                     down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                     projection_class_embeddings_input_dim=2816, time_cond_proj_dim=256,
+                     transformer_layers_per_block=[1, 2, 10], use_linear_projection=True,
+                     up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"]),
+}
+
+
+@pytest.mark.parametrize("name", list(RELEASED))
+def test_released_configs_pass_every_check(name) -> None:
+    """The full-size configs are checked as from_pretrained checks them (building them is the GPU tests' job)."""
+    released = RELEASED[name]
+    values = {k: p.default for k, p in inspect.signature(UNet2DConditionModel.__init__).parameters.items() if k != "self"}
+    values.update(json.loads(json.dumps(released)))
+    check_bounds("UNet2DConditionModel", values, UNet2DConditionModel.config_bounds, UNet2DConditionModel.parameter_shares)
+    check_config(values)
+    heads = [level.heads for level in levels(values)]
+    assert heads == (released["attention_head_dim"] if isinstance(released["attention_head_dim"], list) else [8] * 4)
 
 
 @pytest.mark.parametrize("key, value, message", [

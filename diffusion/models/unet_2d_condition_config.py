@@ -47,7 +47,7 @@ CONFIG_BOUNDS: dict[str, Bound] = {
     "attention_head_dim": _one_or_list(width()), "num_attention_heads": optional(_one_or_list(width())),
     "dual_cross_attention": flag(), "use_linear_projection": flag(), "class_embed_type": optional(name()),
     "addition_embed_type": optional(name()), "addition_time_embed_dim": optional(width()),
-    "num_class_embeds": optional(width()), "upcast_attention": flag(), "resnet_time_scale_shift": name(),
+    "num_class_embeds": optional(width()), "upcast_attention": optional(flag()), "resnet_time_scale_shift": name(),
     "resnet_skip_time_act": flag(), "resnet_out_scale_factor": number(), "time_embedding_type": name(),
     "time_embedding_dim": optional(width()), "time_embedding_act_fn": optional(name()),
     "timestep_post_act": optional(name()), "time_cond_proj_dim": optional(width()), "conv_in_kernel": count(),
