@@ -135,3 +135,7 @@ def test_bad_arguments_and_folders_raise(folders, tmp_path) -> None:
     (tmp_path / "merges.txt").write_text("#version: 0.2\na b c\n")
     with pytest.raises(ValueError, match="line 2 is not a merge pair"):
         CLIPTokenizer.from_pretrained(tmp_path)
+    (tmp_path / "vocab.json").unlink()
+    (tmp_path / "vocab.json").symlink_to(folders[0] / "vocab.json")
+    with pytest.raises(ValueError, match="'vocab.json' leads outside"):
+        CLIPTokenizer.from_pretrained(tmp_path)

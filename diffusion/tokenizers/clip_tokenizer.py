@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from layers.files import JSON_LIMIT, inside, read_bounded, read_json
 from tensorcore.atomic import write_atomic
 
 from .clip_bpe import BytePairEncoder, normalize, words
@@ -30,6 +31,7 @@ from .special_tokens import special_tokens
 VOCAB_NAME, MERGES_NAME, TOKENIZER_NAME = "vocab.json", "merges.txt", "tokenizer.json"
 CONFIG_NAME, SPECIAL_MAP_NAME = "tokenizer_config.json", "special_tokens_map.json"
 PADDING = {False: None, "do_not_pad": None, True: "longest", "longest": "longest", "max_length": "max_length"}
+OWNER = "CLIPTokenizer.from_pretrained"
 TRUNCATION = {None: None, False: False, "do_not_truncate": False, True: True, "longest_first": True, "only_first": True}
 
 
@@ -97,11 +99,11 @@ class CLIPTokenizer:
         else:
             vocab, merges, added = _read_json(folder / VOCAB_NAME), _read_merges(folder / MERGES_NAME), None
         if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
-            raise ValueError(f"CLIPTokenizer.from_pretrained: the vocabulary in {str(folder)!r} must map tokens to int ids")
+            raise ValueError(f"{OWNER}: the vocabulary in {str(folder)!r} must map tokens to int ids")
         config = _read_json(folder / CONFIG_NAME) if (folder / CONFIG_NAME).exists() else {}
         special_map = _read_json(folder / SPECIAL_MAP_NAME) if (folder / SPECIAL_MAP_NAME).exists() else {}
         if not isinstance(config, dict) or not isinstance(special_map, dict):
-            raise ValueError(f"CLIPTokenizer.from_pretrained: {CONFIG_NAME} and {SPECIAL_MAP_NAME} must hold JSON objects")
+            raise ValueError(f"{OWNER}: {CONFIG_NAME} and {SPECIAL_MAP_NAME} must hold JSON objects")
         return cls(vocab, merges, config, special_map, added)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
@@ -208,27 +210,28 @@ def _split(text: str, matcher: re.Pattern[str] | None) -> Iterator[tuple[str, bo
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"CLIPTokenizer.from_pretrained: no {path.name} in {str(path.parent)!r}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} is not valid JSON ({exc})") from exc
+    """The JSON value in ``path``, read only as a regular file inside its folder, within ``layers.files``' caps."""
+    if not (path.exists() or path.is_symlink()):
+        raise FileNotFoundError(f"{OWNER}: no {path.name} in {str(path.parent)!r}")
+    return read_json(inside(path.parent, path.name, OWNER), OWNER)
 
 
 def _read_merges(path: Path) -> list[tuple[str, str]]:
     """The merge pairs of a merges.txt, its ``#version`` line and blank lines skipped."""
+    if not (path.exists() or path.is_symlink()):
+        raise FileNotFoundError(f"{OWNER}: no {path.name} in {str(path.parent)!r}")
+    data = read_bounded(inside(path.parent, path.name, OWNER), OWNER, JSON_LIMIT)
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"CLIPTokenizer.from_pretrained: no {path.name} in {str(path.parent)!r}") from None
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{OWNER}: {str(path)!r} is not UTF-8 text ({exc})") from exc
     merges = []
     for number, line in enumerate(lines, 1):
         if not line.strip() or (number == 1 and line.startswith("#version")):
             continue
         pair = line.split()
         if len(pair) != 2:
-            raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} line {number} is not a merge pair: {line!r}")
+            raise ValueError(f"{OWNER}: {str(path)!r} line {number} is not a merge pair: {line!r}")
         merges.append((pair[0], pair[1]))
     return merges
 
@@ -238,16 +241,16 @@ def _read_tokenizer_json(path: Path) -> tuple[Any, list[tuple[str, str]], dict[s
     data = _read_json(path)
     model = data.get("model") if isinstance(data, dict) else None
     if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("end_of_word_suffix") != "</w>":
-        raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} does not hold a BPE model with '</w>' word ends")
+        raise ValueError(f"{OWNER}: {str(path)!r} does not hold a BPE model with '</w>' word ends")
     merges = []
     for merge in model.get("merges") or []:
         pair = merge.split() if isinstance(merge, str) else merge
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
-            raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} holds a merge that is not a pair: {merge!r}")
+            raise ValueError(f"{OWNER}: {str(path)!r} holds a merge that is not a pair: {merge!r}")
         merges.append((pair[0], pair[1]))
     added = {}
     for token in data.get("added_tokens") or []:
         if not isinstance(token, dict) or not isinstance(token.get("id"), int):
-            raise ValueError(f"CLIPTokenizer.from_pretrained: {str(path)!r} holds an added token without an id: {token!r}")
+            raise ValueError(f"{OWNER}: {str(path)!r} holds an added token without an id: {token!r}")
         added[str(token["id"])] = {k: v for k, v in token.items() if k != "id"}
     return model.get("vocab"), merges, added
