@@ -79,7 +79,7 @@ class Tile:
 # forward / input gradient: rows are output pixels, columns output channels.  Eight
 # warps of 32 x 64 or 64 x 32 where registers allow (two warps per scheduler hide the
 # barrier and fragment loads); efficiencies fitted to a sweep of every tile and split
-# over the reference UNet's convolutions (docs/benchmarks.md).
+# over the reference UNet's convolutions (docs/benchmarks.md#convolution-tile-plans).
 _FPROP_TILES = {
     PREC_TF32: (Tile(256, 128, 32, 4, 2, 3, 1, 1.0), Tile(128, 128, 32, 4, 2, 4, 1, 0.8),
                 Tile(128, 128, 16, 2, 2, 4, 2, 0.7), Tile(128, 32, 32, 4, 1, 4, 2, 0.3)),

@@ -53,7 +53,7 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     * DIRECT, a loop without BLAS, for short contractions (forward and weight gradient);
     * IM2COL, parallel im2col / col2im and a BLAS GEMM per group, otherwise.
 
-    The thresholds come from measurements recorded in docs/benchmarks.md."""
+    The thresholds come from the measurements in docs/benchmarks.md#cpu-convolution-algorithms."""
     per_group = w_shape[0] // groups
     if per_group == 1 or (per_group <= FEW_OUT_MAX and tuple(stride) == (1, 1)
                           and w_shape[2] * w_shape[3] > 1):

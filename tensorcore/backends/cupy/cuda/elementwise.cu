@@ -9,7 +9,7 @@
 // in common.cuh); the tail past the last whole pack is done element by element.  One
 // pack per step with 8 blocks of 256 per SM (full occupancy) keeps about 4 MB in flight,
 // which covers the memory latency; loading several packs before using any costs
-// registers and resident warps instead (docs/benchmarks.md).
+// registers and resident warps instead (docs/benchmarks.md#elementwise-launch-shape).
 #include "common.cuh"
 
 // Unary op codes, shared with cupy.elementwise.UNARY_OPS.
