@@ -185,7 +185,10 @@ class UpBlock2D(_AttentionStack):
             h = self._attend(i, resnet(h, temb), context)
         if self.upsamplers is not None:
             sampler = self.upsamplers[0]
-            h = sampler(h, temb) if self.upsample_type == "resnet" else sampler(h)
+            if self.upsample_type == "resnet":
+                h = sampler(h, temb)
+            else:  # to the next skip's size, which odd sizes on the way down make less than double
+                h = sampler(h, tuple(skips[-1].shape[2:]) if skips else None)
         return h
 
 

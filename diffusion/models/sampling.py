@@ -39,7 +39,8 @@ class Downsample2D(Module):
 
 
 class Upsample2D(Module):
-    """Doubles H and W by nearest-neighbour repetition, then a 3x3 conv (``conv``) when ``use_conv``."""
+    """Doubles H and W by nearest-neighbour repetition (or resizes to ``output_size``), then a 3x3
+    conv (``conv``) when ``use_conv``."""
 
     def __init__(self, channels: int, use_conv: bool = True, out_channels: int | None = None) -> None:
         super().__init__()
@@ -48,7 +49,10 @@ class Upsample2D(Module):
             raise ValueError(f"Upsample2D: without a conv the channels stay, got {channels} -> {self.out_channels}")
         self.conv = Conv2d(channels, self.out_channels, 3, padding=1) if use_conv else None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, output_size: tuple[int, int] | None = None) -> Tensor:
         _check_channels("Upsample2D", x, self.channels)
-        x = F.interpolate(x, scale_factor=2, mode="nearest")
+        if output_size is None:
+            x = F.interpolate(x, scale_factor=2, mode="nearest")
+        else:
+            x = F.interpolate(x, size=output_size, mode="nearest")
         return x if self.conv is None else self.conv(x)

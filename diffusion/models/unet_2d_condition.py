@@ -29,7 +29,8 @@ from .unet_2d_condition_config import (CONFIG_BOUNDS, DOWN_BLOCK_TYPES, OWNER, U
 class UNet2DConditionModel(PretrainedModel):
     """``unet(sample, timestep, encoder_hidden_states, ...)`` -> the prediction, shaped like ``sample``.
 
-    ``sample`` is [B, in_channels, H, W] with H and W multiples of 2^(levels - 1);
+    ``sample`` is [B, in_channels, H, W] (any H and W: where halving leaves an odd size,
+    the up path resizes to the skip's size, as diffusers' ``upsample_size`` does);
     ``timestep`` a number, a 0-d tensor or one value per batch element;
     ``encoder_hidden_states`` [B, L, cross_attention_dim] (the text encoder's states).
     ``num_attention_heads`` left None reads ``attention_head_dim`` as the head count, as
@@ -176,12 +177,9 @@ class UNet2DConditionModel(PretrainedModel):
     def _check_inputs(self, sample: Tensor, context: Tensor, timestep_cond: Tensor | None,
                       cross_attention_kwargs: Mapping[str, Any] | None) -> None:
         config = self.config
-        factor = 2 ** (self.levels - 1)
         if not isinstance(sample, Tensor) or sample.ndim != 4 or sample.shape[1] != config.in_channels:
             got = sample.shape if isinstance(sample, Tensor) else type(sample).__name__
             raise ValueError(f"{OWNER}: sample must be [B, {config.in_channels}, H, W], got {got}")
-        if sample.shape[2] % factor or sample.shape[3] % factor:
-            raise ValueError(f"{OWNER}: sample height and width must be multiples of {factor}, got {sample.shape[2:]}")
         if not isinstance(context, Tensor) or context.ndim != 3 or context.shape[0] != sample.shape[0] \
                 or any(context.shape[2] != d for d in self.context_dims):
             got = context.shape if isinstance(context, Tensor) else type(context).__name__
