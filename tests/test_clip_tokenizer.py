@@ -65,14 +65,12 @@ def write_clip_folder(folder: Path, pad_token: str, normalized: bool = True) -> 
 
 
 @pytest.fixture(scope="module", params=["sd1", "sd2", "raw"])
-def folders(request, tmp_path_factory) -> tuple[Path, Path]:
-    """(folder, folder transformers re-saved): SD-1.x's (pad ``<|endoftext|>``), SD-2.x's (pad ``!``),
+def pair(request, tmp_path_factory) -> tuple[CLIPTokenizer, object, Path]:
+    """(ours, transformers', folder) on SD-1.x's folder (pad ``<|endoftext|>``), SD-2.x's (pad ``!``),
     and one whose special tokens all match the raw text only."""
     pad, normalized = {"sd1": ("<|endoftext|>", True), "sd2": ("!", True), "raw": ("<|endoftext|>", False)}[request.param]
-    root = tmp_path_factory.mktemp(request.param)
-    folder = write_clip_folder(root / "original", pad, normalized)
-    transformers.CLIPTokenizer.from_pretrained(folder).save_pretrained(root / "resaved")
-    return folder, root / "resaved"
+    folder = write_clip_folder(tmp_path_factory.mktemp(request.param), pad, normalized)
+    return CLIPTokenizer.from_pretrained(folder), transformers.CLIPTokenizer.from_pretrained(folder), folder
 
 
 def assert_same(ours: CLIPTokenizer, theirs, texts, **kwargs) -> None:
@@ -81,27 +79,36 @@ def assert_same(ours: CLIPTokenizer, theirs, texts, **kwargs) -> None:
     assert got.attention_mask == want["attention_mask"], (texts, kwargs)
 
 
-def test_prompts_match_transformers(folders) -> None:
-    for folder in folders:
-        ours, theirs = CLIPTokenizer.from_pretrained(folder), transformers.CLIPTokenizer.from_pretrained(folder)
-        assert (ours.pad_token_id, ours.model_max_length) == (theirs.pad_token_id, theirs.model_max_length)
-        for prompt in PROMPTS:
-            assert_same(ours, theirs, prompt)
+def test_prompts_match_transformers(pair) -> None:
+    ours, theirs, _ = pair
+    assert (ours.pad_token_id, ours.model_max_length) == (theirs.pad_token_id, theirs.model_max_length)
+    for prompt in PROMPTS:
+        assert_same(ours, theirs, prompt)
 
 
-@pytest.mark.parametrize("kwargs", [dict(padding="max_length", max_length=77, truncation=True), dict(padding=True),
-                                    dict(padding="max_length", max_length=40), dict(max_length=10),
-                                    dict(truncation=True), dict(padding="max_length", truncation=True),
-                                    dict(padding="longest", truncation=True, max_length=16)])
-def test_padding_and_truncation_match_transformers(folders, kwargs) -> None:
-    folder = folders[0]
-    ours, theirs = CLIPTokenizer.from_pretrained(folder), transformers.CLIPTokenizer.from_pretrained(folder)
-    assert_same(ours, theirs, PROMPTS, **kwargs)
-    assert_same(ours, theirs, PROMPTS[-2], **kwargs)
+def test_padding_and_truncation_match_transformers(pair) -> None:
+    ours, theirs, _ = pair
+    for kwargs in (dict(padding="max_length", max_length=77, truncation=True), dict(padding=True),
+                   dict(padding="max_length", max_length=40), dict(max_length=10), dict(truncation=True),
+                   dict(padding="max_length", truncation=True), dict(padding="longest", truncation=True, max_length=16)):
+        assert_same(ours, theirs, PROMPTS, **kwargs)
+        assert_same(ours, theirs, PROMPTS[-2], **kwargs)
 
 
-def test_arrays_and_encoding_access(folders) -> None:
-    ours = CLIPTokenizer.from_pretrained(folders[0])
+def test_folders_saved_by_either_side_read_alike(pair, tmp_path) -> None:
+    """transformers 5 saves tokenizer.json (no vocab.json, merges.txt); ours saves the four files."""
+    ours, theirs, _ = pair
+    theirs.save_pretrained(tmp_path / "theirs")
+    assert_same(CLIPTokenizer.from_pretrained(tmp_path / "theirs"), theirs, PROMPTS)
+    ours.save_pretrained(tmp_path / "ours")
+    again = CLIPTokenizer.from_pretrained(tmp_path / "ours")
+    assert_same(again, transformers.CLIPTokenizer.from_pretrained(tmp_path / "ours"), PROMPTS,
+                padding="max_length", truncation=True)
+    assert again(PROMPTS).input_ids == ours(PROMPTS).input_ids
+
+
+def test_arrays_and_encoding_access(pair) -> None:
+    ours = pair[0]
     single = ours("a photo", padding="max_length", return_tensors="np")
     assert single.input_ids.shape == (1, 77) and single.input_ids.dtype == np.int64
     assert single["attention_mask"].sum() == 4 and dict(single).keys() == {"input_ids", "attention_mask"}
@@ -111,16 +118,8 @@ def test_arrays_and_encoding_access(folders) -> None:
         ours(["a", "a photo of a cat"], return_tensors="np")
 
 
-def test_save_pretrained_reads_back_in_transformers(folders, tmp_path) -> None:
-    ours = CLIPTokenizer.from_pretrained(folders[0])
-    ours.save_pretrained(tmp_path)
-    again, theirs = CLIPTokenizer.from_pretrained(tmp_path), transformers.CLIPTokenizer.from_pretrained(tmp_path)
-    assert_same(again, theirs, PROMPTS, padding="max_length", truncation=True)
-    assert again(PROMPTS).input_ids == ours(PROMPTS).input_ids
-
-
-def test_bad_arguments_and_folders_raise(folders, tmp_path) -> None:
-    ours = CLIPTokenizer.from_pretrained(folders[0])
+def test_bad_arguments_and_folders_raise(pair, tmp_path) -> None:
+    ours, _, folder = pair
     with pytest.raises(ValueError, match="padding must be one of"):
         ours("a", padding="left")
     with pytest.raises(ValueError, match="max_length must be an int >= 2"):
@@ -136,6 +135,6 @@ def test_bad_arguments_and_folders_raise(folders, tmp_path) -> None:
     with pytest.raises(ValueError, match="line 2 is not a merge pair"):
         CLIPTokenizer.from_pretrained(tmp_path)
     (tmp_path / "vocab.json").unlink()
-    (tmp_path / "vocab.json").symlink_to(folders[0] / "vocab.json")
+    (tmp_path / "vocab.json").symlink_to(folder / "vocab.json")
     with pytest.raises(ValueError, match="'vocab.json' leads outside"):
         CLIPTokenizer.from_pretrained(tmp_path)

@@ -55,8 +55,7 @@ def outputs(model, ids: np.ndarray, mask: np.ndarray | None) -> dict[str, np.nda
             "hidden_states": np.stack([as_numpy(h) for h in out.hidden_states])}
 
 
-@pytest.mark.parametrize("act, projection, eos", [("quick_gelu", False, 97), ("gelu", True, 2),
-                                                  ("quick_gelu", True, 97), ("gelu", False, 2)])
+@pytest.mark.parametrize("act, projection, eos", [("quick_gelu", False, 97), ("gelu", True, 2)])
 def test_matches_transformers(tmp_path, backend, act, projection, eos) -> None:
     theirs = transformers_twin(tmp_path, projection, hidden_act=act, eos_token_id=eos)
     device = "cuda" if backend == "cupy" else None
