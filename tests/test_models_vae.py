@@ -119,3 +119,13 @@ def test_bad_inputs_and_configs_raise() -> None:
         AutoencoderKL(**{**SMALL_VAE, "block_out_channels": (8, 16, 16)})
     with pytest.raises(ValueError, match="moments"):
         DiagonalGaussianDistribution(tc.tensor(randn(1, 3, 2, 2)))
+
+
+def test_a_zero_scaling_factor_is_refused_when_the_vae_is_built(tmp_path) -> None:
+    with pytest.raises(ValueError, match="scaling_factor must be a non-zero number, got 0"):
+        AutoencoderKL(**SMALL_VAE, scaling_factor=0)
+    AutoencoderKL(**SMALL_VAE).save_pretrained(tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text(config.read_text().replace('"scaling_factor": 0.18215', '"scaling_factor": 0.0'))
+    with pytest.raises(ValueError, match="scaling_factor"):
+        AutoencoderKL.from_pretrained(tmp_path)

@@ -1,8 +1,10 @@
 """``python -m diffusion train | sample | train-vae | sample-latent``: diffusion on the bundled digits.
 
-Every option has a default (``--help`` on each command lists them); a bad value stops
-the command with a one-line message and exit status 2, before any work starts.  The
-backend is chosen by ``TENSORCORE_BACKEND`` (numpy, numba or cupy).
+Every option has a default (``--help`` on each command lists them); a bad value, an
+output path that cannot be written, a folder holding another run or a checkpoint that
+does not fit stops the command with a one-line message and exit status 2, before any
+work starts and before anything is created.  The backend is chosen by
+``TENSORCORE_BACKEND`` (numpy, numba or cupy).
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import (OneLineParser, digit_labels, int_list, non_negative_float, non_negative_int, positive_float,
-                   positive_int, probability)
+from .args import (OneLineParser, UsageError, digit_labels, int_list, non_negative_float, non_negative_int,
+                   positive_float, positive_int, probability)
 
 IMAGE_SIZES = (8, 16, 32)
 
@@ -103,16 +105,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one command; errors are one line on stderr (status 2 for arguments, 1 otherwise)."""
+def explicit_options(argv: list[str]) -> set[str]:
+    """The options ``argv`` gives (by their ``dest``), as opposed to those left at their defaults."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command in commands.choices.values():
+        for option in command._actions:
+            option.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv))) - {"command"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; errors are one line on stderr (status 2 for arguments and anything else
+    refused before work starts, 1 otherwise)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    args.explicit = explicit_options(argv)
     from . import commands
 
     run = {"train": commands.train, "train-vae": commands.train_vae_command,
            "sample": commands.sample, "sample-latent": lambda a: commands.sample(a, latent=True)}[args.command]
     try:
         run(args)
+    except UsageError as exc:
+        print(f"python -m diffusion {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, FloatingPointError) as exc:
         print(f"python -m diffusion {args.command}: error: {exc}", file=sys.stderr)
         return 1

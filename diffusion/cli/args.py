@@ -79,6 +79,10 @@ def digit_labels(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+class UsageError(ValueError):
+    """An option, path or input the command refuses before it starts any work (exit status 2)."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr (exit status 2)."""
 

@@ -10,7 +10,6 @@ pipeline folder) and ``samples.png`` (one row per digit).  ``train-vae`` writes
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import os
 import time
@@ -28,32 +27,24 @@ from ..pipelines.pretrained import INDEX_NAME, SCHEDULERS, read_index
 from ..schedulers import DDIMScheduler, DDPMScheduler
 from ..training import latent_scaling_factor, latest_checkpoint, load_checkpoint, train_ddpm, train_vae
 from ..training.loop import compile_enabled
+from .args import UsageError
 from .digits import NULL_CLASS_LABEL, unet_config, vae_config
+from .runs import (RUNS, check_not_another_run, check_outputs, planned_out, recorded_options, restore_options,
+                   run_folder)
 
-RUNS = "runs"
+TRAIN_OUTPUTS = {"files": ("metrics.csv", "loss.png", "samples.png"), "folders": ("checkpoints", "pipeline")}
+VAE_OUTPUTS = {"files": ("metrics.csv", "loss.png", "reconstructions.png"), "folders": ("checkpoints", "vae")}
 COMPILE_CHOICES = {"auto": "auto", "on": True, "off": False}
 SAMPLERS = {"ddim": "DDIMScheduler", "ddpm": "DDPMScheduler", "dpm": "DPMSolverMultistepScheduler",
             "euler": "EulerDiscreteScheduler"}
 
 
 # ----- folders ----------------------------------------------------------------------------
-def out_dir(requested: str | None, command: str) -> str:
-    """``requested``, or a fresh ``runs/<command>-<timestamp>`` folder."""
-    if requested is None:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        requested = base = os.path.join(RUNS, f"{command}-{stamp}")
-        suffix = 2
-        while os.path.exists(requested):
-            requested, suffix = f"{base}-{suffix}", suffix + 1
-    os.makedirs(requested, exist_ok=True)
-    return requested
-
-
 def newest_run() -> str:
     """The most recent ``runs/train-*`` folder (the default ``--checkpoint``)."""
     runs = [p for p in glob.glob(os.path.join(RUNS, "train-*")) if os.path.isdir(p) and "train-vae" not in p]
     if not runs:
-        raise FileNotFoundError(f"no --checkpoint given and no {RUNS}/train-* run found; "
+        raise UsageError(f"no --checkpoint given and no {RUNS}/train-* run found; "
                                 f"run `python -m diffusion train` first")
     return max(runs, key=os.path.getmtime)
 
@@ -108,43 +99,69 @@ def load_pipeline(source: str, latent: bool) -> DiffusionPipeline:
                 return cls.from_pretrained(folder)
         found = latest_checkpoint(os.path.join(source, "checkpoints"))
         if found is None:
-            raise FileNotFoundError(f"--checkpoint {source!r} holds no pipeline/ and no checkpoints/")
+            raise UsageError(f"--checkpoint {source!r} holds no pipeline/ and no checkpoints/")
         source = found
     if not os.path.isfile(source):
-        raise FileNotFoundError(f"--checkpoint {source!r} does not exist")
+        raise UsageError(f"--checkpoint {source!r} does not exist")
     return _pipeline_from_checkpoint(source, cls)
 
 
 def _pipeline_from_checkpoint(path: str, cls: type[DiffusionPipeline]) -> DiffusionPipeline:
-    checkpoint = load_checkpoint(path)
+    try:
+        checkpoint = load_checkpoint(path)
+    except ValueError as exc:
+        raise UsageError(f"--checkpoint {path!r}: {exc}") from None
     config = checkpoint.config
     if config.get("kind") != "ddpm":
-        raise ValueError(f"--checkpoint {path!r} is a {config.get('kind')!r} checkpoint, not a diffusion model's")
-    unet = UNet2D.from_config(config["unet"])
-    with tc.no_grad():
-        for parameter, average in zip(unet.parameters(), checkpoint.ema):
-            parameter.copy_(tc.tensor(average, device=parameter.device))
-    unet.eval()
-    scheduler = DDIMScheduler.from_config(config["scheduler"])
+        raise UsageError(f"--checkpoint {path!r} is a {config.get('kind')!r} checkpoint, not a diffusion model's")
     vae_path = config.get("vae")
     _check_kind(path, vae_path is not None, cls is LatentDiffusionPipeline)
+    unet = UNet2D.from_config(config["unet"])
+    _load_averaged_weights(unet, checkpoint.model, checkpoint.ema, path)
+    unet.eval()
+    scheduler = DDIMScheduler.from_config(config["scheduler"])
     if vae_path is not None:
         return cls(AutoencoderKL.from_pretrained(vae_path), unet, scheduler, config.get("null_class_label"))
     return cls(unet, scheduler, config.get("null_class_label"))
 
 
+def _load_averaged_weights(unet: UNet2D, model: dict[str, np.ndarray], ema: list[np.ndarray], path: str) -> None:
+    """The checkpoint's weights into ``unet``, its parameters then replaced by their averages;
+    refused unless both cover every weight of the model with its shape."""
+    names = [name for name, _ in unet.named_parameters()]
+    missing = [name for name in unet.state_dict() if name not in model]
+    missing += [f"ema.{i} ({names[i]})" for i in range(len(ema), len(names))]
+    if missing:
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise UsageError(f"--checkpoint {path!r} does not cover the model: {len(missing)} weights missing ({shown})")
+    shapes = dict(unet.named_parameters())
+    wrong = [f"{name} is {tuple(model[name].shape)}" for name, p in unet.state_dict().items()
+             if tuple(model[name].shape) != tuple(p.shape)]
+    wrong += [f"ema.{i} ({name}) is {tuple(a.shape)}" for i, (name, a) in enumerate(zip(names, ema))
+              if tuple(a.shape) != tuple(shapes[name].shape)]
+    if wrong or len(ema) != len(names):
+        detail = ", ".join(wrong[:3]) if wrong else f"{len(ema)} averaged weights for {len(names)} parameters"
+        raise UsageError(f"--checkpoint {path!r} does not fit the model it describes: {detail}")
+    unet.load_state_dict(model)
+    with tc.no_grad():
+        for parameter, average in zip(unet.parameters(), ema):
+            parameter.copy_(tc.tensor(average, device=parameter.device))
+
+
 def _check_kind(source: str, has_vae: bool, latent: bool) -> None:
     if has_vae and not latent:
-        raise ValueError(f"--checkpoint {source!r} is a latent diffusion model: use `python -m diffusion sample-latent`")
+        raise UsageError(f"--checkpoint {source!r} is a latent diffusion model: use `python -m diffusion sample-latent`")
     if latent and not has_vae:
-        raise ValueError(f"--checkpoint {source!r} is a pixel-space model: use `python -m diffusion sample`")
+        raise UsageError(f"--checkpoint {source!r} is a pixel-space model: use `python -m diffusion sample`")
 
 
 def sample(args: argparse.Namespace, latent: bool = False) -> None:
     """``sample`` / ``sample-latent``: a grid from a trained model."""
+    out = planned_out(args.out, "sample-latent" if latent else "sample")
+    check_outputs(out, files=("samples.png",))
     source = args.checkpoint or newest_run()
     pipeline = with_sampler(load_pipeline(source, latent), args.sampler)
-    out = out_dir(args.out, "sample-latent" if latent else "sample")
+    os.makedirs(out, exist_ok=True)
     start = time.perf_counter()
     grid = sample_grid(pipeline, args, os.path.join(out, "samples.png"))
     print(f"sampled {len(args.digits) * args.per_class} images from {source} in "
@@ -166,36 +183,62 @@ def _engine(model: Any, args: argparse.Namespace) -> str:
     return f"backend {tc.get_backend().name}, {'compiled' if compiled else 'eager'} train step"
 
 
-def _resumed_config(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The run description stored in the checkpoint ``--resume`` points at (None without)."""
+def _resumed_config(args: argparse.Namespace, kind: str) -> dict[str, Any] | None:
+    """The run description stored in the checkpoint ``--resume`` points at (None without), its
+    command-line options restored into ``args``."""
     if args.resume is None:
         return None
     path = args.resume
     if os.path.isdir(path):
         path = latest_checkpoint(path) or latest_checkpoint(os.path.join(path, "checkpoints"))
         if path is None:
-            raise FileNotFoundError(f"--resume {args.resume!r} holds no checkpoint")
-    return load_checkpoint(path).config
+            raise UsageError(f"--resume {args.resume!r} holds no checkpoint")
+    elif not os.path.isfile(path):
+        raise UsageError(f"--resume {args.resume!r} does not exist")
+    try:
+        config = load_checkpoint(path).config
+    except ValueError as exc:
+        raise UsageError(f"--resume {args.resume!r}: {exc}") from None
+    if config.get("kind") != kind:
+        raise UsageError(f"--resume {args.resume!r} is a {config.get('kind')!r} run, not a {kind!r} one")
+    restore_options(args, config.get("cli"), args.resume)
+    return config
 
 
-def _resume_out(args: argparse.Namespace) -> str | None:
-    """Without ``--out``, a resumed run continues in the run folder it resumes."""
-    if args.out is not None or args.resume is None:
-        return args.out
-    folder = args.resume if os.path.isdir(args.resume) else os.path.dirname(os.path.abspath(args.resume))
-    return os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else folder
+def _checked_out(args: argparse.Namespace, command: str, outputs: dict[str, tuple[str, ...]]) -> str:
+    """The run's folder (not created yet), checked: without ``--out`` a resumed run continues
+    in the folder it resumes, a fresh one gets ``runs/<command>-<timestamp>``."""
+    requested = run_folder(args.resume) if args.out is None and args.resume is not None else args.out
+    out = planned_out(requested, command)
+    check_outputs(out, **outputs)
+    check_not_another_run(out, args.resume)
+    return out
+
+
+def _check_batch_size(args: argparse.Namespace, images: np.ndarray) -> None:
+    if args.batch_size > len(images):
+        raise UsageError(f"argument --batch-size: {args.batch_size} exceeds the {len(images)} training images")
+
+
+def _load_vae(path: str) -> AutoencoderKL:
+    try:
+        return AutoencoderKL.from_pretrained(path)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--vae {path!r}: {exc}") from None
 
 
 def train(args: argparse.Namespace) -> None:
     """``train``: a class-conditional diffusion model on the digits (in a VAE's latent space with --vae)."""
-    resumed = _resumed_config(args)
-    vae_path = resumed.get("vae") if resumed else (os.path.abspath(args.vae) if args.vae else None)
-    vae = AutoencoderKL.from_pretrained(vae_path) if vae_path else None
+    args.vae = os.path.abspath(args.vae) if args.vae else None
+    resumed = _resumed_config(args, "ddpm")
+    out = _checked_out(args, "train", TRAIN_OUTPUTS)
+    vae = _load_vae(args.vae) if args.vae else None
     image_size = resumed.get("image_size", args.image_size) if resumed else args.image_size
     if vae is not None:
         size = vae.config["sample_size"]
         image_size = int(size if isinstance(size, int) else size[0])
     images, labels = digit_images(image_size)
+    _check_batch_size(args, images)
     if vae is not None:
         images = encode_latents(vae, images)
     if resumed:
@@ -206,13 +249,14 @@ def train(args: argparse.Namespace) -> None:
         unet = UNet2D(**unet_config(images.shape[-1], args.channels, args.layers_per_block, images.shape[1]))
         scheduler = DDPMScheduler(beta_schedule=args.beta_schedule, prediction_type=args.prediction_type,
                                   clip_sample=vae is None)
-    out = out_dir(_resume_out(args), "train")
+    os.makedirs(out, exist_ok=True)
     kind = "latent diffusion" if vae is not None else "diffusion"
     print(f"training a class-conditional {kind} UNet ({sum(p.numel() for p in unet.parameters()):,} parameters) "
           f"on {len(images)} digits at {image_size}x{image_size}, {_engine(unet, args)}; output in {out}")
     start = time.perf_counter()
     result = train_ddpm(unet, scheduler, (images, labels), label_dropout=args.label_dropout,
-                        null_class_label=NULL_CLASS_LABEL, run_info={"vae": vae_path, "image_size": image_size},
+                        null_class_label=NULL_CLASS_LABEL,
+                        run_info={"vae": args.vae, "image_size": image_size, "cli": recorded_options(args)},
                         **_training_options(args, out))
     result.ema.copy_to(unet.parameters())
     unet.eval()
@@ -230,7 +274,7 @@ def check_levels(size: int, channels: tuple[int, ...], what: str) -> None:
     """Each level halves the side: ``size`` must divide by 2^(levels - 1)."""
     factor = 2 ** (len(channels) - 1)
     if size % factor:
-        raise ValueError(f"--channels {','.join(map(str, channels))} has {len(channels)} levels, which need a "
+        raise UsageError(f"--channels {','.join(map(str, channels))} has {len(channels)} levels, which need a "
                          f"side divisible by {factor}; {what} are {size}x{size}")
 
 
@@ -247,18 +291,21 @@ def encode_latents(vae: AutoencoderKL, images: np.ndarray, batch_size: int = 256
 
 def train_vae_command(args: argparse.Namespace) -> None:
     """``train-vae``: an AutoencoderKL on the digits, for ``train --vae``."""
-    resumed = _resumed_config(args)
+    resumed = _resumed_config(args, "vae")
+    out = _checked_out(args, "train-vae", VAE_OUTPUTS)
     image_size = resumed.get("image_size", args.image_size) if resumed else args.image_size
     images, labels = digit_images(image_size)
+    _check_batch_size(args, images)
     if not resumed:
         check_levels(image_size, args.channels, "the digits")
     config = resumed["vae"] if resumed else vae_config(image_size, args.channels, args.latent_channels)
     vae = AutoencoderKL.from_config(config)
-    out = out_dir(_resume_out(args), "train-vae")
+    os.makedirs(out, exist_ok=True)
     print(f"training an AutoencoderKL ({sum(p.numel() for p in vae.parameters()):,} parameters) on "
           f"{len(images)} digits at {image_size}x{image_size}, {_engine(vae, args)}; output in {out}")
     start = time.perf_counter()
-    result = train_vae(vae, images, kl_weight=args.kl_weight, run_info={"image_size": image_size},
+    result = train_vae(vae, images, kl_weight=args.kl_weight,
+                       run_info={"image_size": image_size, "cli": recorded_options(args)},
                        **_training_options(args, out))
     result.ema.copy_to(vae.parameters())
     vae.eval()

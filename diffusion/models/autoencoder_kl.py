@@ -58,6 +58,8 @@ class AutoencoderKL(PretrainedModel):
                 or len(up_block_types) != len(block_out_channels):
             raise ValueError(f"AutoencoderKL: block_out_channels ({len(block_out_channels)}), down_block_types "
                              f"({len(down_block_types)}) and up_block_types ({len(up_block_types)}) must have the same positive length")
+        if not scaling_factor:  # pipelines divide the latents by it: refuse before sampling, not after
+            raise ValueError(f"AutoencoderKL: scaling_factor must be a non-zero number, got {scaling_factor!r}")
         act_fn = check_activation(act_fn, "AutoencoderKL")
         self.encoder = Encoder(in_channels, latent_channels, down_block_types, block_out_channels, layers_per_block,
                                norm_num_groups, act_fn, double_z=True, mid_block_add_attention=mid_block_add_attention)

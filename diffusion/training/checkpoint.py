@@ -103,7 +103,12 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         if name.startswith("optimizer."):
             _, index, role = name.split(".", 2)
             state[int(index)][role] = array
-    ema = [arrays[f"ema.{i}"] for i in range(sum(n.startswith("ema.") for n in arrays))]
+    count = sum(n.startswith("ema.") for n in arrays)
+    missing = [f"ema.{i}" for i in range(count) if f"ema.{i}" not in arrays]
+    if missing:
+        raise ValueError(f"load_checkpoint: {path!r} lacks {len(missing)} of its averaged weights "
+                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    ema = [arrays[f"ema.{i}"] for i in range(count)]
     data = json.loads(metadata["data"])
     data["order"] = arrays["data.order"]
     return Checkpoint(step=int(metadata["step"]),
