@@ -74,15 +74,15 @@ def read_json(path: str | os.PathLike, what: str, limit: int = JSON_LIMIT) -> An
 
 
 def _depth(value: Any) -> int:
-    """How deep lists and objects nest in ``value`` (walked without recursion)."""
-    deepest, level = 0, [value]
-    while level:
+    """How deep lists and objects nest in ``value`` (walked without recursion, stopping past ``JSON_DEPTH``)."""
+    depth, level = 0, [value]
+    while depth <= JSON_DEPTH:
         level = [v for item in level if isinstance(item, list | dict)
                  for v in (item.values() if isinstance(item, dict) else item)]
-        deepest += 1
-        if deepest > JSON_DEPTH:
-            break
-    return deepest - 1
+        if not level:
+            return depth
+        depth += 1
+    return depth
 
 
 def inside(root: str | os.PathLike, relative: Any, what: str) -> str:
