@@ -69,12 +69,18 @@ def inputs(config: dict, batch: int = 2, seed: int = 1) -> dict[str, np.ndarray]
     if config.get("class_embed_type") in ("projection", "simple_projection"):
         values["class_labels"] = randn(batch, config["projection_class_embeddings_input_dim"], seed=seed + 5)
     elif config.get("class_embed_type") == "identity":
-        values["class_labels"] = randn(batch, 4 * config["block_out_channels"][0], seed=seed + 5)
+        values["class_labels"] = randn(batch, time_embed_dim(config), seed=seed + 5)
     elif config.get("class_embed_type") == "timestep":
         values["class_labels"] = np.array([3, 40][:batch], dtype=np.int64)
     elif config.get("num_class_embeds"):
         values["class_labels"] = np.arange(batch, dtype=np.int64) % config["num_class_embeds"]
     return values
+
+
+def time_embed_dim(config: dict) -> int:
+    """The width of the timestep embedding diffusers gives the config."""
+    factor = 2 if config.get("time_embedding_type") == "fourier" else 4
+    return config.get("time_embedding_dim") or factor * config["block_out_channels"][0]
 
 
 def call(model, values: dict[str, np.ndarray], make) -> np.ndarray:
@@ -167,7 +173,9 @@ def configs(draw) -> dict:
         mid_block_type=draw(st.sampled_from(["UNetMidBlock2DCrossAttn", "UNetMidBlock2D", None])),
         mid_block_scale_factor=draw(st.sampled_from([1.0, 0.5])),
         time_embedding_act_fn=draw(st.sampled_from([None, "silu"])),
-        time_cond_proj_dim=draw(st.sampled_from([None, 5])), act_fn=draw(st.sampled_from(["silu", "gelu"])))
+        time_cond_proj_dim=draw(st.sampled_from([None, 5])), act_fn=draw(st.sampled_from(["silu", "gelu"])),
+        time_embedding_type=draw(st.sampled_from(["positional", "fourier"])),
+        time_embedding_dim=draw(st.sampled_from([None, 24])), timestep_post_act=draw(st.sampled_from([None, "silu"])))
     if not any(t.startswith("CrossAttn") for t in down + up) and config["mid_block_type"] != "UNetMidBlock2DCrossAttn":
         config["mid_block_type"] = "UNetMidBlock2DCrossAttn"
     embedding = draw(st.sampled_from(["none", "labels", "timestep", "identity", "projection", "simple_projection",
