@@ -16,7 +16,8 @@ from .ddpm import DDPMScheduler
 from .dpm_solver import DPMSolverMultistepScheduler
 from .euler import EulerDiscreteScheduler
 from .output import SchedulerOutput
+from .pndm import PNDMScheduler
 from .run import SchedulerRun
 
 __all__ = ["Config", "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerDiscreteScheduler",
-           "SchedulerBase", "SchedulerOutput", "SchedulerRun"]
+           "PNDMScheduler", "SchedulerBase", "SchedulerOutput", "SchedulerRun"]

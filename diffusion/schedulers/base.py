@@ -44,7 +44,7 @@ class SchedulerBase(ConfigMixin, abc.ABC):
         if not np.all((betas >= 0) & (betas < 1)):
             raise ValueError(f"{type(self).__name__}: beta_start={config['beta_start']} and "
                              f"beta_end={config['beta_end']} give betas outside [0, 1)")
-        if config["rescale_betas_zero_snr"]:
+        if config.get("rescale_betas_zero_snr", False):  # PNDM has no such key
             betas = rescale_zero_terminal_snr(betas)
         alphas = np.float32(1) - betas
         self._host = {"betas": betas, "alphas": alphas, "alphas_cumprod": cumprod(alphas)}

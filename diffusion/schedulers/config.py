@@ -26,7 +26,7 @@ CONFIG_NAME = "scheduler_config.json"
 # Keys of diffusers' other schedulers that share these schedulers' configs (PNDM, UniPC,
 # DEIS, Heun, ...): a config written for one of them loads here without a warning.
 _SIBLING_KEYS = frozenset({"disable_corrector", "predict_x0", "rho", "shift_terminal", "sigma_data",
-                           "sigma_schedule", "skip_prk_steps", "solver_p"})
+                           "sigma_schedule", "solver_p"})
 
 Self = TypeVar("Self", bound="ConfigMixin")
 

@@ -1,0 +1,167 @@
+"""Pseudo numerical methods (Liu et al. 2022, "Pseudo Numerical Methods for Diffusion Models
+on Manifolds"), as diffusers' ``PNDMScheduler``: PLMS, after a Runge-Kutta warm-up (PRK)
+unless ``skip_prk_steps``.
+
+Every step is PNDM's transfer x_prev = A x_base - B ε̂ (the paper's eq. 9) with ε̂ a fixed
+combination of model outputs.  Where the base is an earlier step's sample (the Runge-Kutta
+stages, and PLMS's second step), it is recovered from this step's input and the previous
+model output, so each step is one linear combination of the sample and the model outputs:
+x_prev = s x + Σ w_j ε_j, with s and w in the run's step table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import tensorcore as tc
+
+from .base import SchedulerBase, check_pair
+from .config import register_to_config
+from .output import SchedulerOutput
+from .prediction import like
+from .run import SchedulerRun, StepArgs
+from .spacing import SPACINGS, spaced_timesteps
+
+PLMS_WEIGHTS = {1: (1.0,), 2: (3 / 2, -1 / 2), 3: (23 / 12, -16 / 12, 5 / 12),
+                4: (55 / 24, -59 / 24, 37 / 24, -9 / 24)}  # Adams-Bashforth, newest output first
+RK_WEIGHTS = (1 / 6, 1 / 3, 1 / 3, 1 / 6)
+PRK_STEPS = 12  # three Runge-Kutta steps of four model calls
+
+
+class PNDMScheduler(SchedulerBase):
+    """PLMS (4th-order linear multistep on PNDM's transfer), Stable Diffusion 1.x's default.
+
+    Config keys, defaults and results are diffusers'.  With ``skip_prk_steps=False`` the
+    first three steps are Runge-Kutta steps of four model calls each (12 timesteps, needing
+    ``num_inference_steps`` >= 4); with ``skip_prk_steps=True`` the second timestep repeats
+    and its step averages two model outputs, as in diffusers.  Runs keep the model outputs
+    later steps read, so ``step_update``'s second result is the model output (PNDM predicts
+    no x̂₀ and its step results carry only ``prev_sample``).
+
+    ``step(model_output, timestep, sample, return_dict=True)``.
+    """
+
+    solver_history = True
+    _choices = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2"),
+                "prediction_type": ("epsilon", "v_prediction"), "timestep_spacing": SPACINGS}
+
+    @register_to_config
+    def __init__(self, num_train_timesteps: int = 1000, beta_start: float = 0.0001, beta_end: float = 0.02,
+                 beta_schedule: str = "linear", trained_betas: list[float] | None = None,
+                 skip_prk_steps: bool = False, set_alpha_to_one: bool = False, prediction_type: str = "epsilon",
+                 timestep_spacing: str = "leading", steps_offset: int = 0) -> None:
+        super().__init__()
+        final = np.float32(1.0) if set_alpha_to_one else self._host["alphas_cumprod"][0]
+        self._host["final_alpha_cumprod"] = np.asarray(final, dtype=np.float32)
+
+    @property
+    def final_alpha_cumprod(self) -> tc.Tensor:
+        return tc.tensor(self._host["final_alpha_cumprod"])
+
+    # ----- schedule --------------------------------------------------------------------------
+    def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None) -> tuple[np.ndarray, dict]:
+        c, n = self._config, num_inference_steps
+        if timesteps is not None:
+            raise ValueError("PNDMScheduler.start: custom timesteps are not supported (its steps follow "
+                             "num_inference_steps); pass num_inference_steps")
+        if not c["skip_prk_steps"] and n < 4:
+            raise ValueError(f"PNDMScheduler.start: skip_prk_steps=False needs num_inference_steps >= 4 "
+                             f"(four Runge-Kutta timesteps), got {n}")
+        T = c["num_train_timesteps"]
+        ascending = spaced_timesteps(c["timestep_spacing"], T, n, c["steps_offset"])[::-1]
+        if c["skip_prk_steps"]:  # the second timestep twice
+            schedule = np.concatenate([ascending[:-1], ascending[-2:-1], ascending[-1:]])[::-1]
+        else:  # each of the last four timesteps, its half step and the next, then PLMS below them
+            halves = ascending[-4:].repeat(2) + np.tile([0, T // n // 2], 4)
+            prk = halves[:-1].repeat(2)[1:-1][::-1]
+            schedule = np.concatenate([prk, ascending[:-3][::-1]])
+        schedule = schedule.astype(np.int64)
+        coefficients, used = self._plan(schedule, n)
+        return schedule, {"coefficients": coefficients, "history_used": used}
+
+    def _step_table(self, schedule: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
+        """Per step: s, the current model output's weight, then the last three kept outputs'."""
+        return tables["coefficients"]
+
+    def _transfer(self, t: int, prev: int) -> tuple[float, float]:
+        """(A, B) of x_prev = A x_t - B m for a raw model output m (v-prediction folded in)."""
+        alpha_bar = self._host["alphas_cumprod"].astype(np.float64)
+        a_t = alpha_bar[t]
+        a_prev = alpha_bar[prev] if prev >= 0 else float(self._host["final_alpha_cumprod"])
+        sample_coeff = np.sqrt(a_prev / a_t)
+        eps_coeff = (a_prev - a_t) / (a_t * np.sqrt(1 - a_prev) + np.sqrt(a_t * (1 - a_t) * a_prev))
+        if self._config["prediction_type"] == "v_prediction":  # ε̂ = sqrt(ᾱ_t) v + sqrt(1 - ᾱ_t) x_t
+            return sample_coeff - eps_coeff * np.sqrt(1 - a_t), eps_coeff * np.sqrt(a_t)
+        return sample_coeff, eps_coeff
+
+    def _plan(self, schedule: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each step's coefficients [s, w_current, w_kept[-1], w_kept[-2], w_kept[-3]] and how many
+        kept model outputs it reads (always the newest ones)."""
+        T, prk = self._config["num_train_timesteps"], self._prk_steps
+        rows, used = [], []
+        previous = (1.0, 0.0)  # the previous step's (A, B): its base is x_in's source
+        for p, t in enumerate(schedule.tolist()):
+            base_is_previous = False
+            if p < prk:  # Runge-Kutta stage r of the step from the group's first timestep
+                r, base = p % 4, int(schedule[p - p % 4])
+                A, B = self._transfer(base, t - (0 if p % 2 else T // n // 2))
+                base_is_previous = r > 0
+                # stage outputs: the group's first is kept, and stages 1, 2 while the group lasts
+                combo = {0: [1.0], 1: [1.0, 0.0], 2: [1.0, 0.0], 3: [RK_WEIGHTS[3], *RK_WEIGHTS[2::-1]]}[r]
+            elif p - prk == 1 and self._config["skip_prk_steps"]:  # x̂ from the first x and (ε0 + ε1) / 2
+                A, B = self._transfer(t + T // n, t)
+                base_is_previous, combo = True, [0.5, 0.5]
+            else:
+                order = 4 if prk else min(p, 4) if p > 1 else 1  # after PRK, three outputs are kept
+                A, B = self._transfer(t, t - T // n)
+                combo = list(PLMS_WEIGHTS[order])
+            weights = [-B * w for w in combo] + [0.0] * (4 - len(combo))
+            s = A
+            if base_is_previous:  # x_base = (x_in + B' ε_prev) / A', ε_prev the newest kept output
+                s = A / previous[0]
+                weights[1] += A * previous[1] / previous[0]
+            rows.append([s, *weights])
+            used.append(len(combo) - 1 if not base_is_previous else max(len(combo) - 1, 1))
+            previous = (A, B)
+        return np.array(rows, dtype=np.float32).reshape(-1, 5), np.array(used, dtype=np.int64)
+
+    @property
+    def _prk_steps(self) -> int:
+        return 0 if self._config["skip_prk_steps"] else PRK_STEPS
+
+    # ----- step ------------------------------------------------------------------------------
+    def _step(self, run: SchedulerRun, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
+              return_dict: bool = True) -> SchedulerOutput | tuple:
+        op = "PNDMScheduler.step"
+        check_pair(op, sample, model_output, "model_output")
+        position = run._position(timestep, op)
+        prev_sample, kept = self.step_update(self._prepare(run, position, sample), model_output, sample)
+        run.finish_step(kept)
+        out = SchedulerOutput(prev_sample)
+        return out if return_dict else out.to_tuple()
+
+    def _prepare(self, run: SchedulerRun, position: int, sample: tc.Tensor) -> StepArgs:
+        count = int(run.tables.host["history_used"][position])
+        history = tuple(run.history[len(run.history) - count:]) if count else ()
+        return StepArgs((count,), run.step_values(position, sample.device), history)
+
+    def _history_after(self, run: SchedulerRun, output: tc.Tensor) -> list[tc.Tensor]:
+        """The model outputs later steps read: during Runge-Kutta, each group's first output
+        and its stages 1 and 2 until the group ends; then the last three PLMS outputs (the
+        repeated timestep's output of ``skip_prk_steps`` is not kept, as in diffusers)."""
+        p, prk, kept = run.position, self._prk_steps, run.history + [output]
+        if p < prk:
+            return kept[:-3] if p % 4 == 3 else kept
+        if p - prk == 1 and self._config["skip_prk_steps"]:
+            return kept[:-1]
+        return kept[-3:]
+
+    def step_update(self, args: StepArgs, model_output: tc.Tensor, sample: tc.Tensor) -> tuple[tc.Tensor, tc.Tensor]:
+        """(x_prev, the model output, which the run keeps)."""
+        values = args.values
+        prev_sample = like(values[0], sample) * sample + like(values[1], sample) * model_output
+        for j, kept in enumerate(reversed(args.history)):
+            prev_sample = prev_sample + like(values[2 + j], sample) * kept
+        return prev_sample, model_output
