@@ -20,13 +20,13 @@ from layers.files import inside, read_json
 from tensorcore.atomic import write_atomic
 
 from ..models import AutoencoderKL, UNet2D
-from ..schedulers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler,
-                          PNDMScheduler)
+from ..schedulers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
+                          EulerDiscreteScheduler, PNDMScheduler)
 from .modules import unwrapped
 
 INDEX_NAME = "model_index.json"
 SCHEDULERS = {cls.__name__: cls for cls in (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
-                                             EulerDiscreteScheduler, PNDMScheduler)}
+                                             EulerAncestralDiscreteScheduler, EulerDiscreteScheduler, PNDMScheduler)}
 # The libraries a model_index.json entry may name: ours (as save_pipeline writes) and diffusers'/transformers'.
 LIBRARIES = ("diffusion", "diffusers", "transformers")
 # Part name -> the class names a folder may give it (ours and diffusers') -> the class that loads it.

@@ -15,9 +15,10 @@ from .ddim import DDIMScheduler
 from .ddpm import DDPMScheduler
 from .dpm_solver import DPMSolverMultistepScheduler
 from .euler import EulerDiscreteScheduler
+from .euler_ancestral import EulerAncestralDiscreteScheduler
 from .output import SchedulerOutput
 from .pndm import PNDMScheduler
 from .run import SchedulerRun
 
-__all__ = ["Config", "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerDiscreteScheduler",
-           "PNDMScheduler", "SchedulerBase", "SchedulerOutput", "SchedulerRun"]
+__all__ = ["Config", "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerAncestralDiscreteScheduler",
+           "EulerDiscreteScheduler", "PNDMScheduler", "SchedulerBase", "SchedulerOutput", "SchedulerRun"]

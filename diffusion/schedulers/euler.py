@@ -50,19 +50,29 @@ class EulerDiscreteScheduler(SchedulerBase):
                  timestep_type: str = "discrete", steps_offset: int = 0, rescale_betas_zero_snr: bool = False,
                  final_sigmas_type: str = "zero") -> None:
         super().__init__()
-        if rescale_betas_zero_snr:  # keep the last σ finite
+        self._make_sigmas()
+
+    def _make_sigmas(self) -> None:
+        """σ of every training timestep (the last kept finite under a zero terminal SNR)."""
+        if self._config["rescale_betas_zero_snr"]:
             self._host["alphas_cumprod"][-1] = 2.0 ** -24
         self._host["sigmas"] = train_sigmas(self._host["alphas_cumprod"])
 
     def _check_config(self, config: dict[str, Any]) -> None:
-        if config["use_karras_sigmas"] and config["use_exponential_sigmas"]:
+        if config.get("use_karras_sigmas") and config.get("use_exponential_sigmas"):
             raise ValueError("EulerDiscreteScheduler: only one of use_karras_sigmas and use_exponential_sigmas "
                              "can be True")
 
     @property
+    def _euler_config(self) -> dict[str, Any]:
+        """The config the σ schedule reads (subclasses with fewer keys fill in Euler's defaults)."""
+        return self._config
+
+    @property
     def _continuous(self) -> bool:
         """Timesteps are 0.25 log σ rather than training timesteps (EDM-style v-prediction)."""
-        return self._config["timestep_type"] == "continuous" and self._config["prediction_type"] == "v_prediction"
+        c = self._euler_config
+        return c["timestep_type"] == "continuous" and c["prediction_type"] == "v_prediction"
 
     @property
     def sigmas(self) -> tc.Tensor:
@@ -80,7 +90,7 @@ class EulerDiscreteScheduler(SchedulerBase):
 
     # ----- schedule --------------------------------------------------------------------------
     def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None) -> tuple[np.ndarray, dict]:
-        c, n, T = self._config, num_inference_steps, self._config["num_train_timesteps"]
+        c, n, T = self._euler_config, num_inference_steps, self._config["num_train_timesteps"]
         if timesteps is not None and (c["use_karras_sigmas"] or c["use_exponential_sigmas"] or self._continuous):
             raise ValueError("EulerDiscreteScheduler.start: custom timesteps cannot be combined with "
                              "use_karras_sigmas, use_exponential_sigmas or continuous v-prediction timesteps")
@@ -189,16 +199,20 @@ class EulerDiscreteScheduler(SchedulerBase):
         if gamma > 0:
             eps = draw_noise(args.noise, model_output, args.noise_dtype) * s_noise
             sample = sample + eps * (sigma_hat * sigma_hat - sigma * sigma).sqrt()
-        kind = self._config["prediction_type"]
-        if kind in ("sample", "original_sample"):
-            original = model_output
-        elif kind == "epsilon":
-            original = sample - sigma_hat * model_output
-        else:  # v_prediction
-            original = model_output * (-sigma / (sigma * sigma + 1).sqrt()) + sample / (sigma * sigma + 1)
+        original = sigma_original(self._config["prediction_type"], model_output, sample, sigma, sigma_hat)
         derivative = (sample - original) / sigma_hat
         prev_sample = (sample + derivative * (sigma_next - sigma_hat)).to(model_output.dtype)
         return prev_sample, original
+
+
+def sigma_original(kind: str, model_output: tc.Tensor, sample: tc.Tensor, sigma: tc.Tensor,
+                   sigma_hat: tc.Tensor) -> tc.Tensor:
+    """x̂₀ of a σ-space sample (x = x₀ + σ ε) at σ (raised to ``sigma_hat`` by churn, for ε)."""
+    if kind in ("sample", "original_sample"):
+        return model_output
+    if kind == "epsilon":
+        return sample - sigma_hat * model_output
+    return model_output * (-sigma / (sigma * sigma + 1).sqrt()) + sample / (sigma * sigma + 1)  # v_prediction
 
 
 def _scaled(sample: tc.Tensor, sigma: tc.Tensor) -> tc.Tensor:
