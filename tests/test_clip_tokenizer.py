@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from diffusion import CLIPTokenizer
 from diffusion.tokenizers.clip_bpe import bytes_to_unicode
@@ -84,6 +86,18 @@ def test_prompts_match_transformers(pair) -> None:
     assert (ours.pad_token_id, ours.model_max_length) == (theirs.pad_token_id, theirs.model_max_length)
     for prompt in PROMPTS:
         assert_same(ours, theirs, prompt)
+
+
+# Any text but surrogates and code points this Python's Unicode database leaves unassigned:
+# characters assigned in later Unicode versions are letters to transformers, not to unicodedata.
+TEXT = st.lists(st.one_of(st.characters(blacklist_categories=("Cs", "Cn")),
+                          st.sampled_from(["'s", "'t", "'", " ", "!", "<|endoftext|>", "A"])), max_size=40).map("".join)
+
+
+@given(text=TEXT)
+def test_drawn_texts_match_transformers(pair, text) -> None:
+    ours, theirs, _ = pair
+    assert_same(ours, theirs, text)
 
 
 def test_padding_and_truncation_match_transformers(pair) -> None:
