@@ -36,7 +36,8 @@ class _ModelOutput:
     over the fields that are set (``out[0]``), as transformers' ``ModelOutput``."""
 
     def to_tuple(self) -> tuple[Any, ...]:
-        return tuple(v for v in (getattr(self, f.name) for f in fields(self)) if v is not None)  # type: ignore[arg-type]
+        values = (getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+        return tuple(v for v in values if v is not None)
 
     def __getitem__(self, key: int | slice | str) -> Any:
         return getattr(self, key) if isinstance(key, str) else self.to_tuple()[key]
@@ -160,16 +161,15 @@ class CLIPTextPretrained(TransformersPretrained):
         return named
 
     def _encode(self, input_ids: Any, attention_mask: Any, output_hidden_states: bool) -> BaseModelOutputWithPooling:
-        device = self.text_model.final_layer_norm.weight.device
-        ids = _as_ids(input_ids, device, "input_ids", type(self).__name__)
+        owner, device = type(self).__name__, self.text_model.final_layer_norm.weight.device
+        ids = _as_ids(input_ids, device, "input_ids", owner)
         limit = self.config.max_position_embeddings
         if ids.ndim != 2 or not 1 <= ids.shape[1] <= limit:
-            raise ValueError(f"{type(self).__name__}: input_ids must be [batch, length] with 1 <= length <= "
+            raise ValueError(f"{owner}: input_ids must be [batch, length] with 1 <= length <= "
                              f"max_position_embeddings={limit}, got shape {ids.shape}")
-        mask = None if attention_mask is None else _as_ids(attention_mask, device, "attention_mask", type(self).__name__)
+        mask = None if attention_mask is None else _as_ids(attention_mask, device, "attention_mask", owner)
         if mask is not None and mask.shape != ids.shape:
-            raise ValueError(f"{type(self).__name__}: attention_mask must match input_ids' shape {ids.shape}, "
-                             f"got {mask.shape}")
+            raise ValueError(f"{owner}: attention_mask must match input_ids' shape {ids.shape}, got {mask.shape}")
         return self.text_model(ids, mask, output_hidden_states)
 
 

@@ -14,6 +14,7 @@ with the pad token the folder names (``<|endoftext|>`` in SD-1.x, ``!`` in SD-2.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -78,7 +79,8 @@ class CLIPTokenizer:
         named, self.normalized, ids = special_tokens(self.tokenizer_config, self.special_tokens_map, added_tokens)
         self.special_ids = {}
         for content in self.normalized:  # tokens the vocabulary lacks get the next free ids, as transformers adds them
-            self.special_ids[content] = ids.get(content, self.vocab.get(content, len(self.vocab) + len(self.special_ids)))
+            next_free = len(self.vocab) + len(self.special_ids)
+            self.special_ids[content] = ids.get(content, self.vocab.get(content, next_free))
         self.bos_token, self.eos_token = named["bos_token"], named["eos_token"]
         self.pad_token, self.unk_token = named["pad_token"], named["unk_token"]
         self.bos_token_id, self.eos_token_id = self.special_ids[self.bos_token], self.special_ids[self.eos_token]
@@ -92,7 +94,7 @@ class CLIPTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> CLIPTokenizer:
-        """The tokenizer stored in a transformers tokenizer folder (``tokenizer.json`` first, as transformers reads it)."""
+        """The tokenizer stored in a transformers tokenizer folder (``tokenizer.json`` first, as transformers does)."""
         folder = Path(path)
         if (folder / TOKENIZER_NAME).exists():
             vocab, merges, added = _read_tokenizer_json(folder / TOKENIZER_NAME)
@@ -113,7 +115,8 @@ class CLIPTokenizer:
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         decoder = {str(self.special_ids[c]): {"content": c, "lstrip": False, "normalized": n, "rstrip": False,
-                                              "single_word": False, "special": True} for c, n in self.normalized.items()}
+                                              "single_word": False, "special": True}
+                   for c, n in self.normalized.items()}
         config = {**self.tokenizer_config, "added_tokens_decoder": decoder, "tokenizer_class": "CLIPTokenizer"}
         if self.model_max_length is not None:
             config["model_max_length"] = self.model_max_length
@@ -125,8 +128,12 @@ class CLIPTokenizer:
 
     def tokenize(self, text: str) -> list[str]:
         """The tokens of ``text`` (BPE symbols and special tokens), without the start and end tokens."""
-        inverse = {i: t for t, i in self.vocab.items()} | {i: c for c, i in self.special_ids.items()}
-        return [inverse[i] for i in self.encode(text)]
+        return [self.tokens[i] for i in self.encode(text)]
+
+    @functools.cached_property
+    def tokens(self) -> dict[int, str]:
+        """id -> token, special tokens included."""
+        return {i: t for t, i in self.vocab.items()} | {i: c for c, i in self.special_ids.items()}
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text``'s tokens, without the start and end tokens."""
@@ -155,7 +162,8 @@ class CLIPTokenizer:
             raise ValueError(f"CLIPTokenizer: truncation must be one of {list(TRUNCATION)}, got {truncation!r}")
         if return_tensors not in (None, "np"):
             raise ValueError(f"CLIPTokenizer: return_tensors must be None or 'np', got {return_tensors!r}")
-        if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2):
+        bad_length = not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2
+        if max_length is not None and bad_length:
             raise ValueError(f"CLIPTokenizer: max_length must be an int >= 2 (room for the start and end tokens), "
                              f"got {max_length!r}")
         pad = PADDING[padding]

@@ -4,9 +4,11 @@ transformers reads them from ``tokenizer_config.json``: its ``added_tokens_decod
 present; otherwise the named tokens, ``special_tokens_map.json`` taking precedence, and
 the ``added_tokens`` of ``tokenizer.json`` when there is one.  It registers the named ones
 in the order of ``KEYS``; a named token that is also an added token keeps the added
-token's flags, and one registered twice keeps the flags of its last registration.  A token written as a plain string is matched in the raw
-text; one written as an object with ``"normalized": true`` is matched in the lower-cased,
-normalised text (so ``<|ENDOFTEXT|>`` matches it too).
+token's flags, and one registered twice keeps the flags of its last registration.
+
+A token written as a plain string is matched in the raw text; one written as an object
+with ``"normalized": true`` is matched in the lower-cased, normalised text (so
+``<|ENDOFTEXT|>`` matches it too).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def _token(value: Any, where: str) -> tuple[str, bool]:
         raise ValueError(f"CLIPTokenizer: {where} must be a string or an object with a string 'content', got {value!r}")
     for flag in ("lstrip", "rstrip", "single_word"):
         if value.get(flag):
-            raise ValueError(f"CLIPTokenizer: {where} {value['content']!r} sets {flag}, which this tokenizer does not support")
+            raise ValueError(f"CLIPTokenizer: {where} {value['content']!r} sets {flag}, "
+                             "which this tokenizer does not support")
     return value["content"], bool(value.get("normalized", False))
 
 
