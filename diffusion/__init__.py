@@ -2,10 +2,11 @@
 loops, and the bundled digits."""
 
 from .datasets import load_digits, train_test_split
-from .models import AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection, UNet2D, UNet2DConditionModel
+from .models import (AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection, UNet2D, UNet2DConditionModel,
+                     get_guidance_scale_embedding)
 from .pipelines import DiffusionPipeline, ImagePipelineOutput, LatentDiffusionPipeline
 from .schedulers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                         EulerDiscreteScheduler, PNDMScheduler)
+                         EulerDiscreteScheduler, LCMScheduler, PNDMScheduler)
 from .tokenizers import CLIPTokenizer
 from .training import train_ddpm, train_vae
 
@@ -13,5 +14,5 @@ __all__ = ["load_digits", "train_test_split", "UNet2D", "UNet2DConditionModel", 
            "CLIPTextModel", "CLIPTextModelWithProjection", "CLIPTokenizer",
            "DiffusionPipeline", "LatentDiffusionPipeline", "ImagePipelineOutput",
            "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerAncestralDiscreteScheduler",
-           "EulerDiscreteScheduler", "PNDMScheduler",
+           "EulerDiscreteScheduler", "LCMScheduler", "PNDMScheduler", "get_guidance_scale_embedding",
            "train_ddpm", "train_vae"]

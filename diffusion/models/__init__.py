@@ -11,7 +11,7 @@ from .autoencoder_kl import AutoencoderKL
 from .clip_text import CLIPTextModel, CLIPTextModelWithProjection
 from .config import FrozenConfig
 from .distributions import DiagonalGaussianDistribution
-from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps
+from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps, get_guidance_scale_embedding
 from .resnet import ResnetBlock2D
 from .sampling import Downsample2D, Upsample2D
 from .transformer_2d import BasicTransformerBlock, Transformer2DModel
@@ -22,5 +22,5 @@ from .vae import Decoder, Encoder
 __all__ = [
     "UNet2D", "UNet2DConditionModel", "Transformer2DModel", "BasicTransformerBlock", "AutoencoderKL", "DiagonalGaussianDistribution", "FrozenConfig", "Attention", "ResnetBlock2D",
     "Downsample2D", "Upsample2D", "Timesteps", "TimestepEmbedding", "GaussianFourierProjection", "Encoder", "Decoder",
-    "CLIPTextModel", "CLIPTextModelWithProjection",
+    "CLIPTextModel", "CLIPTextModelWithProjection", "get_guidance_scale_embedding",
 ]

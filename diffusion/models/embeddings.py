@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,25 @@ def sinusoidal_embedding(timesteps: Tensor, frequencies: Tensor, flip_sin_to_cos
         args = args * scale
     parts = [tc.cos(args), tc.sin(args)] if flip_sin_to_cos else [tc.sin(args), tc.cos(args)]
     return tc.cat(parts, axis=-1)
+
+
+def get_guidance_scale_embedding(w: Tensor, embedding_dim: int = 512, dtype: Any = tc.float32) -> Tensor:
+    """Guidance scales [B] -> [B, embedding_dim]: ``[sin(1000 w f) | cos(1000 w f)]`` (zero-padded
+    when odd), the ``timestep_cond`` of a guidance-distilled UNet (``time_cond_proj_dim``, LCM);
+    diffusers' ``get_guidance_scale_embedding``.  LCM pipelines pass ``guidance_scale - 1``."""
+    if not isinstance(w, Tensor) or w.ndim != 1:
+        raise ValueError(f"get_guidance_scale_embedding: w must be a 1-D tensor of guidance scales, "
+                         f"got {w.shape if isinstance(w, Tensor) else type(w).__name__}")
+    if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 4:
+        raise ValueError(f"get_guidance_scale_embedding: embedding_dim must be an int >= 4, got {embedding_dim!r}")
+    # frequencies exp(-i ln(10000) / (half_dim - 1)), correctly rounded to float32; torch's float32
+    # exp can be an ulp off, which moves sin(1000 w f) by up to 1000 w ulp(f) (a few 1e-4 at w = 7)
+    half_dim = embedding_dim // 2
+    step = np.float32(math.log(10000.0)) / np.float32(half_dim - 1)
+    frequencies = np.exp(np.arange(half_dim, dtype=np.float32).astype(np.float64) * -float(step)).astype(np.float32)
+    frequencies = tc.tensor(frequencies, device=w.device).to(dtype)
+    emb = sinusoidal_embedding((w * 1000.0).to(dtype), frequencies, flip_sin_to_cos=False)
+    return tc.pad(emb, (0, 1)) if embedding_dim % 2 else emb
 
 
 class Timesteps(Module):

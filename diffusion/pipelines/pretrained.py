@@ -21,12 +21,13 @@ from tensorcore.atomic import write_atomic
 
 from ..models import AutoencoderKL, UNet2D
 from ..schedulers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                          EulerDiscreteScheduler, PNDMScheduler)
+                          EulerDiscreteScheduler, LCMScheduler, PNDMScheduler)
 from .modules import unwrapped
 
 INDEX_NAME = "model_index.json"
 SCHEDULERS = {cls.__name__: cls for cls in (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
-                                             EulerAncestralDiscreteScheduler, EulerDiscreteScheduler, PNDMScheduler)}
+                                             EulerAncestralDiscreteScheduler, EulerDiscreteScheduler, LCMScheduler,
+                                             PNDMScheduler)}
 # The libraries a model_index.json entry may name: ours (as save_pipeline writes) and diffusers'/transformers'.
 LIBRARIES = ("diffusion", "diffusers", "transformers")
 # Part name -> the class names a folder may give it (ours and diffusers') -> the class that loads it.

@@ -16,9 +16,11 @@ from .ddpm import DDPMScheduler
 from .dpm_solver import DPMSolverMultistepScheduler
 from .euler import EulerDiscreteScheduler
 from .euler_ancestral import EulerAncestralDiscreteScheduler
-from .output import SchedulerOutput
+from .lcm import LCMScheduler
+from .output import LCMSchedulerOutput, SchedulerOutput
 from .pndm import PNDMScheduler
 from .run import SchedulerRun
 
 __all__ = ["Config", "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerAncestralDiscreteScheduler",
-           "EulerDiscreteScheduler", "PNDMScheduler", "SchedulerBase", "SchedulerOutput", "SchedulerRun"]
+           "EulerDiscreteScheduler", "LCMScheduler", "LCMSchedulerOutput", "PNDMScheduler", "SchedulerBase",
+           "SchedulerOutput", "SchedulerRun"]

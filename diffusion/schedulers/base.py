@@ -30,6 +30,8 @@ class SchedulerBase(ConfigMixin, abc.ABC):
     """Config, ᾱ tables and the parts of diffusers' scheduler API that all four share."""
 
     order: ClassVar[int] = 1
+    output_type: ClassVar[type] = SchedulerOutput  # what ``step`` returns: (prev_sample, x̂₀)
+    schedule_options: ClassVar[tuple[str, ...]] = ()  # ``start``'s keywords beyond diffusers' common ones
     solver_history: ClassVar[bool] = False  # steps read earlier steps' x̂₀ (``run.finish_step`` keeps them)
     timestep_dtype: ClassVar[Any] = np.int64
 
@@ -56,20 +58,25 @@ class SchedulerBase(ConfigMixin, abc.ABC):
 
     # ----- runs ------------------------------------------------------------------------
     def start(self, num_inference_steps: int | None = None, device: str | None = None,
-              timesteps: Sequence[int] | None = None) -> SchedulerRun:
+              timesteps: Sequence[int] | None = None, **options: Any) -> SchedulerRun:
         """A new run over ``num_inference_steps`` steps (or the given descending ``timesteps``).
 
         ``device`` is where ``run.timesteps`` lives (default CPU); the sample math runs
-        on the sample's device whatever it is.
+        on the sample's device whatever it is.  ``options`` are the scheduler's own
+        schedule options (LCM's ``original_inference_steps`` and ``strength``).
         """
         name = f"{type(self).__name__}.start"
+        unknown = sorted(set(options) - set(self.schedule_options))
+        if unknown:
+            raise TypeError(f"{name}: unexpected arguments {unknown} (this scheduler takes "
+                            f"{list(self.schedule_options) or 'none beyond num_inference_steps, device, timesteps'})")
         if (num_inference_steps is None) == (timesteps is None):
             raise ValueError(f"{name}: pass exactly one of num_inference_steps and timesteps")
         if timesteps is not None:
             custom = self._checked_timesteps(timesteps, name)
-            schedule, tables = self._schedule(len(custom), custom)
+            schedule, tables = self._schedule(len(custom), custom, **options)
         else:
-            schedule, tables = self._schedule(self._checked_steps(num_inference_steps, name), None)
+            schedule, tables = self._schedule(self._checked_steps(num_inference_steps, name), None, **options)
         schedule = schedule.astype(self.timestep_dtype)
         tables["steps"] = np.ascontiguousarray(self._step_table(schedule, tables), dtype=np.float32)
         return SchedulerRun(self, schedule, device or "cpu", tables)
@@ -139,7 +146,7 @@ class SchedulerBase(ConfigMixin, abc.ABC):
         """``step``'s common part after the checks: prepare, update, move on."""
         prev_sample, original = self.step_update(self._prepare(run, position, sample, **kwargs), model_output, sample)
         run.finish_step(original)
-        out = SchedulerOutput(prev_sample, original)
+        out = self.output_type(prev_sample, original)
         return out if return_dict else out.to_tuple()
 
     def _scale_model_input(self, run: SchedulerRun | None, sample: tc.Tensor, timestep: Any) -> tc.Tensor:
@@ -153,9 +160,9 @@ class SchedulerBase(ConfigMixin, abc.ABC):
 
     # ----- diffusers' stateful surface: one default run ----------------------------------
     def set_timesteps(self, num_inference_steps: int | None = None, device: str | None = None,
-                      timesteps: Sequence[int] | None = None) -> None:
+                      timesteps: Sequence[int] | None = None, **options: Any) -> None:
         """Start the default run that ``step`` and ``scale_model_input`` drive (as in diffusers)."""
-        self._default_run = self.start(num_inference_steps, device, timesteps)
+        self._default_run = self.start(num_inference_steps, device, timesteps, **options)
 
     def _run(self, op: str) -> SchedulerRun:
         if self._default_run is None:

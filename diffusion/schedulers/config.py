@@ -70,6 +70,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "beta_end": (lambda v: _real(v) and 0 <= v < 1, "a float in [0, 1)"),
     "trained_betas": (_betas, "None or a non-empty list of betas in [0, 1)"),
     "steps_offset": (lambda v: _integer(v) and v >= 0, "an int >= 0"),
+    "original_inference_steps": (lambda v: _integer(v) and v >= 1, "an int >= 1"),
+    "timestep_scaling": (lambda v: _real(v) and v > 0, "a float > 0"),
     "clip_sample_range": (lambda v: _real(v) and v > 0, "a float > 0"),
     "dynamic_thresholding_ratio": (lambda v: _real(v) and 0 < v <= 1, "a float in (0, 1]"),
     "sample_max_value": (lambda v: _real(v) and v > 0, "a float > 0"),

@@ -26,3 +26,15 @@ class SchedulerOutput:
 
     def __getitem__(self, key: int | str) -> Any:
         return getattr(self, key) if isinstance(key, str) else self.to_tuple()[key]
+
+
+class LCMSchedulerOutput(SchedulerOutput):
+    """An LCM step's result (diffusers' ``LCMSchedulerOutput``): ``denoised`` is the step's
+    consistency-model estimate of the clean sample; ``pred_original_sample`` names it too."""
+
+    def __init__(self, prev_sample: tc.Tensor, denoised: tc.Tensor | None = None) -> None:
+        super().__init__(prev_sample, denoised)
+
+    @property
+    def denoised(self) -> tc.Tensor | None:
+        return self.pred_original_sample
