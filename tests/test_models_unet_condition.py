@@ -138,6 +138,19 @@ def test_compiled_calls_equal_eager(tmp_path) -> None:
             np.testing.assert_allclose(step(*args, **added).numpy(), eager, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["sd2", "sdxl"])
+def test_float16_stays_within_its_bound_of_diffusers_float32(family, tmp_path) -> None:
+    """Half weights and activations, the timestep sinusoids and upcast attention in float32."""
+    config = FAMILIES[family]
+    theirs, ours = twins(config, tmp_path)
+    values = inputs(config)
+    expected = call(theirs, values, torch.tensor)
+    ours.to(tc.float16)
+    actual = call(ours, values, lambda v: tc.tensor(v, dtype=tc.float16 if v.dtype.kind == "f" else None))
+    assert actual.dtype == np.float16
+    assert np.abs(actual.astype(np.float32) - expected).max() <= 2e-2 * np.abs(expected).max()
+
+
 def test_timestep_forms_broadcast_as_diffusers(tmp_path) -> None:
     config = FAMILIES["sd1"]
     theirs, ours = twins(config, tmp_path)
