@@ -6,7 +6,7 @@ from .models import (AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection, 
                      get_guidance_scale_embedding)
 from .pipelines import DiffusionPipeline, ImagePipelineOutput, LatentDiffusionPipeline
 from .schedulers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                         EulerDiscreteScheduler, LCMScheduler, PNDMScheduler)
+                         EulerDiscreteScheduler, LCMScheduler, PNDMScheduler, UniPCMultistepScheduler)
 from .tokenizers import CLIPTokenizer
 from .training import train_ddpm, train_vae
 
@@ -14,5 +14,6 @@ __all__ = ["load_digits", "train_test_split", "UNet2D", "UNet2DConditionModel", 
            "CLIPTextModel", "CLIPTextModelWithProjection", "CLIPTokenizer",
            "DiffusionPipeline", "LatentDiffusionPipeline", "ImagePipelineOutput",
            "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerAncestralDiscreteScheduler",
-           "EulerDiscreteScheduler", "LCMScheduler", "PNDMScheduler", "get_guidance_scale_embedding",
+           "EulerDiscreteScheduler", "LCMScheduler", "PNDMScheduler", "UniPCMultistepScheduler",
+           "get_guidance_scale_embedding",
            "train_ddpm", "train_vae"]

@@ -21,13 +21,13 @@ from tensorcore.atomic import write_atomic
 
 from ..models import AutoencoderKL, UNet2D
 from ..schedulers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                          EulerDiscreteScheduler, LCMScheduler, PNDMScheduler)
+                          EulerDiscreteScheduler, LCMScheduler, PNDMScheduler, UniPCMultistepScheduler)
 from .modules import unwrapped
 
 INDEX_NAME = "model_index.json"
 SCHEDULERS = {cls.__name__: cls for cls in (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
                                              EulerAncestralDiscreteScheduler, EulerDiscreteScheduler, LCMScheduler,
-                                             PNDMScheduler)}
+                                             PNDMScheduler, UniPCMultistepScheduler)}
 # The libraries a model_index.json entry may name: ours (as save_pipeline writes) and diffusers'/transformers'.
 LIBRARIES = ("diffusion", "diffusers", "transformers")
 # Part name -> the class names a folder may give it (ours and diffusers') -> the class that loads it.

@@ -20,7 +20,8 @@ from .lcm import LCMScheduler
 from .output import LCMSchedulerOutput, SchedulerOutput
 from .pndm import PNDMScheduler
 from .run import SchedulerRun
+from .unipc import UniPCMultistepScheduler
 
 __all__ = ["Config", "DDIMScheduler", "DDPMScheduler", "DPMSolverMultistepScheduler", "EulerAncestralDiscreteScheduler",
            "EulerDiscreteScheduler", "LCMScheduler", "LCMSchedulerOutput", "PNDMScheduler", "SchedulerBase",
-           "SchedulerOutput", "SchedulerRun"]
+           "SchedulerOutput", "SchedulerRun", "UniPCMultistepScheduler"]

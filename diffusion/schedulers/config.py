@@ -72,6 +72,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "steps_offset": (lambda v: _integer(v) and v >= 0, "an int >= 0"),
     "original_inference_steps": (lambda v: _integer(v) and v >= 1, "an int >= 1"),
     "timestep_scaling": (lambda v: _real(v) and v > 0, "a float > 0"),
+    "disable_corrector": (lambda v: isinstance(v, list) and all(_integer(i) for i in v), "a list of step indices"),
     "clip_sample_range": (lambda v: _real(v) and v > 0, "a float > 0"),
     "dynamic_thresholding_ratio": (lambda v: _real(v) and 0 < v <= 1, "a float in (0, 1]"),
     "sample_max_value": (lambda v: _real(v) and v > 0, "a float > 0"),
@@ -87,11 +88,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 def _plain(value: Any) -> Any:
     """``value`` as a plain Python (JSON-able) value: NumPy scalars and arrays unwrapped."""
-    if isinstance(value, np.ndarray | list | tuple):
-        try:
-            return [float(v) for v in value]
-        except (TypeError, ValueError):
-            return list(value)
+    if isinstance(value, np.ndarray | list | tuple):  # a list of plain numbers (ints stay ints)
+        return [_plain(v) for v in (value.tolist() if isinstance(value, np.ndarray) else value)]
     if isinstance(value, np.generic):
         return value.item()
     return value

@@ -36,6 +36,7 @@ class DPMSolverMultistepScheduler(SchedulerBase):
     """
 
     solver_history = True
+    _unrounded_schedules: tuple[str, ...] = ("squaredcos_cap_v2",)  # Karras / λ timesteps kept fractional
     _choices = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2"),
                 "prediction_type": PREDICTION_TYPES, "timestep_spacing": SPACINGS, "solver_order": (1, 2, 3),
                 "algorithm_type": ("dpmsolver++", "sde-dpmsolver++", *_ALGORITHM_ALIASES),
@@ -59,17 +60,26 @@ class DPMSolverMultistepScheduler(SchedulerBase):
         super().__init__()
         self._config["algorithm_type"] = _ALGORITHM_ALIASES.get(algorithm_type, algorithm_type)
         self._config["solver_type"] = _SOLVER_TYPE_ALIASES.get(solver_type, solver_type)
+        self._make_sigmas()
+
+    def _make_sigmas(self) -> None:
+        """σ and λ of every training timestep (the last σ kept finite under a zero terminal SNR)."""
         alphas_cumprod = self._host["alphas_cumprod"]
-        if rescale_betas_zero_snr:  # keep the last σ finite
+        if self._config["rescale_betas_zero_snr"]:
             alphas_cumprod[-1] = 2.0 ** -24
         self._host["sigmas"] = train_sigmas(alphas_cumprod)
         with np.errstate(divide="ignore"):
             self._lambda_t = np.log(np.sqrt(alphas_cumprod)) - np.log(np.sqrt(1 - alphas_cumprod))
 
+    @property
+    def _dpm_config(self) -> dict[str, Any]:
+        """The config the σ schedule reads (subclasses with fewer keys fill in these defaults)."""
+        return self._config
+
     def _check_config(self, config: dict[str, Any]) -> None:
-        chosen = [k for k in ("use_karras_sigmas", "use_exponential_sigmas", "use_lu_lambdas") if config[k]]
+        chosen = [k for k in ("use_karras_sigmas", "use_exponential_sigmas", "use_lu_lambdas") if config.get(k)]
         if len(chosen) > 1:
-            raise ValueError(f"DPMSolverMultistepScheduler: only one of {chosen} can be True")
+            raise ValueError(f"{type(self).__name__}: only one of {chosen} can be True")
 
     @property
     def sigmas(self) -> tc.Tensor:
@@ -80,7 +90,7 @@ class DPMSolverMultistepScheduler(SchedulerBase):
     # ----- schedule --------------------------------------------------------------------------
     def _spaced(self, n: int) -> np.ndarray:
         """diffusers' N + 1-point spacing with the last point dropped, below ``lambda_min_clipped``."""
-        c, T = self._config, self._config["num_train_timesteps"]
+        c, T = self._dpm_config, self._config["num_train_timesteps"]
         last = T - int(np.searchsorted(np.flip(self._lambda_t), c["lambda_min_clipped"]))
         if c["timestep_spacing"] == "linspace":
             return np.linspace(0, last - 1, n + 1).round()[::-1][:-1].copy()
@@ -89,14 +99,15 @@ class DPMSolverMultistepScheduler(SchedulerBase):
         return (np.arange(last, 0, -T / n).round() - 1)[:n]
 
     def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None) -> tuple[np.ndarray, dict]:
-        c, n = self._config, num_inference_steps
+        c, n = self._dpm_config, num_inference_steps
         custom_sigmas = c["use_karras_sigmas"] or c["use_lu_lambdas"] or c["use_exponential_sigmas"]
         if timesteps is not None and custom_sigmas:
-            raise ValueError("DPMSolverMultistepScheduler.start: custom timesteps cannot be combined with "
+            raise ValueError(f"{type(self).__name__}.start: custom timesteps cannot be combined with "
                              "use_karras_sigmas, use_lu_lambdas or use_exponential_sigmas")
         train = self._host["sigmas"]
         log_sigmas = np.log(train)
-        sigma_min, sigma_max = train[0].item(), train[-1].item()
+        sigma_min = c["sigma_min"] if c.get("sigma_min") is not None else train[0].item()
+        sigma_max = c["sigma_max"] if c.get("sigma_max") is not None else train[-1].item()
         if c["use_karras_sigmas"]:
             sigmas = karras_sigmas(sigma_min, sigma_max, n)
         elif c["use_lu_lambdas"]:  # even in λ = -log σ
@@ -106,7 +117,7 @@ class DPMSolverMultistepScheduler(SchedulerBase):
             sigmas = exponential_sigmas(sigma_min, sigma_max, n)
         if custom_sigmas:
             timesteps = sigma_to_t(sigmas, log_sigmas)
-            if c["beta_schedule"] != "squaredcos_cap_v2" and not c["use_exponential_sigmas"]:
+            if c["beta_schedule"] not in self._unrounded_schedules and not c["use_exponential_sigmas"]:
                 timesteps = timesteps.round()
         else:
             timesteps = self._spaced(n) if timesteps is None else timesteps
