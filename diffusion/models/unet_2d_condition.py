@@ -78,7 +78,7 @@ class UNet2DConditionModel(PretrainedModel):
         config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # the arguments, by name
         check_config(config)
         down = levels(config)
-        self.levels = len(down)
+        n = len(down)
         channels = [level.channels for level in down]
         self.conv_in = Conv2d(in_channels, channels[0], conv_in_kernel, padding=(conv_in_kernel - 1) // 2)
         time_embed_dim = self._build_time_embedding(config)
@@ -104,7 +104,7 @@ class UNet2DConditionModel(PretrainedModel):
         for i, (level, block_type) in enumerate(zip(down, down_block_types)):
             spec = transformer(level) if DOWN_BLOCK_TYPES[block_type] else None
             self.down_blocks.append(DownBlock2D(channels[max(i - 1, 0)], level.channels, level.layers, resnet, spec,
-                                                add_downsample=i < self.levels - 1, downsample_padding=downsample_padding))
+                                                add_downsample=i < n - 1, downsample_padding=downsample_padding))
         self.mid_block = None
         if mid_block_type is not None:
             cross = mid_block_type == "UNetMidBlock2DCrossAttn"
@@ -114,17 +114,17 @@ class UNet2DConditionModel(PretrainedModel):
         self.up_blocks = ModuleList()
         reversed_channels = channels[::-1]
         for i, (level, depth, block_type) in enumerate(zip(down[::-1], up_depths(config, down), up_block_types)):
-            skip_last = reversed_channels[min(i + 1, self.levels - 1)]
+            skip_last = reversed_channels[min(i + 1, n - 1)]
             inputs = [(reversed_channels[max(i - 1, 0)] if j == 0 else level.channels)
                       + (skip_last if j == level.layers else level.channels) for j in range(level.layers + 1)]
             spec = transformer(level, depth) if UP_BLOCK_TYPES[block_type] else None
-            self.up_blocks.append(UpBlock2D(inputs, level.channels, resnet, spec, add_upsample=i < self.levels - 1))
+            self.up_blocks.append(UpBlock2D(inputs, level.channels, resnet, spec, add_upsample=i < n - 1))
         self.conv_norm_out = GroupNorm(norm_num_groups, channels[0], eps=norm_eps)
         self.conv_out = Conv2d(channels[0], out_channels, conv_out_kernel, padding=(conv_out_kernel - 1) // 2)
         self.context_dims = tuple(sorted(context_dims))  # the encoder_hidden_states widths the transformers take
 
     def _build_time_embedding(self, c: Mapping[str, Any]) -> int:
-        """``time_proj`` and ``time_embedding`` (and ``time_embed_act``); returns the embedding width."""
+        """Build ``time_proj`` and ``time_embedding``; returns the embedding width."""
         first = c["block_out_channels"][0]
         if c["time_embedding_type"] == "fourier":
             time_embed_dim = c["time_embedding_dim"] or 2 * first
