@@ -20,6 +20,7 @@ from diffusion.training import load_checkpoint
 TINY = ["--batch-size", "8", "--channels", "8,16", "--warmup-steps", "1", "--log-every", "2", "--checkpoint-every", "2",
         "--per-class", "1", "--sample-steps", "2", "--no-progress"]
 TINY_SAMPLE = ["--per-class", "1", "--sample-steps", "2", "--no-progress"]
+SHORT = ["--steps", "2", *TINY]  # a refusal missed costs seconds, not a default-length run
 
 
 def files(root: Path) -> list[str]:
@@ -45,7 +46,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_train_onto_another_run_is_refused(run, capsys):
     before = files(run)
-    line = refused(["train", "--steps", "4", *TINY, "--out", str(run)], capsys)
+    line = refused(["train", *SHORT, "--out", str(run)], capsys)
     assert f"--resume {run}" in line and "another folder" in line
     assert files(run) == before
 
@@ -106,15 +107,16 @@ def _file(root: Path, name: str) -> None:
 
 
 PATH_CASES = {
-    "out-is-a-file": (lambda root: _file(root, "out"), ["train", *TINY, "--out", "out"], "is a file"),
-    "out-under-a-file": (lambda root: _file(root, "out"), ["train", *TINY, "--out", "out/run"], "lies under the file"),
+    "out-is-a-file": (lambda root: _file(root, "out"), ["train", *SHORT, "--out", "out"], "is a file"),
+    "out-under-a-file": (lambda root: _file(root, "out"), ["train", *SHORT, "--out", "out/run"], "lies under the file"),
     "sample-out-is-a-file": (lambda root: _file(root, "out"), ["sample", *TINY_SAMPLE, "--out", "out"], "is a file"),
     "samples.png-is-a-folder": (lambda root: (root / "out" / "samples.png").mkdir(parents=True),
                                 ["sample", *TINY_SAMPLE, "--out", "out"], "samples.png' exists and is not a file"),
-    "pipeline-is-a-file": (lambda root: _file(root, "out/pipeline"), ["train", *TINY, "--out", "out"],
+    "pipeline-is-a-file": (lambda root: _file(root, "out/pipeline"), ["train", *SHORT, "--out", "out"],
                            "pipeline' exists and is not a folder"),
-    "absurd-batch-size": (lambda root: None, ["train", "--batch-size", "100000000"], "--batch-size: 100000000"),
-    "resume-missing": (lambda root: None, ["train", "--resume", "missing"], "does not exist"),
+    "absurd-batch-size": (lambda root: None, ["train", *SHORT, "--batch-size", "100000000"],
+                          "--batch-size: 100000000"),
+    "resume-missing": (lambda root: None, ["train", *SHORT, "--resume", "missing"], "does not exist"),
 }
 
 
@@ -136,7 +138,7 @@ def test_train_refuses_a_vae_with_a_zero_scaling_factor(tmp_path, monkeypatch, c
     config = tmp_path / "vae" / "config.json"
     config.write_text(config.read_text().replace('"scaling_factor": 0.18215', '"scaling_factor": 0'))
     before = files(tmp_path)
-    assert "scaling_factor" in refused(["train", *TINY, "--vae", "vae", "--out", "latent"], capsys)
+    assert "scaling_factor" in refused(["train", *SHORT, "--vae", "vae", "--out", "latent"], capsys)
     assert files(tmp_path) == before
 
 
