@@ -50,17 +50,14 @@ def full_inputs(config: dict) -> dict[str, np.ndarray]:
     return values
 
 
-def run(model, values: dict[str, np.ndarray], make) -> np.ndarray:
-    """``model`` on ``values`` made into its tensors by ``make(array, is_float)``, as float32 NumPy."""
-    floats = {k: make(v, v.dtype.kind == "f") for k, v in values.items()}
-    added = {k: floats[k] for k in ("text_embeds", "time_ids") if k in floats}
-    args = (floats["sample"], floats["timestep"], floats["encoder_hidden_states"])
-    kwargs = {"added_cond_kwargs": added} if added else {}
-    if isinstance(model, torch.nn.Module):
-        with torch.no_grad():
-            return model(*args, **kwargs).sample.float().cpu().numpy()
-    with tc.no_grad():
-        return model(*args, **kwargs).to(dtype=tc.float32).numpy()
+def reference(theirs, values: dict[str, np.ndarray], device: str, dtype=None) -> np.ndarray:
+    """diffusers' output on ``device`` (floating inputs in ``dtype`` when given), as float32 NumPy."""
+    make = {k: torch.tensor(v, device=device, dtype=dtype if v.dtype.kind == "f" else None) for k, v in values.items()}
+    added = {k: make[k] for k in ("text_embeds", "time_ids") if k in make}
+    with torch.no_grad():
+        out = theirs(make["sample"], make["timestep"], make["encoder_hidden_states"],
+                     added_cond_kwargs=added or None).sample
+    return out.float().cpu().numpy()
 
 
 def full_twins(config: dict) -> tuple:
@@ -88,11 +85,10 @@ def full_models():
             config, device = {"sd15": SD15, "sdxl": SDXL}[name], reference_device()
             theirs, ours = full_twins(config)
             values = full_inputs(config)
-            expected = run(theirs.to(device), values, lambda v, f: torch.tensor(v, device=device))
+            expected = reference(theirs.to(device), values, device)
             notes = {}
             if device == "cuda":  # diffusers' own float16 error, for scale
-                half = run(theirs.half(), values,
-                           lambda v, f: torch.tensor(v, device=device, dtype=torch.float16 if f else None))
+                half = reference(theirs.half(), values, device, torch.float16)
                 notes["diffusers float16"] = float(np.abs(half - expected).max() / np.abs(expected).max())
             cache[name] = (ours, values, expected, notes)
         return cache[name]
@@ -106,9 +102,14 @@ def full_models():
 def test_full_config_equals_diffusers(full_models, name, dtype) -> None:
     ours, values, expected, notes = full_models(name)
     gpu = copy.deepcopy(ours).to("cuda", dtype)
-    actual = run(gpu, values, lambda v, f: tc.tensor(v, device="cuda", dtype=dtype if f else None))
+    actual = call(gpu, values, on_gpu(dtype)).astype(np.float32)
     error = float(np.abs(actual - expected).max() / np.abs(expected).max())
     assert error <= BOUNDS[dtype], f"{name} {dtype}: relative error {error:.3g} > {BOUNDS[dtype]} ({notes})"
+
+
+def on_gpu(dtype=tc.float32):
+    """``tc.tensor`` on the GPU, floating arrays in ``dtype``."""
+    return lambda v: tc.tensor(v, device="cuda", dtype=dtype if v.dtype.kind == "f" else None)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -117,10 +118,8 @@ def test_tiny_families_on_cupy_equal_diffusers(family, tmp_path: Path) -> None:
     theirs, ours = twins(config, tmp_path)
     values = inputs(config)
     expected = call(theirs, values, torch.tensor)
-    actual = run(ours.to("cuda"), values, lambda v, f: tc.tensor(v, device="cuda"))
-    assert np.abs(actual - expected).max() <= 2e-4
-    ours.to(tc.float16)
-    half = run(ours, values, lambda v, f: tc.tensor(v, device="cuda", dtype=tc.float16 if f else None))
+    assert np.abs(call(ours.to("cuda"), values, on_gpu()) - expected).max() <= 2e-4
+    half = call(ours.to(tc.float16), values, on_gpu(tc.float16)).astype(np.float32)
     assert np.abs(half - expected).max() <= BOUNDS[tc.float16] * np.abs(expected).max()
 
 
@@ -130,6 +129,6 @@ def test_from_pretrained_places_half_weights_on_the_gpu(tmp_path: Path) -> None:
     ours = UNet2DConditionModel.from_pretrained(tmp_path, dtype=tc.float16, device="cuda", variant="fp16")
     assert ours.dtype == tc.float16 and ours.device == "cuda"
     values = inputs(config)
-    expected = call(theirs.float(), values, torch.tensor)
-    actual = run(ours, values, lambda v, f: tc.tensor(v, device="cuda", dtype=tc.float16 if f else None))
+    expected = call(theirs, values, torch.tensor)
+    actual = call(ours, values, on_gpu(tc.float16)).astype(np.float32)
     assert np.abs(actual - expected).max() <= BOUNDS[tc.float16] * np.abs(expected).max()
