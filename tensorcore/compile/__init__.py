@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable
 
 from .chaining import Chain, chain
 from .host import CacheInfo, Compiled, CompileWarning
-from .trace import TraceError, guard, host_effect, is_tracing
+from ..tracing import guard, host_effect, is_tracing
+from .trace import TraceError
 
 
 def compile(fn: Callable | None = None, *, passes: Iterable | None = None, cache_dir: Any = None,  # noqa: A001

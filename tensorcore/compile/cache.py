@@ -50,7 +50,7 @@ from ..random import default_generator
 from ..tensor import Tensor
 from .graph import Graph, Node, Obj, Ref, Storage, Value
 from .plan import Plan, lower
-from .trace import extent, owner
+from ..backends.geometry import extent, owner
 
 log = logging.getLogger("tensorcore.compile")
 
@@ -76,7 +76,7 @@ def key(args: tuple, kwargs: dict, roots: list[tuple[str, Any]], modes_of: Any,
         ids = [id(t.data) for t in tensors]
         if len(set(ids)) < len(ids):
             alias = tuple(ids.index(i) for i in ids)
-    state = (autograd.is_grad_enabled(), settings.matmul_precision, backends._cpu_name, backends.default_device)
+    state = (autograd.is_grad_enabled(), settings.matmul_precision, backends.cpu_backend_name(), backends.default_device)
     trainings, versions = [], []
     for _, root in roots:
         version = root.structure_version
@@ -556,7 +556,7 @@ def decode(data: Any, named: list[tuple[str, Tensor]], backend: Any, inputs: lis
     objects = []
     for name in data.get("objects", []):
         _need(name == f"rng:{backend.device}", f"unknown object {name!r}")
-        objects.append(default_generator(backend.device)._state)
+        objects.append(default_generator(backend.device).state_object)
     nodes = []
     for n in raw_nodes:
         _need(type(n) is list and len(n) == 8 and n[1] in OPS, f"bad node {str(n)[:60]}")

@@ -27,14 +27,13 @@ import warnings
 from itertools import chain
 from typing import Any, Callable, Iterable, NamedTuple
 
-from .. import settings
+from .. import random, settings, tracing
 from ..backends import backend_for, default_device_name
-from ..random import _default, _generators
 from ..tensor import Tensor, rebinds
 from . import asynchronous, cache, passes as passes_module, plan as plan_module, replay, trace
 from .graph import Ref, leaves, tree_map
-from .trace import TraceError, owner
-from .trace import _state as _TRACE_STATE
+from ..backends.geometry import owner
+from .trace import TraceError
 
 log = logging.getLogger("tensorcore.compile")
 
@@ -103,7 +102,7 @@ class _Entry:
         elif self.plain[0] and not _bound(*self.plain):
             return False
         for generator, state in self.generators:
-            if generator._state is not state:
+            if generator.state_object is not state:
                 return False
         for predicate in self.guards:
             if not predicate():
@@ -157,7 +156,7 @@ class Compiled:
 
     # ----- the call ------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _TRACE_STATE.tracer is not None:  # inside another trace: run eagerly, it records
+        if tracing.state.recorder is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
         key, roots, tensors, stable = self._key(args, kwargs)
         with self._lock:
@@ -305,7 +304,7 @@ class Compiled:
         executor = replay.bind(plan, backend, roots, graph.objects)
         bound = {id(r) for r in roots.values()}
         guarded = [t for _, t in named if id(owner(t.data)) in bound]
-        states = {id(g._state): g for g in list(_generators)}
+        states = {id(g.state_object): g for g in random.live_generators()}
         generators = [(states[id(o)], o) for o in graph.objects if id(o) in states]
         return _Entry(plan, executor, device, guarded,
                       [t.data for t in guarded], [t.requires_grad for t in guarded], generators, source)
@@ -539,8 +538,8 @@ def _rebuild(template: Any, arrays: Any, device: str) -> Any:
 
 def _object_name(obj: Any) -> str | None:
     """A stable name for a default generator's state (the disk cache binds it by name)."""
-    for device, generator in list(_default.items()):
-        if generator._state is obj:
+    for device, generator in random.default_generators().items():
+        if generator.state_object is obj:
             return f"rng:{device}"
     return None
 

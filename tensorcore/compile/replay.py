@@ -50,7 +50,7 @@ import numpy as np
 from ..writes import unnoted
 from .graph import Node, Ref, Value, substitute
 from .plan import ALIGN, Plan, made_by
-from .trace import address, owner
+from ..backends.geometry import address, owner
 
 
 @functools.lru_cache(maxsize=None)
