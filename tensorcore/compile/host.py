@@ -1,6 +1,6 @@
 """The compiled callable: look a call's key up, replay its plan, or trace it.
 
-One ``Compiled`` wraps a function or a Module.  A call computes its key (``cache.key``);
+One ``Compiled`` wraps a function or a Module.  A call computes its key (``key.call_key``);
 a cached plan whose guards hold is replayed; otherwise the key is traced (or its plan
 loaded from the disk cache) and the traced call's own result is returned.  Keys that
 cannot be compiled run eagerly: after a refused trace with ``fallback="eager"``, a
@@ -30,7 +30,11 @@ from typing import Any, Callable, Iterable, NamedTuple
 from .. import random, settings, tracing
 from ..backends import backend_for, default_device_name
 from ..tensor import Tensor, rebinds
-from . import asynchronous, cache, passes as passes_module, plan as plan_module, replay, trace
+from . import asynchronous, passes as passes_module, plan as plan_module, replay, trace
+from .disk import DiskCache
+from .identity import identity
+from .key import LastSpec, call_key, is_root_type
+from .lru import LRU
 from .graph import Ref, leaves, tree_map
 from ..backends.geometry import owner
 from .trace import TraceError
@@ -142,10 +146,10 @@ class Compiled:
         self._globals_seen: tuple[tuple, list[tuple[str, Any]]] = ((), [])
         self._fn_is_module = _is_module(fn)
         self._last_seen: list[tuple[Any, bool] | None] = [None] * len(self._sources)
-        self._last_spec = cache.LastSpec()
-        self._disk = cache.DiskCache.open(cache_dir)
+        self._last_spec = LastSpec()
+        self._disk = DiskCache.open(cache_dir)
         self._lock = threading.Lock()
-        self._plans: cache.LRU[_Entry] = cache.LRU(max_plans)
+        self._plans: LRU[_Entry] = LRU(max_plans)
         self._eager_only: set[Any] = set()
         self._unsettled: dict[Any, int] = {}
         self._tracing: set[Any] = set()
@@ -183,7 +187,7 @@ class Compiled:
         without keyword arguments has its spec checked against the last call's."""
         checked = None if kwargs else self._last_spec.check(args)
         roots = self._roots(args, None if checked is None else checked[0].modules)
-        key, tensors, stable = cache.key(args, kwargs, roots, self._modes, checked)
+        key, tensors, stable = call_key(args, kwargs, roots, self._modes, checked)
         return key, roots, tensors, stable
 
     def _claim(self, key: Any) -> str:
@@ -358,7 +362,7 @@ class Compiled:
         be re-bound; what each name held last time is remembered)."""
         found, seen, last = [], set(), self._last_seen
         if positions is None:
-            positions = [i for i, a in enumerate(args) if cache.is_root_type(type(a))]
+            positions = [i for i, a in enumerate(args) if is_root_type(type(a))]
         for i in positions:
             a = args[i]
             if id(a) not in seen:
@@ -422,7 +426,7 @@ class Compiled:
         return named
 
     def _identity(self, roots: list[tuple[str, Any]]) -> str:
-        return cache.identity(self.fn, roots, passes_module.signature(self._passes))
+        return identity(self.fn, roots, passes_module.signature(self._passes))
 
     async def call_async(self, *args: Any, **kwargs: Any) -> Any:
         """``await compiled.call_async(...)``: the call's result, bit-identical to a plain
