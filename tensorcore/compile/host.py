@@ -8,7 +8,9 @@ replay that failed, or traces that never settle.  Each such key warns once.
 
 Thread safety: one lock guards the cache and the counters; each plan has its own lock,
 so calls with one key replay one at a time (they share the plan's buffers) while
-different keys run in parallel.  A key is traced by one thread; others arriving with
+different keys run in parallel.  A call that finds a plan holds a lease on it until it
+returns: a plan evicted from the cache, dropped or ``release()``d meanwhile is retired,
+and its memory freed only when the last call replaying it has returned.  A key is traced by one thread; others arriving with
 the same key meanwhile run eagerly instead of waiting.  A call made while the current
 thread is tracing (a compiled function calling another) runs eagerly, so the outer
 trace records it.
@@ -82,7 +84,9 @@ class _Entry:
     flags: list[bool]
     generators: list[tuple[Any, Any]]  # (Generator, the state object the plan draws from)
     source: str  # "trace" | "disk"
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # one replay at a time
+    holders: int = 0  # calls replaying it now (changed under the cache's lock)
+    retired: bool = False  # out of the cache: freed when the last holder returns
 
     def __post_init__(self) -> None:
         self.effects = tuple(self.plan.graph.effects)
@@ -163,17 +167,20 @@ class Compiled:
         if tracing.state.recorder is not None:  # inside another trace: run eagerly, it records
             return self.fn(*args, **kwargs)
         key, roots, tensors, stable = self._key(args, kwargs)
+        stale = None
         with self._lock:
             entry = self._plans.get(key)
             if entry is None or not entry.holds():
                 if entry is not None:
-                    self._release(self._plans.pop(key))
+                    stale = self._retire(self._plans.pop(key))
                 action = self._claim(key)
             else:
                 self._counts["hits"] += 1
+                entry.holders += 1
                 action = "replay"
+        self._free(stale)
         if action == "replay":
-            return self._replay(key, entry, tensors, args, kwargs)
+            return self._replay_leased(key, entry, tensors, args, kwargs)
         if action == "eager":
             return self.fn(*args, **kwargs)
         try:
@@ -202,6 +209,17 @@ class Compiled:
         self._tracing.add(key)
         return "trace"
 
+    def _replay_leased(self, key: Any, entry: _Entry, tensors: list[Tensor], args: tuple, kwargs: dict) -> Any:
+        """Replay ``entry``, on which the caller holds a lease, and give the lease back."""
+        try:
+            return self._replay(key, entry, tensors, args, kwargs)
+        finally:
+            with self._lock:
+                entry.holders -= 1
+                last = entry.retired and not entry.holders
+            if last:
+                self._free(entry)
+
     def _replay(self, key: Any, entry: _Entry, tensors: list[Tensor], args: tuple, kwargs: dict) -> Any:
         with entry.lock:
             try:
@@ -216,7 +234,7 @@ class Compiled:
                 if entry.flat:
                     return tuple([Tensor._wrap(a, entry.device) for a in arrays])
                 return _rebuild(entry.plan.graph.outputs, iter(arrays), entry.device)
-        self._give_up(key, f"its replay failed ({type(failure).__name__}: {failure})", drop=True)
+        self._give_up(key, f"its replay failed ({type(failure).__name__}: {failure})", drop=entry)
         return self.fn(*args, **kwargs)
 
     # ----- tracing and loading ---------------------------------------------------------
@@ -230,7 +248,7 @@ class Compiled:
         if self._disk is not None and stable is not None:
             entry = self._load(key, stable, roots, named, backend, tensors)
             if entry is not None:
-                return self._replay(key, entry, tensors, args, kwargs)
+                return self._replay_leased(key, entry, tensors, args, kwargs)
         return self._trace(key, stable, roots, named, backend, tensors, args, kwargs)
 
     def _trace(self, key: Any, stable: Any, roots: list, named: list[tuple[str, Tensor]], backend: Any,
@@ -285,7 +303,7 @@ class Compiled:
             self._disk.save(stable, self._identity(roots), plan, named)
 
     def _load(self, key: Any, stable: Any, roots: list, named: list, backend: Any, tensors: list[Tensor]) -> _Entry | None:
-        """The key's plan from the disk cache, bound and cached, or None."""
+        """The key's plan from the disk cache, bound, cached and leased to the caller, or None."""
         start = time.perf_counter()
         found = self._disk.load(stable, self._identity(roots), named, backend, [t.data for t in tensors])
         if found is None:
@@ -298,7 +316,7 @@ class Compiled:
             return None
         with self._lock:
             self._counts["disk_loads"] += 1
-        self._store(key, entry)
+        self._store(key, entry, lease=True)
         log.debug("compile: %s loaded its plan from disk in %.1f ms", self.label, (time.perf_counter() - start) * 1e3)
         return entry
 
@@ -314,25 +332,40 @@ class Compiled:
                       [t.data for t in guarded], [t.requires_grad for t in guarded], generators, source)
 
     # ----- bookkeeping ---------------------------------------------------------------------
-    def _store(self, key: Any, entry: _Entry) -> None:
+    def _store(self, key: Any, entry: _Entry, lease: bool = False) -> None:
+        """Cache ``entry`` (leased to the caller when ``lease``); retire what it pushes out."""
         with self._lock:
-            evicted = self._plans.put(key, entry)
-        for old in evicted:
-            self._release(old)
+            entry.holders += lease
+            freed = [self._retire(old) for old in self._plans.put(key, entry)]
+        for old in freed:
+            self._free(old)
 
-    def _release(self, entry: _Entry | None) -> None:
+    @staticmethod
+    def _retire(entry: _Entry | None) -> _Entry | None:
+        """Under the lock, for an entry out of the cache: itself when nobody replays it
+        (free it after the lock), else None (its last holder frees it)."""
+        if entry is None:
+            return None
+        entry.retired = True
+        return None if entry.holders else entry
+
+    @staticmethod
+    def _free(entry: _Entry | None) -> None:
         if entry is not None:
             with entry.lock:
                 entry.executor.release()
 
-    def _give_up(self, key: Any, reason: str, drop: bool = False) -> None:
-        """Run ``key`` eagerly from now on, with one warning."""
+    def _give_up(self, key: Any, reason: str, drop: _Entry | None = None) -> None:
+        """Run ``key`` eagerly from now on, with one warning; ``drop``: its failed plan,
+        taken out of the cache (unless another has replaced it)."""
         with self._lock:
-            entry = self._plans.pop(key) if drop else None
+            freed = None
+            if drop is not None and self._plans.peek(key) is drop:
+                freed = self._retire(self._plans.pop(key))
             first = key not in self._eager_only
             self._eager_only.add(key)
             self._counts["fallbacks"] += 1
-        self._release(entry)
+        self._free(freed)
         if first:
             warnings.warn(f"tc.compile: {self.label}: {reason}; this input signature runs eagerly from now on",
                           CompileWarning, stacklevel=4)
@@ -463,11 +496,11 @@ class Compiled:
     def release(self) -> None:
         """Free every plan (buffers, CUDA graphs); the next call traces or loads again."""
         with self._lock:
-            entries = list(self._plans.values())
+            freed = [self._retire(entry) for entry in self._plans.values()]
             self._plans.clear()
             self._unsettled.clear()
-        for entry in entries:
-            self._release(entry)
+        for entry in freed:
+            self._free(entry)
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         """``@tc.compile`` on a method: bound to the instance (a module instance is a root)."""

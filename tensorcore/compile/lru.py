@@ -28,6 +28,10 @@ class LRU(Generic[T]):
             self._last = (key, item)
         return item
 
+    def peek(self, key: Any) -> T | None:
+        """The item under ``key``, leaving the order as it is."""
+        return self._items.get(key)
+
     def put(self, key: Any, item: T) -> list[T]:
         """Insert; returns the items pushed out (a replaced one included)."""
         out = [self._items.pop(key)] if key in self._items else []
