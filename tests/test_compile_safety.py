@@ -15,7 +15,8 @@ import layers
 import tensorcore as tc
 import tensorcore.functional as F
 from tensorcore import random
-from tensorcore.compile import host, replay
+from tensorcore.backends.numpy.executor import CpuReplay
+from tensorcore.compile import host
 
 
 def _same(a: tc.Tensor, b: tc.Tensor) -> bool:
@@ -28,7 +29,11 @@ def _mlp() -> layers.Sequential:
 
 
 def _executor_type(backend: str) -> type:
-    return replay.CudaGraphReplay if backend == "cupy" else replay.CpuReplay
+    if backend == "cupy":
+        from tensorcore.backends.cupy.executor import CudaGraphReplay  # imports CuPy
+
+        return CudaGraphReplay
+    return CpuReplay
 
 
 # ----- outputs ---------------------------------------------------------------------------

@@ -45,7 +45,7 @@ _TYPES = {f"numpy.{name}": dt.type for name, dt in _DTYPES.items()}
 _TYPES.update({"builtins.bool": bool, "builtins.int": int, "builtins.float": float})
 _TYPE_NAMES = {v: k for k, v in _TYPES.items()}
 OPS = frozenset(name for name, attr in vars(Backend).items() if callable(attr) and not name.startswith("_")
-                ) - {"to_numpy", "rng"} | {"constant"}
+                ) - {"to_numpy", "rng", "executor"} | {"constant"}
 
 
 def _host_array(a: Any) -> dict:

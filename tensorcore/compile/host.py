@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 from .. import random, settings, tracing
 from ..backends import backend_for, default_device_name
 from ..tensor import Tensor, rebinds
-from . import asynchronous, passes as passes_module, plan as plan_module, replay, trace
+from . import asynchronous, passes as passes_module, plan as plan_module, trace
 from .disk import DiskCache
 from .identity import identity
 from .key import LastSpec, call_key, is_root_type
@@ -323,7 +323,7 @@ class Compiled:
     def _entry(self, plan: plan_module.Plan, backend: Any, device: str, roots: dict[int, Any],
                named: list[tuple[str, Tensor]], source: str) -> _Entry:
         graph = plan.graph
-        executor = replay.bind(plan, backend, roots, graph.objects)
+        executor = type(backend).executor(backend, plan, roots, graph.objects)  # past any tracing wrapper
         bound = {id(r) for r in roots.values()}
         guarded = [t for _, t in named if id(owner(t.data)) in bound]
         states = {id(g.state_object): g for g in random.live_generators()}
