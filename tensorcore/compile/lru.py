@@ -49,6 +49,9 @@ class LRU(Generic[T]):
     def values(self) -> list[T]:
         return list(self._items.values())
 
+    def items(self) -> list[tuple[Any, T]]:
+        return list(self._items.items())
+
     def clear(self) -> None:
         self._items.clear()
         self._last = None
