@@ -69,8 +69,8 @@ def identity(fn: Any, roots: list[tuple[str, Any]], passes: str = "") -> str:
             config = getattr(module, "config", None)
             if config is not None:
                 h.update(json.dumps(config, sort_keys=True, default=str).encode())
-            for kind, members in (("p", module._parameters), ("b", module._buffers)):
-                for member, t in members.items():
-                    spec = None if t is None else (tuple(t.shape), str(t.dtype), t.device)
-                    h.update(f"{kind}:{member}:{spec}".encode())
+            for kind, members in (("p", module.named_parameters(recurse=False)),
+                                  ("b", module.named_buffers(recurse=False))):
+                for member, t in members:
+                    h.update(f"{kind}:{member}:{(tuple(t.shape), str(t.dtype), t.device)}".encode())
     return h.hexdigest()
