@@ -63,3 +63,8 @@ def test_checker_passes_the_leaf_module() -> None:
     package = _package(ROOT / "tensorcore" / "ops" / "embedding.py")
     assert not any(map(_reaches_compile, _imports("from ..tracing import is_tracing\nfrom .. import compiler",
                                                   package)))
+
+
+def test_the_tracing_hook_is_a_leaf() -> None:
+    path = ROOT / "tensorcore" / "tracing.py"
+    assert not [name for name in _imports(path.read_text(), _package(path)) if name.startswith("tensorcore")]
