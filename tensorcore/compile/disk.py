@@ -70,7 +70,9 @@ def unsafe_reason(directory: Path) -> str | None:
         return None
     if not stat.S_ISDIR(info.st_mode):
         return f"{directory} is not a directory"
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+    if not hasattr(os, "getuid"):  # no POSIX owners and modes (Windows): its ACLs are left to the user
+        return None
+    if info.st_uid != os.getuid():
         return f"{directory} is owned by user {info.st_uid}, not by this user ({os.getuid()})"
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{directory} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
