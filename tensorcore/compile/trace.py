@@ -56,11 +56,6 @@ RANDOM = frozenset({"uniform", "normal", "integers"})  # advance a generator: ne
 WRITTEN_ARGS = {"copy_": (0,), "add_": (0,), "setitem_": (0,), "index_add_": (0,), "batch_norm": (3, 4)}
 
 
-def active() -> "Tracer | None":
-    """The tracer recording in this thread, if any."""
-    return _state.recorder
-
-
 # ----- recording wrappers on the backend instances ------------------------------------
 class _XpGuard:
     """Stands in for ``backend.xp`` while tracing: arrays touched through the array
