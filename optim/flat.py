@@ -18,8 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tensorcore import Tensor
-from tensorcore.compile import trace
+from tensorcore import Tensor, tracing
 
 ALIGN_BYTES = 256
 
@@ -126,7 +125,7 @@ class Segment:
                 pieces.append(self._zeros[:gap - size])
         backend.concatenate(pieces, 0, out=self.section("grad"))
         grads = [(p, Tensor(view, self.device)) for p, view in zip(self.params, self.grad_views) if p.grad is not None]
-        trace.host_effect(functools.partial(_set_grads, grads))
+        tracing.host_effect(functools.partial(_set_grads, grads))
 
     def advance(self, first: int, last: int) -> None:
         """Count one step on the host for parameters ``first .. last - 1``."""

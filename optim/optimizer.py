@@ -30,8 +30,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from tensorcore import Tensor, dtypes
-from tensorcore.compile import trace
+from tensorcore import Tensor, dtypes, tracing
 from tensorcore.writes import unnoted
 
 from .flat import Segment
@@ -149,14 +148,14 @@ class Optimizer:
                     p.data = view
             if not segment.grads_are_views():
                 segment.gather_grads()
-        trace.host_effect(functools.partial(_sync_lr, segment, group))
+        tracing.host_effect(functools.partial(_sync_lr, segment, group))
         for first, last in [(0, len(segment.params))] if bound and segment.uniform else _runs(segment):
             step = None
             if self.uses_step:
                 backend.add_(segment.steps[first:last], segment.one)
                 step = segment.steps[first:first + 1]
             self.update(backend, segment, first, last, group, step)
-            trace.host_effect(functools.partial(segment.advance, first, last))
+            tracing.host_effect(functools.partial(segment.advance, first, last))
         for view, (low, high) in segment.bounded:
             backend.clip(view, low, high, out=view)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from tensorcore.compile import trace
+from tensorcore import tracing
 
 from . import checks
 from .flat import Segment
@@ -38,7 +38,7 @@ class SGD(Optimizer):
         momentum = group["momentum"]
         buf = segment.section("momentum_buffer", first, last) if momentum != 0 else None
         is_first = segment.counts[first] == 0
-        trace.guard(lambda: (segment.counts[first] == 0) == is_first)  # a replay repeats this choice
+        tracing.guard(lambda: (segment.counts[first] == 0) == is_first)  # a replay repeats this choice
         first_step = segment.one if is_first else segment.zero
         backend.sgd_update_(segment.section("param", first, last), segment.section("grad", first, last), buf,
                             segment.lr, momentum, group["dampening"], bool(group["nesterov"]),

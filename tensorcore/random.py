@@ -33,6 +33,12 @@ class Generator:
         self._state = backend_for(self.device).rng(seed)
         return self
 
+    @property
+    def state_object(self) -> Any:
+        """The backend's state object the draws advance (a compiled plan binds it; a
+        reseed to another seed replaces it)."""
+        return self._state
+
     def initial_seed(self) -> int:
         return self.seed
 
@@ -80,6 +86,16 @@ def manual_seed(seed: int) -> None:
     _default_seed[0] = seed
     for generator in _default.values():
         generator.manual_seed(seed)
+
+
+def default_generators() -> dict[str, Generator]:
+    """The default generator of each device made so far, by device."""
+    return dict(_default)
+
+
+def live_generators() -> list[Generator]:
+    """Every generator still alive (compiled plans find a state object's generator here)."""
+    return list(_generators)
 
 
 def default_generator(device: str) -> Generator:

@@ -6,6 +6,9 @@
 ``TENSORCORE_CACHE_DIR`` where ``tc.compile`` keeps plans and generated Numba kernels on disk
                          (default ~/.cache/tensorcore); read when a compiled callable is
                          created or a kernel generated
+``TENSORCORE_CACHE_KEY_FILE`` the key that signs the compile cache's plan files (default
+                         ``$XDG_CONFIG_HOME/tensorcore/cache.key``, else
+                         ``~/.config/tensorcore/cache.key``); made on first use, mode 0600
 Matmul precision ("highest" | "high") is a runtime setting, as in PyTorch, and so is the
 CPU thread count (``tc.set_num_threads``, owned by the Numba backend's
 ``backends/numba/threads.py``, which also sizes the BLAS): thread pools are set up at run
@@ -27,6 +30,16 @@ matmul_precision = "highest"
 def cache_dir() -> str:
     """The disk cache directory: ``TENSORCORE_CACHE_DIR`` or ``~/.cache/tensorcore``."""
     return os.environ.get("TENSORCORE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tensorcore")
+
+
+def cache_key_file() -> str:
+    """The file holding the key that signs cached plans: ``TENSORCORE_CACHE_KEY_FILE``, or
+    ``cache.key`` in the user's config directory (never in the cache it signs)."""
+    explicit = os.environ.get("TENSORCORE_CACHE_KEY_FILE")
+    if explicit:
+        return explicit
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(config, "tensorcore", "cache.key")
 
 
 def set_matmul_precision(precision: str) -> None:

@@ -4,6 +4,8 @@
   derandomized so a failure reproduces); otherwise the ``dev`` profile runs.
 * ``backend`` runs a test once per available backend, inside ``tc.use_backend(name)``.
 * Tests marked ``gpu`` are skipped unless CuPy and a GPU work.
+* The compile cache's signing key lives in the session's temporary directory, not in
+  the user's config directory (``TENSORCORE_CACHE_KEY_FILE``; subprocesses inherit it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ def backend(request: pytest.FixtureRequest) -> str:
     """The name of the backend under test, made the default for the test's duration."""
     with tc.use_backend(request.param):
         yield request.param
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_key_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The key file signing the plans the tests cache (made on first use)."""
+    path = str(tmp_path_factory.mktemp("config") / "tensorcore" / "cache.key")
+    os.environ["TENSORCORE_CACHE_KEY_FILE"] = path
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import layers
 import optim
 import tensorcore as tc
 import tensorcore.functional as F
-from tensorcore.compile import cache
+from tensorcore.compile import disk, signing
 
 REPO = Path(tc.__file__).resolve().parents[1]
 
@@ -81,11 +81,12 @@ def _plan_file(tmp_path: Path) -> Path:
 
 
 def _rewrite(path: Path, mutate) -> None:
-    """Change the body and fix the checksum, as a deliberate forgery would."""
+    """Change the body and sign it again with the user's own key (which a forger has
+    not), so the checks behind the signature are what rejects it."""
     document = json.loads(path.read_bytes())
     mutate(document["body"])
-    document["checksum"] = cache.hashlib.sha256(cache._canonical(document["body"])).hexdigest()
-    path.write_bytes(cache._canonical(document))
+    document["mac"] = signing.sign(disk.canonical(document["body"]))
+    path.write_bytes(disk.canonical(document))
 
 
 def test_plan_is_reused_in_process_and_weights_do_not_matter(tmp_path):
@@ -122,13 +123,13 @@ def test_truncated_file_is_ignored_and_rewritten(tmp_path, caplog):
     _corrupt_and_check(tmp_path, caplog, lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]), "")
 
 
-def test_flipped_byte_fails_the_checksum(tmp_path, caplog):
+def test_flipped_byte_fails_the_signature(tmp_path, caplog):
     def flip(p: Path) -> None:
         data = bytearray(p.read_bytes())
         i = data.index(b'"arena_bytes":') + len(b'"arena_bytes":')  # a digit of a number: still valid JSON
         data[i] = ord("7") if data[i] != ord("7") else ord("8")
         p.write_bytes(bytes(data))
-    _corrupt_and_check(tmp_path, caplog, flip, "checksum")
+    _corrupt_and_check(tmp_path, caplog, flip, "signature mismatch")
 
 
 class _Exploit:
@@ -157,13 +158,13 @@ def test_forged_plans_are_rejected(tmp_path, caplog, forge, reason):
 
 
 def test_a_bad_file_is_logged_once(tmp_path, caplog):
-    disk = cache.DiskCache(tmp_path)
-    path = disk.path("key", "model")
+    cache = disk.DiskCache(tmp_path)
+    path = cache.path("key", "model")
     path.parent.mkdir(parents=True)
     path.write_text("not json")
     with caplog.at_level(logging.WARNING, logger="tensorcore.compile"):
         for _ in range(3):
-            assert disk.load("key", "model", [], tc.get_backend(), []) is None
+            assert cache.load("key", "model", [], tc.get_backend(), []) is None
     assert len([r for r in caplog.records if "ignoring the cached plan" in r.getMessage()]) == 1
 
 

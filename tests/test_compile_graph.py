@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+import layers
 import tensorcore as tc
 import tensorcore.functional as F
 from tensorcore.compile import passes, plan, trace
@@ -183,3 +184,13 @@ def test_cpu_replay_of_primitives_allocates_nothing():
         finally:
             tracemalloc.stop()
         assert peak < 64 * 64 * 4, peak  # less than one intermediate's worth
+
+
+def test_a_plans_key_reads_as_text():
+    model = layers.Linear(3, 2)
+    compiled = tc.compile(lambda x, scale, m: m(x) * scale, cache_dir=False)
+    with tc.no_grad():
+        compiled(tc.randn(4, 3), 0.5, model)
+    text = compiled.plan_info()[0]["key"]
+    assert text.splitlines()[0] == "call(float32[4, 3] cpu, 0.5, <module>)"
+    assert "grad=off" in text and "training=T" in text

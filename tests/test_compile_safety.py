@@ -15,7 +15,8 @@ import layers
 import tensorcore as tc
 import tensorcore.functional as F
 from tensorcore import random
-from tensorcore.compile import host, replay
+from tensorcore.backends.numpy.executor import CpuReplay
+from tensorcore.compile import host
 
 
 def _same(a: tc.Tensor, b: tc.Tensor) -> bool:
@@ -28,7 +29,11 @@ def _mlp() -> layers.Sequential:
 
 
 def _executor_type(backend: str) -> type:
-    return replay.CudaGraphReplay if backend == "cupy" else replay.CpuReplay
+    if backend == "cupy":
+        from tensorcore.backends.cupy.executor import CudaGraphReplay  # imports CuPy
+
+        return CudaGraphReplay
+    return CpuReplay
 
 
 # ----- outputs ---------------------------------------------------------------------------
@@ -330,7 +335,7 @@ def test_lru_keeps_at_most_max_plans(backend):
 def test_lru_order_survives_its_shortcut_for_the_last_key():
     """The LRU answers a repeat of its newest key without a lookup; the order of the
     others, replacement, removal and clearing behave as without the shortcut."""
-    from tensorcore.compile.cache import LRU
+    from tensorcore.compile.lru import LRU
 
     lru: LRU[str] = LRU(2)
     assert lru.put(("a", (1,)), "A") == [] and lru.put(("b", (2,)), "B") == []
@@ -350,7 +355,7 @@ def test_the_last_calls_spec_is_reused_only_for_what_cannot_have_changed(backend
     place, a tuple of equal but differently typed values, tensors of another shape or
     nested in a new tuple, a module put where a value was: each gets the key a fresh
     build gives, so the traces and results are those of an uncached key."""
-    from tensorcore.compile.cache import LastSpec, key
+    from tensorcore.compile.key import LastSpec, call_key
 
     def f(x, scale, options, pair, extra):
         out = x * scale * options[0] + pair[0] * pair[1]
@@ -382,7 +387,7 @@ def test_the_last_calls_spec_is_reused_only_for_what_cannot_have_changed(backend
     for args in [(x, 2.0, options, pair, (x, x)), (x, 2.0, options, pair, (x, x)), (x, 3.0, options, pair, ()),
                  (x, 3.0, module, pair, ()), (x, 3.0, layers.Linear(3, 3), pair, ()), (x, module, options, pair, ())]:
         layout, tensors = last.check(args)
-        (fixed, _), fresh_tensors, fresh_stable = key(args, {}, [], None)
+        (fixed, _), fresh_tensors, fresh_stable = call_key(args, {}, [], None)
         assert layout.spec == fixed[0] and list(map(id, tensors)) == list(map(id, fresh_tensors))
         assert layout.stable == (fresh_stable is not None)
         assert layout.modules == [i for i, a in enumerate(args) if isinstance(a, layers.Module)]

@@ -15,7 +15,7 @@ import numpy as np
 
 import tensorcore as tc
 from tensorcore import dtypes
-from tensorcore.compile import is_tracing
+from tensorcore.tracing import is_tracing
 from tensorcore.random import default_generator
 
 from .betas import beta_schedule, cumprod, rescale_zero_terminal_snr

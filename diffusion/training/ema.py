@@ -17,7 +17,7 @@ import numpy as np
 
 import tensorcore as tc
 from tensorcore import Tensor
-from tensorcore.compile import host_effect
+from tensorcore.tracing import host_effect
 
 
 class EMAModel:

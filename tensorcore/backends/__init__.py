@@ -63,6 +63,16 @@ def created(name: str) -> Backend | None:
     return _instances.get(name)
 
 
+def loaded() -> list[Backend]:
+    """Every backend created so far."""
+    return list(_instances.values())
+
+
+def cpu_backend_name() -> str:
+    """The name of the backend serving the "cpu" device now."""
+    return _cpu_name
+
+
 def backend_for(device: str) -> Backend:
     """The backend serving ``device`` ("cpu" or "cuda")."""
     if device == "cpu":

@@ -32,6 +32,15 @@ options fixed, every check done once -- writing the result into ``out``, or None
 have the method called as usual.  The callable must compute bit for bit what the
 method computes.
 
+Compiled plans run on the backend's executor: ``executor(plan, roots, objects)`` binds
+a lowered plan (``tensorcore/compile/plan.py``) to memory -- ``roots`` the program's
+own arrays by storage, ``objects`` the random generators' states by position -- and
+returns an object with ``run(arrays, fresh) -> outputs`` (copy the inputs in, replay,
+return new output arrays, or the plan's own buffers when not ``fresh``) and
+``release()`` (free the plan's memory; nothing runs after it).  The NumPy backend's
+replays a loop of pre-bound calls (``numpy/executor.py``), the CuPy backend's a CUDA
+graph (``cupy/executor.py``).
+
 Conventions for the fused ops
 -----------------------------
 ``act`` names an activation: ``"none" | "relu" | "gelu" | "gelu_tanh" | "silu" |
@@ -283,5 +292,6 @@ class Backend(Protocol):
     def lion_update_(self, p: Array, g: Array, m: Array, lr: Array, beta1: float, beta2: float,
                      weight_decay: float) -> None: ...
 
-    # ----- compiled replay (optional, see the module doc) ---------------------------
+    # ----- compiled replay (see the module doc; prepare is optional) ----------------
+    def executor(self, plan: Any, roots: dict[int, Array], objects: list[Any]) -> Any: ...
     def prepare(self, op: str, args: tuple, kwargs: dict, out: Array) -> Callable[[], Any] | None: ...

@@ -6,12 +6,15 @@
 
 The stages, one module each: ``trace`` records the backend calls of a call into a
 ``graph``; ``passes`` rewrite the graph (dead-code elimination, common-subexpression
-elimination, elementwise fusion); ``plan`` lowers it to
-init calls, replayed steps and a static memory plan; ``replay`` binds the plan to
-memory and runs it (a loop of pre-bound calls on the CPU, one CUDA graph on the GPU);
-``cache`` holds keys, the LRU and the disk cache; ``host`` is the compiled callable;
-``asynchronous`` runs its ``call_async`` off the event loop; ``chaining`` runs compiled
-stages in sequence.
+elimination, elementwise fusion); ``plan`` lowers it to init calls, replayed steps and
+a static memory plan; the backend's executor (``backend.executor``) binds the plan to
+memory and runs it (a loop of pre-bound calls on the CPU, one CUDA graph on the GPU).
+Around them: ``key`` (what a call's key is made of), ``lru`` (the plans kept in
+memory), ``entry`` (a bound plan and the lease a replaying call holds on it),
+``roots`` (the modules a call uses), ``identity``, ``encoding``, ``signing`` and
+``disk`` (the disk cache), ``host`` (the compiled callable's call path),
+``asynchronous`` (``call_async`` off the event loop) and ``chaining`` (compiled stages
+in sequence).  Code below the compiler reaches it only through ``tensorcore.tracing``.
 See docs/compile.md.
 """
 
@@ -19,9 +22,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from ..tracing import guard, host_effect, is_tracing
 from .chaining import Chain, chain
+from .disk import UnsafeCacheWarning
 from .host import CacheInfo, Compiled, CompileWarning
-from .trace import TraceError, guard, host_effect, is_tracing
+from .trace import TraceError
 
 
 def compile(fn: Callable | None = None, *, passes: Iterable | None = None, cache_dir: Any = None,  # noqa: A001
@@ -50,5 +55,5 @@ compile.TraceError = TraceError  # type: ignore[attr-defined]
 compile.CompileWarning = CompileWarning  # type: ignore[attr-defined]
 compile.CacheInfo = CacheInfo  # type: ignore[attr-defined]
 
-__all__ = ["compile", "chain", "Chain", "Compiled", "CacheInfo", "CompileWarning", "TraceError", "guard",
-           "host_effect", "is_tracing"]
+__all__ = ["compile", "chain", "Chain", "Compiled", "CacheInfo", "CompileWarning", "TraceError",
+           "UnsafeCacheWarning", "guard", "host_effect", "is_tracing"]

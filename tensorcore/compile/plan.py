@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .graph import Graph, Node, Obj, leaves, node_refs, refs
+from typing import Any, Callable
+
+from .graph import Graph, Node, Obj, Ref, leaves, node_refs, refs, substitute
 
 ALIGN = {"cpu": 64, "cuda": 256}  # bytes; 64 keeps SIMD loads aligned, 256 suits CUDA
 
@@ -40,6 +42,34 @@ class Plan:
     arena_bytes: int
     intermediate_bytes: int
     writeback: list[int] = field(default_factory=list)  # inputs written in place
+
+    @property
+    def align(self) -> int:
+        """The alignment, in bytes, of the plan's memory and of every placement in it."""
+        return ALIGN[self.graph.device]
+
+    def made_results(self, node: Node) -> list[tuple[tuple[int, ...], int]]:
+        """(path into ``node``'s result, value index) of each result the call allocated
+        (an executor binds those to their planned memory)."""
+        made = made_by(self.graph, node)
+        pairs: list[tuple[tuple[int, ...], int]] = []
+
+        def walk(template: Any, path: tuple[int, ...]) -> None:
+            if isinstance(template, Ref):
+                if self.graph.values[template.value].storage in made:
+                    pairs.append((path, template.value))
+            elif isinstance(template, tuple):
+                for i, item in enumerate(template):
+                    walk(item, path + (i,))
+
+        walk(node.out, ())
+        return pairs
+
+    def call_arguments(self, node: Node, value: Callable[[int], Any], obj: Callable[[int], Any]) -> tuple[tuple, dict]:
+        """``node``'s (args, kwargs) with each value reference replaced by ``value(index)``
+        and each object reference by ``obj(index)``: the call an executor binds."""
+        return (substitute(node.args, lambda r: value(r.value), lambda o: obj(o.index)),
+                substitute(node.kwargs, lambda r: value(r.value), lambda o: obj(o.index)))
 
     def info(self) -> dict:
         """Sizes for ``cache_info``/``plan_info``: the arena against the intermediates;

@@ -26,8 +26,8 @@ created or reseeded in it (a replay would not reseed).  Any of these makes the t
 its result is right, but the plan is not built and the next call traces again.
 
 Host-side effects a replay must repeat (an optimizer's host step counters) register
-with ``host_effect``, and host-side decisions that may change (an optimizer's first
-step) with ``guard``.
+with ``tracing.host_effect``, and host-side decisions that may change (an optimizer's
+first step) with ``tracing.guard``: the ``Tracer`` is the leaf module's ``Recorder``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .. import backends
+from ..backends.geometry import address, extent, owner
+from ..tracing import state as _state
 from .graph import Graph, Node, Obj, Ref, Storage, Value, leaves, refs, tree_map
 
 
@@ -48,77 +51,9 @@ class TraceError(RuntimeError):
     """A traced function did something a compiled plan cannot repeat."""
 
 
-class _State(threading.local):
-    tracer: "Tracer | None" = None  # class default: threads that never traced
-
-
-_state = _State()
-
 CAPTURES = frozenset({"array", "from_numpy"})  # host data in: captured by value when it is host data
 RANDOM = frozenset({"uniform", "normal", "integers"})  # advance a generator: never removed
 WRITTEN_ARGS = {"copy_": (0,), "add_": (0,), "setitem_": (0,), "index_add_": (0,), "batch_norm": (3, 4)}
-
-
-def active() -> "Tracer | None":
-    """The tracer recording in this thread, if any."""
-    return _state.tracer
-
-
-def is_tracing() -> bool:
-    """Whether this thread is recording a trace (host checks that read values skip then)."""
-    return _state.tracer is not None
-
-
-def host_effect(effect: Callable[[], None]) -> None:
-    """Run ``effect`` now -- outside the recording when tracing -- and again before every
-    replay of the current trace.  For host-side bookkeeping that mirrors device state
-    (an optimizer's host step counters, syncing a changed learning rate into its device
-    scalar): the replay skips the Python that did it, so the effect repeats it."""
-    tracer = _state.tracer
-    if tracer is None:
-        effect()
-        return
-    tracer.depth += 1  # backend calls the effect makes run eagerly, unrecorded
-    try:
-        effect()
-    finally:
-        tracer.depth -= 1
-    tracer.graph.effects.append(effect)
-
-
-def guard(predicate: Callable[[], bool]) -> None:
-    """Declare that the current trace took a host-side decision that stays right only
-    while ``predicate()`` is true; a replay checks it first and retraces when it is
-    false (e.g. an optimizer's "first step" branch).  A no-op when not tracing."""
-    tracer = _state.tracer
-    if tracer is not None:
-        tracer.graph.guards.append(predicate)
-
-
-# ----- arrays ------------------------------------------------------------------------
-def address(a: Any) -> int:
-    """The address of an array's first element (NumPy or CuPy)."""
-    if isinstance(a, np.ndarray):
-        return a.__array_interface__["data"][0]
-    return a.data.ptr
-
-
-def owner(a: Any) -> Any:
-    """The array at the end of ``a``'s chain of views: the one whose memory it is."""
-    kind = type(a)
-    while isinstance(a.base, kind):
-        a = a.base
-    return a
-
-
-def extent(a: Any) -> tuple[int, int]:
-    """(lowest byte address, bytes spanned) of an array's elements."""
-    start = address(a)
-    if a.size == 0:
-        return start, 0
-    low = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s < 0)
-    high = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s > 0)
-    return start + low, high - low + a.dtype.itemsize
 
 
 # ----- recording wrappers on the backend instances ------------------------------------
@@ -130,7 +65,7 @@ class _XpGuard:
         object.__setattr__(self, "_xp", xp)
 
     def __getattr__(self, name: str) -> Any:
-        tracer = _state.tracer
+        tracer = _state.recorder
         if tracer is not None and not tracer.depth:
             tracer.fail(f"backend.xp.{name} (array-module calls outside backend methods are not recorded; "
                         "use the backend's methods)")
@@ -144,7 +79,7 @@ def _method_names(cls: type) -> tuple[str, ...]:
 
 def _recorder(backend: Any, name: str, method: Callable) -> Callable:
     def recorded(*args: Any, **kwargs: Any) -> Any:
-        tracer = _state.tracer
+        tracer = _state.recorder
         if tracer is None or tracer.depth:
             return method(*args, **kwargs)
         return tracer.record(backend, name, method, args, kwargs)
@@ -184,16 +119,14 @@ def _uninstall(backend: Any) -> None:
 @contextlib.contextmanager
 def recording(tracer: "Tracer") -> Iterator[None]:
     """Record this thread's backend calls into ``tracer`` inside the block."""
-    from ..backends import _instances
-
-    loaded = list(_instances.values())
+    loaded = backends.loaded()
     for backend in loaded:
         _install(backend)
-    _state.tracer = tracer
+    _state.recorder = tracer
     try:
         yield
     finally:
-        _state.tracer = None
+        _state.recorder = None
         for backend in loaded:
             _uninstall(backend)
 
@@ -335,7 +268,7 @@ class Tracer:
             result = method(*args, **kwargs)
         finally:
             self.depth -= 1
-        if self.failure is not None or _state.tracer is not self:
+        if self.failure is not None or _state.recorder is not self:
             return result
         result = self._scalars_as_arrays(result)
         index = len(self.graph.nodes)
@@ -400,7 +333,20 @@ class Tracer:
         if self.fallback != "eager":
             raise error
         self.failure = error
-        _state.tracer = None
+        _state.recorder = None
+
+    # ----- the Recorder protocol (tensorcore.tracing) --------------------------------------
+    def add_effect(self, effect: Callable[[], None]) -> None:
+        """Run ``effect`` with its backend calls unrecorded; replays repeat it."""
+        self.depth += 1
+        try:
+            effect()
+        finally:
+            self.depth -= 1
+        self.graph.effects.append(effect)
+
+    def add_guard(self, predicate: Callable[[], bool]) -> None:
+        self.graph.guards.append(predicate)
 
     # ----- after the call --------------------------------------------------------------
     def finish(self, outputs: Any, describe: Callable[[Any], str | None]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..autograd import Function
 from ..tensor import Tensor
+from ..tracing import is_tracing
 from .. import random
 
 
@@ -22,19 +23,13 @@ def embedding(indices: Tensor, weight: Tensor) -> Tensor:
         raise TypeError(f"embedding: indices must be integers, got {indices.dtype}")
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be [num_embeddings, dim], got {weight.shape}")
-    if indices.device == "cpu" and indices.numel() and not _tracing():  # no host round trip on the GPU or in a trace
+    if indices.device == "cpu" and indices.numel() and not is_tracing():
+        # no host round trip on the GPU, nor in a trace: a plan cannot read the indices (a
+        # replay meets an out-of-range index as the kernel's IndexError, as on the GPU)
         low, high = int(indices.min().item()), int(indices.max().item())
         if low < 0 or high >= weight.shape[0]:
             raise IndexError(f"embedding: indices must lie in [0, {weight.shape[0]}), got range [{low}, {high}]")
     return Embedding.apply(weight, indices.detach())
-
-
-def _tracing() -> bool:
-    """Whether a compiled trace is recording: its plan cannot read the indices on the host
-    (a replay meets an out-of-range index as the kernel's IndexError, as on the GPU)."""
-    from ..compile import trace
-
-    return trace.is_tracing()
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, generator: random.Generator | None = None) -> Tensor:

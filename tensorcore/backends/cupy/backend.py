@@ -11,11 +11,13 @@ host: results stay on the device until the caller asks.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import cupy
 
 from . import conv_igemm, counters
 from .elementwise import CupyElementwiseKernels
+from .executor import CudaGraphReplay
 from .fused import CupyFusedKernels
 from .linalg import CupyLinalgKernels
 from .lora import CupyLoraKernels
@@ -49,6 +51,10 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
         self.buffers.forget_stream(stream)
         counters.clear(stream)
         conv_igemm.clear_scratch(stream)
+
+    def executor(self, plan: Any, roots: dict[int, Any], objects: list[Any]) -> CudaGraphReplay:
+        """A compiled plan captured as one CUDA graph, launched on the caller's stream."""
+        return CudaGraphReplay(plan, self, roots, objects)
 
     def reserve_stream(self) -> None:
         """Make the current stream's zeroed counters now: before a CUDA-graph capture on

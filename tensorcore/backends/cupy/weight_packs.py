@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import cupy
 
 from ...writes import note_write_after, writes
+from ..geometry import extent
 
 _active = threading.local()
 
@@ -43,8 +44,6 @@ class WeightPacks:
     def held(self, w: Any, key: tuple, shape: tuple[int, ...], fill: Callable[[Any], None]) -> Any | None:
         """The kept copy for weight ``w`` packed as ``key`` says, of ``shape`` (made by
         ``fill(copy)``), or None when ``w`` is not in memory the plan only reads."""
-        from ...compile.trace import extent  # here: the backend loads before compile can
-
         lo, size = extent(w)
         if not any(start <= lo and lo + size <= end for start, end in self.spans):
             return None

@@ -17,6 +17,7 @@ import numpy
 from ...dtypes import ComputesBfloat16InFloat32, bfloat16
 from .. import fused_program
 from .act import check_activation
+from .executor import CpuReplay
 from .nn import NumpyNNKernels
 from .optim import NumpyOptimKernels
 from .special import erf
@@ -322,3 +323,7 @@ class NumpyBackend(ComputesBfloat16InFloat32, NumpyPrimitives, NumpyNNKernels, N
 
     name = "numpy"
     device = "cpu"
+
+    def executor(self, plan: Any, roots: dict[int, Any], objects: list[Any]) -> CpuReplay:
+        """A compiled plan bound to host memory, replayed as a loop of pre-bound calls."""
+        return CpuReplay(plan, self, roots, objects)
