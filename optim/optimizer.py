@@ -30,9 +30,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from tensorcore import Tensor, dtypes
+from tensorcore import Tensor, dtypes, versions
 from tensorcore.compile import trace
-from tensorcore.writes import unnoted
 
 from .flat import Segment
 from .packing import Packing, pack, state_arrays
@@ -159,6 +158,7 @@ class Optimizer:
             trace.host_effect(functools.partial(segment.advance, first, last))
         for view, (low, high) in segment.bounded:
             backend.clip(view, low, high, out=view)
+        versions.bump(segment.buffer.storage)  # parameters, gradients and state: views of it
 
     def _packed(self) -> Packing:
         if self._packing is None:
@@ -179,6 +179,7 @@ class Optimizer:
                 segment.gather_grads()
         for buffer in packing.buffers.values():
             buffer.backend.copy_(buffer.sections["grad"], buffer.zero)
+            versions.bump(buffer.storage)
 
     # ----- device scalars (used by the LR schedules) ----------------------------------
     def _set_lr(self, group_index: int, host_value: float, device_value: Any) -> None:
@@ -189,7 +190,7 @@ class Optimizer:
         if self._packing is None:
             return
         for segment in self._packing.by_group[group_index]:
-            unnoted(segment.buffer.backend.copy_)(segment.lr, device_value)  # no weight: not a noted write
+            segment.buffer.backend.copy_(segment.lr, device_value)
             segment.lr_seen = host_value
 
     # ----- state --------------------------------------------------------------------
@@ -266,7 +267,7 @@ def _sync_lr(segment: Segment, group: dict[str, Any]) -> None:
     """Copy a changed ``group["lr"]`` into the segment's device scalar."""
     if group["lr"] != segment.lr_seen:
         backend = segment.buffer.backend
-        unnoted(backend.copy_)(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
+        backend.copy_(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
         segment.lr_seen = group["lr"]
 
 
@@ -278,6 +279,7 @@ def _load_entry(segment: Segment, i: int, entry: dict[str, Any]) -> None:
             continue
         host = np.ascontiguousarray(value, dtype=segment.buffer.dtype).reshape(-1)
         backend.copy_(segment.buffer.sections[role][lo:hi], backend.from_numpy(host))
+    versions.bump(segment.buffer.storage)
     segment.set_count(i, int(entry["step"]))
 
 

@@ -27,7 +27,7 @@ import warnings
 from itertools import chain
 from typing import Any, Callable, Iterable, NamedTuple
 
-from .. import settings
+from .. import settings, versions
 from ..backends import backend_for, default_device_name
 from ..random import _default, _generators
 from ..tensor import Tensor, rebinds
@@ -79,6 +79,7 @@ class _Entry:
     flags: list[bool]
     generators: list[tuple[Any, Any]]  # (Generator, the state object the plan draws from)
     source: str  # "trace" | "disk"
+    written: list[versions.WriteVersion]  # of the module memory a replay writes
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -205,6 +206,10 @@ class Compiled:
                 for effect in entry.effects:
                     effect()
                 arrays = entry.executor.run([t.data for t in tensors], not self.reuse_outputs)
+                for written in entry.written:
+                    written.bump()
+                for i in entry.plan.writeback:  # arguments written in place
+                    versions.bump(tensors[i].data)
             except Exception as exc:  # noqa: BLE001  (any failure: the eager result is still right)
                 failure = exc
             else:
@@ -307,8 +312,9 @@ class Compiled:
         guarded = [t for _, t in named if id(owner(t.data)) in bound]
         states = {id(g._state): g for g in list(_generators)}
         generators = [(states[id(o)], o) for o in graph.objects if id(o) in states]
+        written = [versions.counter(roots[s.index]) for s in graph.storages if s.kind == "external" and s.written]
         return _Entry(plan, executor, device, guarded,
-                      [t.data for t in guarded], [t.requires_grad for t in guarded], generators, source)
+                      [t.data for t in guarded], [t.requires_grad for t in guarded], generators, source, written)
 
     # ----- bookkeeping ---------------------------------------------------------------------
     def _store(self, key: Any, entry: _Entry) -> None:
@@ -350,6 +356,7 @@ class Compiled:
             if s.kind == "input" and s.written:
                 copy_ = type(tracer.backend).copy_
                 copy_(tracer.backend, tensors[s.input_index].data, inputs[s.input_index])
+                versions.bump(tensors[s.input_index].data)
 
     # ----- the program around the function --------------------------------------------
     def _roots(self, args: tuple = (), positions: list[int] | None = None) -> list[tuple[str, Any]]:

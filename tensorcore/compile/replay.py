@@ -29,8 +29,7 @@ stream, where the constants and the I/O counters were set up.  The output arrays
 call returns are new, or those of one of the last two calls on the same stream when
 nothing else holds them any more (``_fresh_outputs``).  Convolution weights the plan
 only reads are packed outside the graph and packed again only after a write into
-device memory (``backends/cupy/weight_packs.py``); a launch that writes its modules'
-memory notes a write itself.
+their memory (``backends/cupy/weight_packs.py``, by their storages' write versions).
 
 Both take the external buffers as live root arrays (``roots``, by storage) and the
 opaque objects (random generators) by position, so a plan loaded from disk binds the
@@ -47,7 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..writes import unnoted
+from .. import versions
 from .graph import Node, Ref, Value, substitute
 from .plan import ALIGN, Plan, made_by
 from .trace import address, owner
@@ -198,9 +197,6 @@ class CudaGraphReplay:
 
         self.cupy, self.plan, self.backend, self.objects = cupy, plan, backend, objects
         self.copy_, self.copy = _method(backend, "copy_"), _method(backend, "copy")
-        # the inputs' copies go into the plan's own buffers, from which nothing is derived:
-        # not noted as writes (the copies back into the caller's arrays are)
-        self.copy_in = unnoted(self.copy_)
         graph = plan.graph
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
@@ -235,7 +231,7 @@ class CudaGraphReplay:
                     backend.warm_lora_linear(graph.values[node.out.value].dtype)
             self.inputs = [env[v] for v in graph.inputs]
             # convolution weights in memory the plan only reads are packed outside the
-            # graph, again only after a write (weight_packs)
+            # graph, again only after their memory was written (weight_packs)
             self.weight_packs = weight_packs.WeightPacks(_read_only_spans(graph, roots))
             backend.reserve_stream()  # its counters made now: a memset node slows every launch
             self.stream.begin_capture()
@@ -263,8 +259,6 @@ class CudaGraphReplay:
         self.handed_out: list[tuple[int, list[Any]]] = []
         self.env = env  # every array the graph touches lives as long as the graph
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
-        # a launch that writes its modules' memory (a training step) is noted as a write
-        self.writes_modules = any(s.kind == "external" and s.written for s in graph.storages)
         self.arena_bytes = int(self.pool.total_bytes())
         # the stream of the previous call; at first the plan's own, so the first call
         # waits for the constants and the I/O counters it set up there
@@ -325,11 +319,9 @@ class CudaGraphReplay:
         self.last_user = user
         outputs = self._fresh_outputs(user.ptr) if fresh else None
         for i in self.io.submit(arrays, outputs):
-            self.copy_in(self.inputs[i], arrays[i])
+            self.copy_(self.inputs[i], arrays[i])
         self.weight_packs.refresh()
         self.graph.launch(user)
-        if self.writes_modules:
-            self.weight_packs.note_plan_write()
         for i, buf in self.writeback:
             self.copy_(arrays[i], buf)
         if outputs is None:
@@ -369,14 +361,14 @@ class CudaGraphReplay:
 RECYCLED_SETS = 2  # output sets a CUDA-graph replay keeps to hand out again
 
 
-def _read_only_spans(graph: Any, roots: dict[int, Any]) -> list[tuple[int, int]]:
-    """(lowest, past-the-end) device addresses of the external storages (the modules'
-    parameters and buffers) that no node of ``graph`` writes."""
+def _read_only_spans(graph: Any, roots: dict[int, Any]) -> list[tuple[int, int, versions.WriteVersion]]:
+    """(lowest, past-the-end) device addresses and write version of each external storage
+    (the modules' parameters and buffers) that no node of ``graph`` writes."""
     spans = []
     for s in graph.storages:
         if s.kind == "external" and not s.written:
             lowest = roots[s.index].data.ptr - s.origin
-            spans.append((lowest, lowest + s.nbytes))
+            spans.append((lowest, lowest + s.nbytes, versions.counter(roots[s.index])))
     return spans
 
 
