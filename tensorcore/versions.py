@@ -9,10 +9,11 @@ BatchNorm's running statistics, optimizer updates, gradient clipping, and a comp
 plan's replay for the module state and arguments it writes.
 
 What is derived from memory (a CUDA-graph plan's packed convolution weights) keeps a
-``Snapshot`` of the versions it was made from and is made again only when one of them
-moved.  Memory shared with another library through DLPack (exported or imported) may
-be written where the engine cannot see it: such a storage is marked ``shared`` and a
-snapshot of it is never current.
+``Snapshot`` of the storages it was made from; each write into one of them marks it
+moved there, so asking whether anything must be made again costs one test however many
+storages it reads.  Memory shared with another library through DLPack (exported or
+imported) may be written where the engine cannot see it: such a storage is marked
+``shared`` and reads as moved in every snapshot from then on.
 """
 
 from __future__ import annotations
@@ -21,24 +22,37 @@ import threading
 import weakref
 from typing import Any
 
+_lock = threading.RLock()  # the registry, every count and every snapshot's moved set
+_versions: dict[int, tuple[weakref.ref, "WriteVersion"]] = {}  # id(storage) -> (storage, its version)
+
 
 class WriteVersion:
-    """The write count of one storage, and whether another library may write it."""
+    """The write count of one storage, whether another library may write it, and the
+    snapshots to tell of each write."""
 
-    __slots__ = ("value", "shared")
+    __slots__ = ("value", "shared", "watchers")
 
     def __init__(self) -> None:
         self.value = 0
         self.shared = False
+        self.watchers: list[tuple[weakref.ref, int]] = []  # (snapshot, this storage's position in it)
 
     def bump(self) -> None:
         """Count one write."""
         with _lock:
-            self.value += 1
+            self._moved()
 
-
-_lock = threading.RLock()  # the registry and every count (re-entered when a dropped storage is forgotten)
-_versions: dict[int, tuple[weakref.ref, WriteVersion]] = {}  # id(storage) -> (storage, its version)
+    def _moved(self) -> None:
+        """Under the lock: count a write and mark it in the snapshots still alive."""
+        self.value += 1
+        if self.watchers:
+            alive = []
+            for ref, position in self.watchers:
+                snapshot = ref()
+                if snapshot is not None:
+                    snapshot.moved.add(position)
+                    alive.append((ref, position))
+            self.watchers = alive
 
 
 def storage(a: Any) -> Any:
@@ -52,9 +66,8 @@ def storage(a: Any) -> Any:
 def counter(a: Any) -> WriteVersion:
     """The write version of ``a``'s storage, made on first use."""
     root = storage(a)
-    key = id(root)
     with _lock:
-        entry = _versions.get(key)
+        entry = _versions.get(id(root))
         if entry is not None and entry[0]() is root:
             return entry[1]
         found = WriteVersion()
@@ -86,39 +99,59 @@ def bump(*arrays: Any) -> None:
     """Count one write into each of ``arrays`` (call it after issuing the write)."""
     with _lock:
         for a in arrays:
-            counter(a).value += 1
+            counter(a)._moved()
 
 
 def continue_from(a: Any, previous: Any) -> None:
     """Make ``a``'s new storage count on from ``previous``'s (a tensor whose write gave it
     new memory keeps one history) and count the write."""
-    found = counter(previous)
     with _lock:
+        found = counter(previous)
         _register(storage(a), found)
-        found.value += 1
+        found._moved()
 
 
 def mark_shared(a: Any) -> None:
-    """Note that another library holds ``a``'s memory and may write it unseen."""
-    counter(a).shared = True
+    """Note that another library holds ``a``'s memory and may write it unseen: counted as
+    a write now, and moved in every snapshot from now on."""
+    with _lock:
+        found = counter(a)
+        found.shared = True
+        found._moved()
 
 
 class Snapshot:
-    """The versions something derived from memory was made from; ``stale`` until taken."""
+    """The storages something derived from memory was made from, and which of them were
+    written since it was last made."""
 
-    __slots__ = ("versions", "seen")
+    __slots__ = ("versions", "moved", "__weakref__")
 
-    def __init__(self, versions: list[WriteVersion]) -> None:
-        self.versions = versions
-        self.seen: list[int] | None = None
+    def __init__(self) -> None:
+        self.versions: list[WriteVersion] = []
+        self.moved: set[int] = set()  # positions in ``versions``
+
+    def track(self, version: WriteVersion) -> int:
+        """Follow ``version`` too (once), read as moved until the next ``take``; its position."""
+        with _lock:
+            for position, known in enumerate(self.versions):
+                if known is version:
+                    break
+            else:
+                position = len(self.versions)
+                self.versions.append(version)
+                version.watchers.append((weakref.ref(self), position))
+            self.moved.add(position)
+        return position
 
     def stale(self) -> bool:
-        """Whether a source was written (or is shared) since ``take``, or never taken."""
-        if self.seen is None:
-            return True
-        return any(v.shared or v.value != seen for v, seen in zip(self.versions, self.seen))
+        """Whether a storage was written (or shared) since the last ``take``."""
+        return bool(self.moved)
 
-    def take(self) -> None:
-        """Record the sources' versions now: call it before deriving again, so a write
-        that lands meanwhile leaves the snapshot stale."""
-        self.seen = [v.value for v in self.versions]
+    def take(self) -> list[int]:
+        """The positions of the storages written since the last take, forgotten now (a
+        shared one stays moved).  Call it before deriving again, so a write landing
+        meanwhile leaves the snapshot stale."""
+        with _lock:
+            moved = sorted(self.moved)
+            self.moved = {p for p, v in enumerate(self.versions) if v.shared}
+        return moved

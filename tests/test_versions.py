@@ -172,31 +172,35 @@ def test_dlpack_imports_count_the_engines_writes_and_exports_are_never_trusted()
     torch = pytest.importorskip("torch")
     imported = tc.from_dlpack(torch.zeros(3))
     other = tc.zeros(3)
+    before = imported._version
     imported.add_(1.0)
-    assert imported._version == 1 and other._version == 0
+    assert imported._version == before + 1 and other._version == 0
     exported = tc.zeros(3)
-    made_from = versions.Snapshot([versions.counter(exported.data)])
+    made_from = versions.Snapshot()
+    made_from.track(versions.counter(exported.data))
     made_from.take()
     assert not made_from.stale()
     torch.from_dlpack(exported).add_(1.0)  # a write the engine cannot see
-    assert made_from.stale() and np.array_equal(exported.numpy(), [1.0] * 3)
-    made_from.take()
-    assert made_from.stale()  # shared memory: never current
+    assert np.array_equal(exported.numpy(), [1.0] * 3)
+    assert made_from.stale() and made_from.take() == [0]
+    assert made_from.stale() and made_from.take() == [0]  # shared memory: never current
     assert versions.counter(imported.data).shared and not versions.counter(other.data).shared
 
 
-def test_a_snapshot_goes_stale_when_a_source_moves_and_only_then():
+def test_a_snapshot_names_the_versions_that_moved_and_only_those():
     w, b, unrelated = tc.zeros(3), tc.zeros(2), tc.zeros(3)
-    made_from = versions.Snapshot([versions.counter(w.data), versions.counter(b.data)])
-    assert made_from.stale()  # never taken
-    made_from.take()
+    made_from = versions.Snapshot()
+    assert [made_from.track(versions.counter(t.data)) for t in (w, b)] == [0, 1]
+    assert made_from.stale() and made_from.take() == [0, 1]  # never taken: all moved
+    assert not made_from.stale()
     unrelated.add_(1.0)
     assert not made_from.stale()
     b[0] = 1.0
-    assert made_from.stale()
-    made_from.take()
+    assert made_from.stale() and made_from.take() == [1]
     w[1:].fill_(2.0)  # through a view
-    assert made_from.stale()
+    assert made_from.take() == [0] and made_from.take() == []
+    assert made_from.track(versions.counter(w[:2].data)) == 0  # known: made again at the next take
+    assert made_from.take() == [0]
 
 
 def test_versions_of_dropped_storages_are_forgotten():

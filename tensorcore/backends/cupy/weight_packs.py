@@ -37,7 +37,8 @@ class WeightPacks:
         # reused by later captured kernels, which would overwrite a copy at each launch.
         self._pool = cupy.cuda.MemoryPool()
         self._held: dict[tuple, Any] = {}
-        self._fills: list[tuple[Callable[[], None], Snapshot]] = []
+        self._made_from = Snapshot()  # the versions of the weights' storages
+        self._fills: list[list[Callable[[], None]]] = []  # per storage in the snapshot
         self.packed = 0  # copies made so far, first ones included
 
     def held(self, w: Any, key: tuple, shape: tuple[int, ...], fill: Callable[[Any], None]) -> Any | None:
@@ -53,14 +54,18 @@ class WeightPacks:
         if found is None:
             with cupy.cuda.using_allocator(self._pool.malloc):
                 found = self._held[key] = cupy.empty(shape, dtype=w.dtype)
-            self._fills.append((functools.partial(fill, found), Snapshot([version])))  # made before the next launch
+            position = self._made_from.track(version)  # the copy is made before the next launch
+            if position == len(self._fills):
+                self._fills.append([])
+            self._fills[position].append(functools.partial(fill, found))
         return found
 
     def refresh(self) -> None:
         """Make again (on the current stream) the copies whose weight was written since."""
-        for fill, made_from in self._fills:
-            if made_from.stale():
-                made_from.take()
+        if not self._made_from.stale():
+            return
+        for position in self._made_from.take():
+            for fill in self._fills[position]:
                 fill()
                 self.packed += 1
 
