@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from tensorcore import Tensor
+from tensorcore import Tensor, versions
 from tensorcore.backends import backend_for
 
 from .packing import packing_of
@@ -88,6 +88,7 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, norm
                           backend.full((), 1.0, dtype))
     for b, g in pieces:
         b.copy_(g, b.binary("mul", g, b.astype(coef, g.dtype)))
+        versions.bump(g)
     return Tensor(total, devices.pop())
 
 
@@ -97,3 +98,4 @@ def clip_grad_value_(parameters: Iterable[Tensor] | Tensor, clip_value: float) -
         raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {clip_value}")
     for backend, g in _grad_arrays(parameters):
         backend.clip(g, -clip_value, clip_value, out=g)
+        versions.bump(g)

@@ -30,8 +30,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from tensorcore import Tensor, dtypes, tracing
-from tensorcore.writes import unnoted
+from tensorcore import Tensor, dtypes, tracing, versions
 
 from .flat import Segment
 from .packing import Packing, pack, state_arrays
@@ -158,6 +157,7 @@ class Optimizer:
             tracing.host_effect(functools.partial(segment.advance, first, last))
         for view, (low, high) in segment.bounded:
             backend.clip(view, low, high, out=view)
+        versions.bump(segment.buffer.storage)  # parameters, gradients and state: views of it
 
     def _packed(self) -> Packing:
         if self._packing is None:
@@ -178,6 +178,7 @@ class Optimizer:
                 segment.gather_grads()
         for buffer in packing.buffers.values():
             buffer.backend.copy_(buffer.sections["grad"], buffer.zero)
+            versions.bump(buffer.storage)
 
     # ----- device scalars (used by the LR schedules) ----------------------------------
     def _set_lr(self, group_index: int, host_value: float, device_value: Any) -> None:
@@ -188,7 +189,7 @@ class Optimizer:
         if self._packing is None:
             return
         for segment in self._packing.by_group[group_index]:
-            unnoted(segment.buffer.backend.copy_)(segment.lr, device_value)  # no weight: not a noted write
+            segment.buffer.backend.copy_(segment.lr, device_value)
             segment.lr_seen = host_value
 
     # ----- state --------------------------------------------------------------------
@@ -265,7 +266,7 @@ def _sync_lr(segment: Segment, group: dict[str, Any]) -> None:
     """Copy a changed ``group["lr"]`` into the segment's device scalar."""
     if group["lr"] != segment.lr_seen:
         backend = segment.buffer.backend
-        unnoted(backend.copy_)(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
+        backend.copy_(segment.lr, backend.full((1,), group["lr"], segment.lr.dtype))
         segment.lr_seen = group["lr"]
 
 
@@ -277,6 +278,7 @@ def _load_entry(segment: Segment, i: int, entry: dict[str, Any]) -> None:
             continue
         host = np.ascontiguousarray(value, dtype=segment.buffer.dtype).reshape(-1)
         backend.copy_(segment.buffer.sections[role][lo:hi], backend.from_numpy(host))
+    versions.bump(segment.buffer.storage)
     segment.set_count(i, int(entry["step"]))
 
 

@@ -17,7 +17,6 @@ import numpy as np
 
 from tensorcore.backends import backend_for
 from tensorcore.backends.base import Backend
-from tensorcore.writes import unnoted
 
 from .optimizer import Optimizer
 
@@ -49,7 +48,7 @@ class LRScheduler:
         """Advance one step and set every group's lr, on the device and on the host."""
         self.last_epoch += 1
         for device, counter in self._counters.items():
-            unnoted(backend_for(device).add_)(counter, self._ones[device])  # no weight: not a noted write
+            backend_for(device).add_(counter, self._ones[device])
         self._apply()
 
     def _counter(self, device: str) -> Any:

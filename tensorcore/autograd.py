@@ -16,6 +16,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
+from . import versions
+
 if TYPE_CHECKING:
     from .tensor import Tensor
 
@@ -141,7 +143,7 @@ def backward(root: "Tensor", gradient: Any = None, retain_graph: bool = False) -
         if tuple(grad.shape) != root.shape:
             raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match output shape {root.shape}")
     grads: dict[int, Any] = {id(root): grad}
-    handed_out: set[int] = {id(_memory_owner(grad))}  # buffers a leaf may not keep without copying
+    handed_out: set[int] = {id(versions.storage(grad))}  # buffers a leaf may not keep without copying
     for node in _topological_order(root):
         g = grads.pop(id(node), None)
         if g is None:
@@ -178,24 +180,15 @@ def _accumulate_leaf(leaf: "Tensor", g: Any, handed_out: set[int]) -> None:
     """
     if leaf.grad is not None:
         leaf.backend.add_(leaf.grad.data, g)
+        versions.bump(leaf.grad.data)
         return
     flags = getattr(g, "flags", None)
-    owner = _memory_owner(g)
+    owner = versions.storage(g)
     if (id(owner) in handed_out or flags is None or not flags.c_contiguous
             or not getattr(flags, "writeable", True) or g.nbytes != owner.nbytes):
         g = owner = leaf.backend.copy(g)
     handed_out.add(id(owner))
     leaf.grad = Tensor._wrap(g, leaf.device)
-
-
-def _memory_owner(a: Any) -> Any:
-    """The array at the end of ``a``'s chain of views (``a`` itself when it is no view).
-
-    Arrays returned by compiled kernels wrap their buffer in a non-array object, so
-    they end the chain like arrays that own their data."""
-    while isinstance(getattr(a, "base", None), type(a)):
-        a = a.base
-    return a
 
 
 def _topological_order(root: "Tensor") -> list["Tensor"]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dlpack, dtypes
+from . import dlpack, dtypes, versions
 from .backends import backend_for, default_device_name
 from .devices import canonical
 from .ops.shape_utils import nested_shape
@@ -151,4 +151,5 @@ def _from_dlpack_array(array: Any, device: str) -> Tensor:
     if array.dtype not in dtypes.SUPPORTED:
         raise TypeError(f"from_dlpack: dtype {array.dtype} is not supported; convert the tensor to one of "
                         f"{', '.join(map(str, dtypes.SUPPORTED))} before exporting it")
+    versions.mark_shared(array)  # the producer may still write it where no version counts
     return Tensor(array, device)

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import dlpack, dtypes
+from . import dlpack, dtypes, versions
 from .backends import backend_for
 from .devices import canonical, is_device
 
@@ -87,6 +87,12 @@ class Tensor:
 
     def numel(self) -> int:
         return int(self.data.size)
+
+    @property
+    def _version(self) -> int:
+        """How many writes the engine made into this tensor's memory (shared with its
+        views), as PyTorch's ``_version``: see ``tensorcore/versions.py``."""
+        return versions.version(self.data)
 
     @property
     def is_leaf(self) -> bool:
@@ -175,6 +181,7 @@ class Tensor:
         return int(self.item())
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        versions.mark_shared(self.data)  # the consumer may write it where no version counts
         if stream is not None:  # NumPy accepts no stream argument at all
             kwargs["stream"] = stream
         if self.dtype == dtypes.bfloat16:  # NumPy cannot export it: the raw buffer with the bfloat16 type code
@@ -229,11 +236,13 @@ class Tensor:
             src = src.to(self.device)
         self._check_operand_shape(src, "copy_")
         self.backend.copy_(self.data, self.backend.astype(src.data, self.dtype))
+        versions.bump(self.data)
         return self
 
     def fill_(self, value: Any) -> "Tensor":
         self._check_inplace("fill_")
         self.backend.copy_(self.data, self.backend.full((), value, self.dtype))
+        versions.bump(self.data)
         return self
 
     def zero_(self) -> "Tensor":
@@ -244,17 +253,20 @@ class Tensor:
         other = as_tensor_like(other, self, "add_")
         self._check_operand_shape(other, "add_")
         self.backend.add_(self.data, self.backend.binary("mul", other.data, alpha) if alpha != 1 else other.data)
+        versions.bump(self.data)
         return self
 
     def mul_(self, other: Any) -> "Tensor":
         self._check_inplace("mul_")
         other = other.data if isinstance(other, Tensor) else other
         self.backend.copy_(self.data, self.backend.binary("mul", self.data, other))
+        versions.bump(self.data)
         return self
 
     def clamp_(self, min: float | None = None, max: float | None = None) -> "Tensor":  # noqa: A002
         self._check_inplace("clamp_")
         self.backend.copy_(self.data, self.backend.clip(self.data, min, max))
+        versions.bump(self.data)
         return self
 
     def uniform_(self, low: float = 0.0, high: float = 1.0, generator: Any = None) -> "Tensor":

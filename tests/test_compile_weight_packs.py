@@ -1,6 +1,7 @@
 """Convolution weights a CUDA-graph plan packs outside its graph: packed once, packed again
-after any write into device memory, never for weights the plan computes or writes.  The
-write count itself (``tensorcore.writes``) is checked on the CPU."""
+only after a write into their own memory (their storages' write versions), never for
+weights the plan computes or writes.  The versions themselves are checked on the CPU in
+``test_versions.py``."""
 
 from __future__ import annotations
 
@@ -11,90 +12,9 @@ import layers
 import optim
 import tensorcore as tc
 import tensorcore.functional as F
-from tensorcore import writes
-from tensorcore.backends.numpy.backend import NumpyBackend
 from diffusion.training import EMAModel
 
 gpu = pytest.mark.gpu
-
-
-# ----- the write count (CPU) ---------------------------------------------------------------
-class _Recording(NumpyBackend):
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def add_(self, a, b):
-        self.calls.append("add_")
-        a += b
-
-    def clip(self, a, low, high, out=None):
-        self.calls.append("clip")
-        return np.clip(a, low, high, out=out)
-
-
-def test_in_place_methods_and_calls_given_out_note_a_write_and_others_do_not():
-    noted = writes.noting_writes(type("Noted", (_Recording,), {}))()
-    a = np.zeros(3)
-    before = writes.writes()
-    noted.add_(a, 1.0)
-    after_add = writes.writes()
-    noted.clip(a, 0.0, 0.5)  # a new array: nothing written
-    after_clip = writes.writes()
-    noted.clip(a, 0.0, 0.5, out=a)
-    after_out = writes.writes()
-    noted.clip(a, 0.0, 0.25, a)  # out given by position
-    assert before != after_add == after_clip != after_out != writes.writes()
-    assert np.array_equal(a, [0.25] * 3) and noted.calls == ["add_", "clip", "clip", "clip"]
-    unwrapped = writes.unnoted(noted.add_)
-    now = writes.writes()
-    unwrapped(a, 1.0)
-    assert writes.writes() == now and np.array_equal(a, [1.25] * 3)
-
-
-def test_every_write_gets_a_number_never_seen_before():
-    seen = set()
-    for _ in range(100):
-        writes.note_write()
-        assert writes.writes() not in seen
-        seen.add(writes.writes())
-
-
-def test_unnoted_strips_only_the_noting_of_writes():
-    plain = NumpyBackend()
-    assert writes.unnoted(plain.copy_) == plain.copy_  # nothing to strip
-
-    def recorder(*args):  # a trace's recorder is no bound method: kept, so the trace sees the call
-        return args
-    assert writes.unnoted(recorder) is recorder
-
-
-def test_learning_rate_schedules_write_their_scalars_unnoted(monkeypatch):
-    """A schedule's step writes the optimizer's lr scalars and its own step counter, from
-    which nothing is derived: a plan's packed weights must not be made again for it."""
-    backend = tc.backends.backend_for("cpu")
-    for name in ("add_", "copy_"):  # the CPU backend as the CuPy one is: noting its writes
-        monkeypatch.setattr(backend, name, writes._always(getattr(type(backend), name)).__get__(backend))
-    w = layers.Linear(3, 2)
-    optimizer = optim.AdamW(w.parameters(), lr=0.1)
-    schedule = optim.CosineAnnealingLR(optimizer, T_max=10)
-    (w(tc.randn(4, 3)) ** 2).mean().backward()
-    optimizer.step()  # packs the parameters into the optimizer's buffers
-    before = writes.writes()
-    for _ in range(3):
-        schedule.step()
-    assert writes.writes() == before and optimizer.param_groups[0]["lr"] < 0.1
-    backend.copy_(np.zeros(2), np.ones(2))  # any other copy is noted
-    assert writes.writes() != before
-
-
-def test_a_write_that_directly_follows_a_known_number_keeps_what_was_derived_then():
-    seen = writes.writes()
-    kept = writes.note_write_after(seen)
-    assert kept == writes.writes() != seen
-    writes.note_write()  # another write in between: what was derived at `kept` is stale
-    stale = writes.writes()
-    assert writes.note_write_after(kept) is None and writes.writes() not in (stale, kept)
-    assert writes.note_write_after(None) is None
 
 
 # ----- packed weights (GPU) -----------------------------------------------------------------
@@ -145,23 +65,27 @@ def test_packed_weights_are_packed_again_after_every_kind_of_write(dtype, precis
         _agrees(compiled, model, x)
         packs = _executor(compiled).weight_packs
         assert len(packs) == 2  # both 3x3 weights, kept out of the graph
-        packed_at = packs.written
         _agrees(compiled, model, x)
-        assert packs.written == packed_at  # nothing was written: not packed again
+        assert packs.packed == 2  # packed before the first launch, not since: nothing was written
 
-        def after(write) -> None:
+        def after(write, packed: int) -> None:
+            """``write``, then a call that packs ``packed`` weights again."""
+            made = packs.packed
             with tc.no_grad():
                 write()
             _agrees(compiled, model, x)
+            assert packs.packed == made + packed
 
-        after(lambda: model.first.weight.add_(0.25))
-        after(lambda: model.second.weight.copy_(tc.randn(32, 64, 3, 3, device="cuda")))
-        after(lambda: model.first.weight.__setitem__(0, 1.0))
-        after(lambda: model.first.weight[1].mul_(-2.0))  # through a view
-        after(lambda: model.load_state_dict(_model(dtype).state_dict()))
+        after(lambda: model.first.weight.add_(0.25), 1)
+        after(lambda: model.second.weight.copy_(tc.randn(32, 64, 3, 3, device="cuda")), 1)
+        after(lambda: model.first.weight.__setitem__(0, 1.0), 1)
+        after(lambda: model.first.weight[1].mul_(-2.0), 1)  # through a view
+        after(lambda: model.second.bias.add_(1.0), 0)  # no packed weight
+        after(lambda: model.load_state_dict(_model(dtype).state_dict()), 2)
         ema = EMAModel(model.parameters(), decay=0.5)
-        after(lambda: model.first.weight.fill_(0.01))
-        after(lambda: ema.copy_to(model.parameters()))
+        after(lambda: ema.step(model.parameters()), 0)  # writes the averages alone
+        after(lambda: model.first.weight.fill_(0.01), 1)
+        after(lambda: ema.copy_to(model.parameters()), 2)
         optimizer = optim.AdamW(model.parameters(), lr=0.1)
         for _ in range(3):
             optimizer.zero_grad()
@@ -197,7 +121,7 @@ def test_a_compiled_training_step_is_a_write_other_plans_see():
         train(model, x, optimizer)
         model.eval()
         _agrees(infer, model, x)
-    assert train.cache_info().hits >= 2 and _executor(train).writes_modules
+    assert train.cache_info().hits >= 2
     assert len(_executor(infer).weight_packs) == 2
 
 
@@ -214,34 +138,58 @@ def test_weights_a_plan_computes_are_packed_in_its_graph():
 
 
 @gpu
-def test_a_training_step_keeps_its_frozen_convolutions_packed_across_its_own_writes():
+def test_a_training_step_keeps_its_frozen_convolutions_packed_across_writes_elsewhere():
+    """Neither the plan's own writes (the trained parameters), nor a schedule's, nor an
+    eager EMA update between compiled steps pack the frozen weight again; a write into
+    it does, once."""
     step = _train_step
     compiled = tc.compile(step, cache_dir=False)
     x = tc.randn(2, 32, 16, 16, device="cuda")
-    fills, losses = [], []
-    for run in (compiled, step):  # one after the other: the eager run's writes would count
+    losses = []
+    for run in (compiled, step):
         model = _model(tc.float32).train()
         model.first.weight.requires_grad_(False)
         model.first.bias.requires_grad_(False)
-        optimizer = optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer = optim.AdamW(trained, lr=0.05)
         schedule = optim.CosineAnnealingLR(optimizer, T_max=20)  # stepped between steps, as Trainer does
+        ema = EMAModel(trained, decay=0.9)
 
         def run_step() -> float:
             loss = run(model, x, optimizer).item()
             schedule.step()
+            ema.step(trained)
             return loss
         # the optimizer's first step moves the parameters: traced twice, then replayed
         losses.append([run_step() for _ in range(3)])
         if run is compiled:
-            executor = _executor(compiled)
-            packs = executor.weight_packs
-            assert executor.writes_modules and len(packs) == 1  # the frozen 3x3 weight alone
-            packs._fills = [lambda fill=fill: fills.append(1) or fill() for fill in packs._fills]
-            hits = compiled.cache_info().hits
+            packs = _executor(compiled).weight_packs
+            assert len(packs) == 1  # the frozen 3x3 weight alone
+            packed, hits = packs.packed, compiled.cache_info().hits
         for i in range(4):
-            if i == 2:  # a write from outside the plan: packed again once
+            if i == 2:  # a write into the frozen weight: packed again once
                 with tc.no_grad():
                     model.first.weight.mul_(0.5)
             losses[-1].append(run_step())
-    assert len(fills) == 1 and compiled.cache_info().hits == hits + 4
+    assert packs.packed == packed + 1 and compiled.cache_info().hits == hits + 4
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+@gpu
+def test_a_weight_shared_through_dlpack_is_packed_again_at_every_launch():
+    """Another library may write a weight exported through DLPack where no version
+    counts it: the plan packs that weight before every launch, and only that one."""
+    cupy = pytest.importorskip("cupy")
+    model = _model(tc.float32)
+    compiled = tc.compile(model, cache_dir=False)
+    x = tc.randn(2, 32, 16, 16, device="cuda")
+    _agrees(compiled, model, x)
+    _agrees(compiled, model, x)
+    packs = _executor(compiled).weight_packs
+    made = packs.packed
+    shared = cupy.from_dlpack(model.first.weight)
+    shared *= -2.0  # written by another library
+    _agrees(compiled, model, x)
+    shared += 1.0
+    _agrees(compiled, model, x)
+    assert packs.packed == made + 2

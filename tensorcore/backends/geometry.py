@@ -1,7 +1,7 @@
 """Where an array's elements lie in memory (NumPy or CuPy arrays alike).
 
-The tracer names memory by its root array and byte range; the executors bind views by
-address; the CuPy weight packs ask whether a weight lies in memory a plan only reads.
+The tracer names memory by byte range, the executors bind views by address, and the
+CuPy weight packs ask whether a weight lies in memory a plan only reads.
 """
 
 from __future__ import annotations
@@ -16,14 +16,6 @@ def address(a: Any) -> int:
     if isinstance(a, np.ndarray):
         return a.__array_interface__["data"][0]
     return a.data.ptr
-
-
-def owner(a: Any) -> Any:
-    """The array at the end of ``a``'s chain of views: the one whose memory it is."""
-    kind = type(a)
-    while isinstance(a.base, kind):
-        a = a.base
-    return a
 
 
 def extent(a: Any) -> tuple[int, int]:

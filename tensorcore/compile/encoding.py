@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
+from .. import dtypes, versions
 from ..backends.base import Backend
-from ..backends.geometry import extent, owner
+from ..backends.geometry import extent
 from ..random import default_generator
 from ..tensor import Tensor
 from .graph import Graph, Node, Obj, Ref, Storage, Value
@@ -209,7 +209,7 @@ def decode(data: Any, named: list[tuple[str, Tensor]], backend: Any, inputs: lis
             t = tensors.get(storage.name)
             need(t is not None, f"no tensor named {storage.name!r}")
             array = t.data
-            need(owner(array) is array and (tuple(array.shape), tuple(array.strides), array.dtype) == root
+            need(versions.storage(array) is array and (tuple(array.shape), tuple(array.strides), array.dtype) == root
                   and extent(array)[1] == nbytes, f"{storage.name!r} changed")
             roots[i] = array
         storages.append(storage)

@@ -17,8 +17,7 @@ import operator
 import threading
 from typing import Any
 
-from .. import random
-from ..backends.geometry import owner
+from .. import random, versions
 from ..tensor import Tensor, rebinds
 from .graph import Ref
 from .plan import Plan
@@ -36,6 +35,7 @@ class Entry:
     flags: list[bool]
     generators: list[tuple[Any, Any]]  # (Generator, the state object the plan draws from)
     source: str  # "trace" | "disk"
+    written: list[versions.WriteVersion]  # of the module memory a replay writes
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # one replay at a time
     holders: int = 0  # calls replaying it now (their leases)
     retired: bool = False  # out of the cache: freed when the last holder returns
@@ -107,11 +107,12 @@ def bind(plan: Plan, backend: Any, device: str, roots: dict[int, Any], named: li
     graph = plan.graph
     executor = type(backend).executor(backend, plan, roots, graph.objects)  # past any tracing wrapper
     bound = {id(r) for r in roots.values()}
-    guarded = [t for _, t in named if id(owner(t.data)) in bound]
+    guarded = [t for _, t in named if id(versions.storage(t.data)) in bound]
     states = {id(g.state_object): g for g in random.live_generators()}
     generators = [(states[id(o)], o) for o in graph.objects if id(o) in states]
+    written = [versions.counter(roots[s.index]) for s in graph.storages if s.kind == "external" and s.written]
     return Entry(plan, executor, device, guarded,
-                 [t.data for t in guarded], [t.requires_grad for t in guarded], generators, source)
+                 [t.data for t in guarded], [t.requires_grad for t in guarded], generators, source, written)
 
 
 def retired(entry: Entry | None) -> Entry | None:

@@ -26,9 +26,8 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, NamedTuple
 
-from .. import random, settings, tracing
+from .. import random, settings, tracing, versions
 from ..backends import backend_for, default_device_name
-from ..backends.geometry import owner
 from ..tensor import Tensor
 from . import asynchronous, passes as passes_module, plan as plan_module, trace
 from .disk import DiskCache
@@ -163,6 +162,10 @@ class Compiled:
                 for effect in entry.effects:
                     effect()
                 arrays = entry.executor.run([t.data for t in tensors], not self.reuse_outputs)
+                for written in entry.written:
+                    written.bump()
+                for i in entry.plan.writeback:  # arguments written in place
+                    versions.bump(tensors[i].data)
             except Exception as exc:  # noqa: BLE001  (any failure: the eager result is still right)
                 failure = exc
             else:
@@ -194,7 +197,7 @@ class Compiled:
         inputs = [copy(t.data) for t in tensors]
         stand_ins = iter(_stand_in(buf, t) for buf, t in zip(inputs, tensors))
         call_args, call_kwargs = tree_map((args, kwargs), lambda x: next(stand_ins) if isinstance(x, Tensor) else x)
-        names = {id(t.data): name for name, t in named if owner(t.data) is t.data}
+        names = {id(t.data): name for name, t in named if versions.storage(t.data) is t.data}
         tracer = trace.Tracer(backend, inputs, names, _object_name, self.fallback, self.label)
         with trace.recording(tracer):
             out = self.fn(*call_args, **call_kwargs)
@@ -298,6 +301,7 @@ class Compiled:
             if s.kind == "input" and s.written:
                 copy_ = type(tracer.backend).copy_
                 copy_(tracer.backend, tensors[s.input_index].data, inputs[s.input_index])
+                versions.bump(tensors[s.input_index].data)
 
     def _identity(self, roots: list[tuple[str, Any]]) -> str:
         return identity(self.fn, roots, passes_module.signature(self._passes))
@@ -383,8 +387,8 @@ def _free(entry: Entry | None) -> None:
 def _describe(named: list[tuple[str, Tensor]], root: Any) -> str | None:
     """Which parameter's data or gradient holds ``root``, if any."""
     for name, t in named:
-        if owner(t.data) is root:
+        if versions.storage(t.data) is root:
             return f"the data of '{name}'"
-        if t.grad is not None and owner(t.grad.data) is root:
+        if t.grad is not None and versions.storage(t.grad.data) is root:
             return f"the gradient of '{name}'"
     return None

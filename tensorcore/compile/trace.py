@@ -41,8 +41,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .. import backends
-from ..backends.geometry import address, extent, owner
+from .. import backends, versions
+from ..backends.geometry import address, extent
 from ..tracing import state as _state
 from .graph import Graph, Node, Obj, Ref, Storage, Value, leaves, refs, tree_map
 
@@ -200,14 +200,14 @@ class Tracer:
         index = self._by_id.get(id(a))
         if index is not None:
             return index
-        storage = self._by_root.get(id(owner(a)))
+        storage = self._by_root.get(id(versions.storage(a)))
         return None if storage is None else self._value(storage, a)
 
     def _argument(self, a: Any) -> int:
         index = self._known(a)
         if index is not None:
             return index
-        root = owner(a)  # memory from before the call (or made outside any backend call)
+        root = versions.storage(a)  # memory from before the call (or made outside any backend call)
         return self._value(self._storage("external", root, name=self.names.get(id(root))), a)
 
     def _template(self, obj: Any) -> Any:
@@ -237,7 +237,7 @@ class Tracer:
         if kind in self.types:
             index = self._known(r)
             if index is None:
-                storage = self._storage("fresh", owner(r), producer=node)
+                storage = self._storage("fresh", versions.storage(r), producer=node)
                 if pure:
                     self._pure.add(storage)
                 index = self._value(storage, r)
@@ -287,7 +287,7 @@ class Tracer:
 
     def _constant(self, result: Any, index: int) -> Any:
         """Host data copied in: a ``constant`` node holding a snapshot of it."""
-        root = owner(result)
+        root = versions.storage(result)
         storage = self._by_root.get(id(root))
         if storage is None:
             storage = self._storage("data", root, producer=index)

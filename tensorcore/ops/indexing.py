@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import autograd
+from .. import autograd, versions
 from ..autograd import Function
 from ..tensor import Tensor, as_tensor_like
 from .shape_utils import nested_shape, unbroadcast
@@ -133,6 +133,7 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
     try:
         if not tracked:
             x.backend.setitem_(x.data, index, x.backend.astype(value.data, x.dtype))
+            versions.bump(x.data)
             return
         previous = Tensor._wrap(x.data, x.device)
         previous.requires_grad, previous._ctx = x.requires_grad, x._ctx
@@ -140,4 +141,5 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
     except ValueError as exc:  # the backend checks the shapes before it writes anything
         target = tuple(x.backend.getitem(x.data, index).shape)
         raise ValueError(f"setitem: a value of shape {value.shape} does not fit the selection of shape {target}") from exc
+    versions.continue_from(out.data, x.data)
     x.data, x._ctx, x.requires_grad = out.data, out._ctx, True

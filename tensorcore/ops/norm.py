@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from .. import versions
 from ..autograd import Function
 from ..backends.base import ACTIVATIONS
 from ..tensor import Tensor
@@ -86,4 +87,7 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     if training and math.prod(x.shape) // c <= 1:
         raise ValueError(f"batch_norm: training needs more than one value per channel, got input {x.shape}")
     stats: list[Any] = [None if t is None else t.data for t in (running_mean, running_var)]
-    return BatchNorm.apply(x, weight, bias, stats[0], stats[1], training, float(momentum), float(eps))
+    y = BatchNorm.apply(x, weight, bias, stats[0], stats[1], training, float(momentum), float(eps))
+    if training:  # the running statistics were updated in place
+        versions.bump(*(s for s in stats if s is not None))
+    return y

@@ -26,10 +26,8 @@ from .optim import CupyOptimKernels
 from .random import CupyRandomKernels
 from .util import DeviceBuffers, dense, zeroed_counters
 from ..numpy.backend import NumpyBackend
-from ...writes import noting_writes
 
 
-@noting_writes  # a CUDA-graph plan keeps packed weights until memory is written
 class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
                   CupyRandomKernels, CupyOptimKernels, CupyLoraKernels, NumpyBackend):
     """CuPy arrays on the current CUDA device."""

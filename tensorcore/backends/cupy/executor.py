@@ -16,8 +16,7 @@ stream, where the constants and the I/O counters were set up.  The output arrays
 call returns are new, or those of one of the last two calls on the same stream when
 nothing else holds them any more (``_fresh_outputs``).  Convolution weights the plan
 only reads are packed outside the graph and packed again only after a write into
-device memory (``backends/cupy/weight_packs.py``); a launch that writes its modules'
-memory notes a write itself.
+their memory (``backends/cupy/weight_packs.py``, by their storages' write versions).
 
 It takes the external buffers as live root arrays (``roots``, by storage) and the
 opaque objects (random generators) by position, so a plan loaded from disk binds the
@@ -34,8 +33,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from ...writes import unnoted
-from ..geometry import owner
+from ... import versions
 from ..numpy.executor import own_method, pick
 from . import weight_packs
 from .graph_io import GraphIO
@@ -47,9 +45,6 @@ class CudaGraphReplay:
     def __init__(self, plan: Any, backend: Any, roots: dict[int, Any], objects: list[Any]) -> None:
         self.plan, self.backend, self.objects = plan, backend, objects
         self.copy_, self.copy = own_method(backend, "copy_"), own_method(backend, "copy")
-        # the inputs' copies go into the plan's own buffers, from which nothing is derived:
-        # not noted as writes (the copies back into the caller's arrays are)
-        self.copy_in = unnoted(self.copy_)
         graph = plan.graph
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
@@ -84,7 +79,7 @@ class CudaGraphReplay:
                     backend.warm_lora_linear(graph.values[node.out.value].dtype)
             self.inputs = [env[v] for v in graph.inputs]
             # convolution weights in memory the plan only reads are packed outside the
-            # graph, again only after a write (weight_packs)
+            # graph, again only after their memory was written (weight_packs)
             self.weight_packs = weight_packs.WeightPacks(_read_only_spans(graph, roots))
             backend.reserve_stream()  # its counters made now: a memset node slows every launch
             self.stream.begin_capture()
@@ -112,8 +107,6 @@ class CudaGraphReplay:
         self.handed_out: list[tuple[int, list[Any]]] = []
         self.env = env  # every array the graph touches lives as long as the graph
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
-        # a launch that writes its modules' memory (a training step) is noted as a write
-        self.writes_modules = any(s.kind == "external" and s.written for s in graph.storages)
         self.arena_bytes = int(self.pool.total_bytes())
         # the stream of the previous call; at first the plan's own, so the first call
         # waits for the constants and the I/O counters it set up there
@@ -152,7 +145,7 @@ class CudaGraphReplay:
             if v in env:  # a constant, computed into its fixed block
                 env[v][...] = array
                 continue
-            root = owner(array)
+            root = versions.storage(array)
             if (tuple(root.shape), tuple(root.strides), root.dtype) != s.root:
                 raise RuntimeError(f"compile: {node.op} returned a result laid out differently from the trace")
             dynamic[s.index] = root.data + (-s.origin)
@@ -173,11 +166,9 @@ class CudaGraphReplay:
         self.last_user = user
         outputs = self._fresh_outputs(user.ptr) if fresh else None
         for i in self.io.submit(arrays, outputs):
-            self.copy_in(self.inputs[i], arrays[i])
+            self.copy_(self.inputs[i], arrays[i])
         self.weight_packs.refresh()
         self.graph.launch(user)
-        if self.writes_modules:
-            self.weight_packs.note_plan_write()
         for i, buf in self.writeback:
             self.copy_(arrays[i], buf)
         if outputs is None:
@@ -217,14 +208,14 @@ class CudaGraphReplay:
 RECYCLED_SETS = 2  # output sets a CUDA-graph replay keeps to hand out again
 
 
-def _read_only_spans(graph: Any, roots: dict[int, Any]) -> list[tuple[int, int]]:
-    """(lowest, past-the-end) device addresses of the external storages (the modules'
-    parameters and buffers) that no node of ``graph`` writes."""
+def _read_only_spans(graph: Any, roots: dict[int, Any]) -> list[tuple[int, int, versions.WriteVersion]]:
+    """(lowest, past-the-end) device addresses and write version of each external storage
+    (the modules' parameters and buffers) that no node of ``graph`` writes."""
     spans = []
     for s in graph.storages:
         if s.kind == "external" and not s.written:
             lowest = roots[s.index].data.ptr - s.origin
-            spans.append((lowest, lowest + s.nbytes))
+            spans.append((lowest, lowest + s.nbytes, versions.counter(roots[s.index])))
     return spans
 
 
