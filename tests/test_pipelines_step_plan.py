@@ -74,6 +74,19 @@ def test_compiled_step_equals_eager_sync_and_async(backend, case):
     assert (info.traces, info.fallbacks, info.plans) == (2 * plans, 0, 2 * plans)
 
 
+def test_a_pndm_generation_takes_every_timestep_of_its_run():
+    """PLMS repeats its second timestep: 5 inference steps are 6 UNet calls, as in diffusers."""
+    eager, compiled = pipelines(PNDMScheduler(skip_prk_steps=True))
+    seen: list[int] = []
+    expected = eager.generate(**options(2.5, callback=lambda index, t, sample: seen.append(t)))
+    got = compiled.generate(**options(2.5))
+    run = PNDMScheduler(skip_prk_steps=True).start(STEPS)
+    assert seen == run.schedule.tolist() and len(seen) == STEPS + 1
+    assert same(got.images, expected.images)
+    info = compiled.denoiser.cache_info()
+    assert (info.hits + info.misses, info.traces) == (STEPS + 1, 4)  # plans reading 0, 1, 2, 3 kept outputs
+
+
 def test_the_plan_holds_the_whole_step(backend):
     _, compiled = pipelines(DDPMScheduler())
     compiled.generate(**options(2.5, num_inference_steps=3))
