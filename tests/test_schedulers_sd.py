@@ -5,7 +5,6 @@ scheduler_config.json loading by class name, independent runs and refused config
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import numpy as np
 import pytest

@@ -153,8 +153,9 @@ class UniPCMultistepScheduler(DPMSolverMultistepScheduler):
             else:
                 rhos = np.array([0.5]) if order == 2 else np.linalg.solve(R[:-1, :-1], b[:-1])
         except np.linalg.LinAlgError:  # the last step to σ = 0 at order 3 (as in diffusers)
-            raise ValueError(f"UniPCMultistepScheduler: a solver_order {order} step to σ = {sigma[i + 1] / alpha[i + 1]:g} "
-                             f"is singular; use lower_order_final=True or final_sigmas_type='sigma_min'") from None
+            target = sigma[i + 1] / alpha[i + 1]
+            raise ValueError(f"UniPCMultistepScheduler: a solver_order {order} step to σ = {target:g} is singular; "
+                             f"use lower_order_final=True or final_sigmas_type='sigma_min'") from None
         scale = alpha[i + 1] if predict_x0 else sigma[i + 1]
         return scale, B_h, rks, h_phi_1, rhos
 
