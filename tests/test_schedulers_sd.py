@@ -226,3 +226,30 @@ def test_guidance_scale_embedding_matches_diffusers():
         diffusion.get_guidance_scale_embedding(tc.tensor(w).reshape(3, 1))
     with pytest.raises(ValueError, match="embedding_dim must be an int >= 4"):
         diffusion.get_guidance_scale_embedding(tc.tensor(w), 2)
+
+
+def smooth_model64(sample: np.ndarray, t: float) -> np.ndarray:
+    return smooth_model(sample, t).astype(np.float64)
+
+
+@pytest.mark.parametrize("name,config", [("PNDMScheduler", {"skip_prk_steps": True}), ("PNDMScheduler", {}),
+                                         ("EulerAncestralDiscreteScheduler", {}), ("LCMScheduler", {}),
+                                         ("UniPCMultistepScheduler", {"solver_order": 3})])
+def test_float64_samples_stay_float64_and_match_diffusers(name, config, monkeypatch):
+    """diffusers' float32 tables and coefficients bound the agreement (about 3e-7 of the largest value)."""
+    x, noises = start_sample().astype(np.float64), [n.astype(np.float64) for n in step_noises(16)]
+    theirs = getattr(diffusers, name)(**config)
+    theirs.set_timesteps(8)
+    step = 0
+    if name in NOISY:
+        module = diffusers.schedulers.scheduling_lcm if name == "LCMScheduler" else \
+            diffusers.schedulers.scheduling_euler_ancestral_discrete
+        monkeypatch.setattr(module, "randn_tensor", lambda shape, **kw: torch.from_numpy(noises[step]))
+    expected = torch.from_numpy(x) * theirs.init_noise_sigma
+    for step, t in enumerate(theirs.timesteps):
+        output = torch.from_numpy(smooth_model64(theirs.scale_model_input(expected, t).numpy(), float(t)))
+        expected = theirs.step(output, t, expected).prev_sample
+    got = sample_loop(getattr(diffusion, name)(**config).start(8), x, noises if name in NOISY else None, {},
+                      smooth_model64)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, expected.numpy(), rtol=0, atol=1e-6 * np.abs(expected.numpy()).max())
