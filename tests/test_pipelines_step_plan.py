@@ -10,13 +10,15 @@ pipelines' worth of keys): DDIM 1 (eta 0 or > 0), DDPM 2 when the run ends on ti
 from __future__ import annotations
 
 import asyncio
+import inspect
 import warnings
 
 import numpy as np
 import pytest
 
 import tensorcore as tc
-from diffusion import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
+from diffusion import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
+                       EulerDiscreteScheduler, LCMScheduler, PNDMScheduler, UniPCMultistepScheduler)
 from diffusion.pipelines import DiffusionPipeline
 from diffusion.schedulers.run import StepArgs
 from pipeline_helpers import NUM_CLASSES, same, tiny_unet
@@ -70,6 +72,19 @@ def test_compiled_step_equals_eager_sync_and_async(backend, case):
     # one compiled call per step, every one of them replayed or traced, none eager
     assert info.hits + info.misses == generations * STEPS
     assert (info.traces, info.fallbacks, info.plans) == (2 * plans, 0, 2 * plans)
+
+
+def test_a_pndm_generation_takes_every_timestep_of_its_run():
+    """PLMS repeats its second timestep: 5 inference steps are 6 UNet calls, as in diffusers."""
+    eager, compiled = pipelines(PNDMScheduler(skip_prk_steps=True))
+    seen: list[int] = []
+    expected = eager.generate(**options(2.5, callback=lambda index, t, sample: seen.append(t)))
+    got = compiled.generate(**options(2.5))
+    run = PNDMScheduler(skip_prk_steps=True).start(STEPS)
+    assert seen == run.schedule.tolist() and len(seen) == STEPS + 1
+    assert same(got.images, expected.images)
+    info = compiled.denoiser.cache_info()
+    assert (info.hits + info.misses, info.traces) == (STEPS + 1, 4)  # plans reading 0, 1, 2, 3 kept outputs
 
 
 def test_the_plan_holds_the_whole_step(backend):
@@ -158,6 +173,11 @@ SCHEDULER_CASES = {
     "dpm-sde-karras": (DPMSolverMultistepScheduler, {"algorithm_type": "sde-dpmsolver++",
                                                      "use_karras_sigmas": True}, {}, 8, 2),
     "euler-churn": (EulerDiscreteScheduler, {"use_karras_sigmas": True}, {"s_churn": 0.5}, 8, 1),
+    "pndm-plms": (PNDMScheduler, {"skip_prk_steps": True}, {}, 8, 4),  # reading 0..3 kept outputs
+    "pndm-prk": (PNDMScheduler, {}, {}, 5, 3),  # 12 Runge-Kutta stages reading 0, 1 or 3, then PLMS
+    "euler-ancestral": (EulerAncestralDiscreteScheduler, {}, {}, 8, 1),
+    "lcm": (LCMScheduler, {}, {}, 4, 2),  # the last step adds no noise
+    "unipc": (UniPCMultistepScheduler, {}, {}, 8, 3),  # 0, 1, then 2 kept outputs
 }
 
 
@@ -182,7 +202,8 @@ def compiled_loop(scheduler, run, x: np.ndarray, noises: list[np.ndarray], step_
 
     sample = tc.tensor(x * np.float32(run.init_noise_sigma))
     for k, t in enumerate(run.timesteps):
-        args = run.prepare_step(sample, t, variance_noise=tc.tensor(noises[k]), **step_kwargs)
+        noise = {"variance_noise": tc.tensor(noises[k])} if noises is not None else {}
+        args = run.prepare_step(sample, t, **noise, **step_kwargs)
         output = tc.tensor(model(model_input(args.values, sample, args.variant).numpy(), float(t)))
         sample, original = device_step(args.values, args.history, output, sample, args.variant, args.noise,
                                        args.noise_dtype)
@@ -196,7 +217,8 @@ def compiled_loop(scheduler, run, x: np.ndarray, noises: list[np.ndarray], step_
 def test_one_compiled_scheduler_step_serves_the_run(case):
     cls, config, step_kwargs, steps, plans = SCHEDULER_CASES[case]
     scheduler = cls(**config)
-    x, noises = start_sample(), step_noises(steps)
+    noisy = "variance_noise" in inspect.signature(scheduler._prepare).parameters  # the step takes noise
+    x, noises = start_sample(), step_noises(steps) if noisy else None
     model = learned_model if config.get("variance_type") == "learned_range" else smooth_model
     with warnings.catch_warnings():
         warnings.simplefilter("error")

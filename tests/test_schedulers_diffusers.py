@@ -31,7 +31,8 @@ GRID_IDS = ["-".join(map(str, case)) for case in GRID]
 RTOL, ATOL = 2e-4, 1e-5
 
 # module of each diffusers scheduler whose step draws noise without taking variance_noise
-_NOISE_MODULES = {"DDPMScheduler": "scheduling_ddpm", "EulerDiscreteScheduler": "scheduling_euler_discrete"}
+_NOISE_MODULES = {"DDPMScheduler": "scheduling_ddpm", "EulerDiscreteScheduler": "scheduling_euler_discrete",
+                  "EulerAncestralDiscreteScheduler": "scheduling_euler_ancestral_discrete", "LCMScheduler": "scheduling_lcm"}
 
 
 def diffusers_loop(name: str, config: dict[str, Any], steps: int, x: np.ndarray, noises: list[np.ndarray] | None,

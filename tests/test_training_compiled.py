@@ -197,9 +197,10 @@ def test_the_cli_trains_with_a_compiled_step_and_resumes_eagerly(tmp_path, monke
     assert "compiled train step" in capsys.readouterr().out
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step-0000004.safetensors").config["options"][
         "compile"] is True
-    assert main(["train", *TINY_TRAIN, "--steps", "6", "--resume", "run", "--compile", "off"]) == 0
+    resume_from = str(tmp_path / "run" / "checkpoints" / "step-0000002.safetensors")
+    assert main(["train", *TINY_TRAIN, "--resume", resume_from, "--compile", "off"]) == 0
     assert "eager train step" in capsys.readouterr().out
-    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step-0000006.safetensors").step == 6
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step-0000004.safetensors").step == 4
 
 
 def test_a_trainer_stepped_by_hand_trains_as_train_ddpm_runs() -> None:

@@ -45,7 +45,7 @@ def newest_run() -> str:
     runs = [p for p in glob.glob(os.path.join(RUNS, "train-*")) if os.path.isdir(p) and "train-vae" not in p]
     if not runs:
         raise UsageError(f"no --checkpoint given and no {RUNS}/train-* run found; "
-                                f"run `python -m diffusion train` first")
+                         f"run `python -m diffusion train` first")
     return max(runs, key=os.path.getmtime)
 
 

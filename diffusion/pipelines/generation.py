@@ -40,7 +40,9 @@ class Generation:
 
     @property
     def num_steps(self) -> int:
-        return self.request.num_inference_steps
+        """The run's timesteps: more than ``num_inference_steps`` for PNDM (its repeated or
+        Runge-Kutta timesteps), as diffusers' loops go over ``scheduler.timesteps``."""
+        return len(self.run)
 
     def _conditioning(self) -> tuple[Tensor | None, Tensor | None]:
         """The UNet's class labels and context: [uncond, cond] stacked when guiding."""

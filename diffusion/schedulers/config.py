@@ -23,10 +23,9 @@ from tensorcore.atomic import write_atomic
 
 CONFIG_NAME = "scheduler_config.json"
 
-# Keys of diffusers' other schedulers that share these schedulers' configs (PNDM, UniPC,
-# DEIS, Heun, ...): a config written for one of them loads here without a warning.
-_SIBLING_KEYS = frozenset({"disable_corrector", "predict_x0", "rho", "shift_terminal", "sigma_data",
-                           "sigma_schedule", "solver_p"})
+# Keys of diffusers' other schedulers that share these schedulers' configs (DEIS, Heun, EDM,
+# ...): a config written for one of them loads here without a warning.
+_SIBLING_KEYS = frozenset({"rho", "sigma_data", "sigma_schedule"})
 
 Self = TypeVar("Self", bound="ConfigMixin")
 

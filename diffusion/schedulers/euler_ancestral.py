@@ -10,7 +10,7 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import check_pair, noise_source
+from .base import SchedulerBase, check_pair, noise_source
 from .config import register_to_config
 from .euler import EulerDiscreteScheduler, sigma_original
 from .output import SchedulerOutput
@@ -41,7 +41,7 @@ class EulerAncestralDiscreteScheduler(EulerDiscreteScheduler):
                  beta_schedule: str = "linear", trained_betas: list[float] | None = None,
                  prediction_type: str = "epsilon", timestep_spacing: str = "linspace", steps_offset: int = 0,
                  rescale_betas_zero_snr: bool = False) -> None:
-        super(EulerDiscreteScheduler, self).__init__()
+        SchedulerBase.__init__(self)  # (Euler's __init__ would record Euler's config keys)
         self._make_sigmas()
 
     @property

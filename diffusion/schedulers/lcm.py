@@ -73,6 +73,7 @@ class LCMScheduler(SchedulerBase):
     def set_timesteps(self, num_inference_steps: int | None = None, device: str | None = None,
                       original_inference_steps: int | None = None, timesteps: Sequence[int] | None = None,
                       strength: float = 1.0) -> None:
+        """Start the default run that ``step`` drives (diffusers' arguments, in its order)."""
         self._default_run = self.start(num_inference_steps, device, original_inference_steps, timesteps, strength)
 
     def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None,

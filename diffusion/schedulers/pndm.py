@@ -101,15 +101,15 @@ class PNDMScheduler(SchedulerBase):
         kept model outputs it reads (always the newest ones)."""
         T, prk = self._config["num_train_timesteps"], self._prk_steps
         rows, used = [], []
-        previous = (1.0, 0.0)  # the previous step's (A, B): its base is x_in's source
+        previous = (1.0, 0.0)  # the previous step's (A, B)
         for p, t in enumerate(schedule.tolist()):
+            # combo: the weights of ε̂ on the current output, then on the newest kept ones
             base_is_previous = False
-            if p < prk:  # Runge-Kutta stage r of the step from the group's first timestep
-                r, base = p % 4, int(schedule[p - p % 4])
-                A, B = self._transfer(base, t - (0 if p % 2 else T // n // 2))
+            if p < prk:  # Runge-Kutta stage r, from the group's first sample and timestep
+                r = p % 4
+                A, B = self._transfer(int(schedule[p - r]), t - (0 if p % 2 else T // n // 2))
                 base_is_previous = r > 0
-                # stage outputs: the group's first is kept, and stages 1, 2 while the group lasts
-                combo = {0: [1.0], 1: [1.0, 0.0], 2: [1.0, 0.0], 3: [RK_WEIGHTS[3], *RK_WEIGHTS[2::-1]]}[r]
+                combo = [1.0] if r == 0 else [1.0, 0.0] if r < 3 else [RK_WEIGHTS[3], *RK_WEIGHTS[2::-1]]
             elif p - prk == 1 and self._config["skip_prk_steps"]:  # x̂ from the first x and (ε0 + ε1) / 2
                 A, B = self._transfer(t + T // n, t)
                 base_is_previous, combo = True, [0.5, 0.5]
@@ -123,7 +123,7 @@ class PNDMScheduler(SchedulerBase):
                 s = A / previous[0]
                 weights[1] += A * previous[1] / previous[0]
             rows.append([s, *weights])
-            used.append(len(combo) - 1 if not base_is_previous else max(len(combo) - 1, 1))
+            used.append(len(combo) - 1)
             previous = (A, B)
         return np.array(rows, dtype=np.float32).reshape(-1, 5), np.array(used, dtype=np.int64)
 

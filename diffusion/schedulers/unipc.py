@@ -61,7 +61,7 @@ class UniPCMultistepScheduler(DPMSolverMultistepScheduler):
                  rescale_betas_zero_snr: bool = False, use_dynamic_shifting: bool = False,
                  time_shift_type: str = "exponential", sigma_min: float | None = None,
                  sigma_max: float | None = None, shift_terminal: float | None = None) -> None:
-        SchedulerBase.__init__(self)
+        SchedulerBase.__init__(self)  # (DPM-Solver's __init__ would record its config keys)
         self._config["solver_type"] = _SOLVER_TYPE_ALIASES.get(solver_type, solver_type)
         self._make_sigmas()
 
@@ -75,7 +75,7 @@ class UniPCMultistepScheduler(DPMSolverMultistepScheduler):
         """Rows per position in the step table: one per number of steps taken, 0 .. solver_order + 1."""
         return self._config["solver_order"] + 2
 
-    def _orders(self, n: int, position: int, taken: int) -> int:
+    def _order(self, n: int, position: int, taken: int) -> int:
         """The predictor's order at ``position`` after ``taken`` steps of the run (diffusers' this_order)."""
         order = self._config["solver_order"]
         if self._config["lower_order_final"]:
@@ -103,7 +103,7 @@ class UniPCMultistepScheduler(DPMSolverMultistepScheduler):
         weights = row[3:]  # on m_i, m_{i-1}, ...
         correct = taken > 0 and i - 1 not in self._config["disable_corrector"]
         if correct:  # UniC at i over the step i - 1 -> i, less the UniP part already in x
-            q = self._orders(n, i - 1, taken - 1)
+            q = self._order(n, i - 1, taken - 1)
             scale, B_h, rks, _, rhos_c = self._solve(lam, alpha, sigma, i - 1, q, corrector=True)
             rhos_p = self._solve(lam, alpha, sigma, i - 1, q, corrector=False)[4]
             for k in range(1, q):
@@ -112,7 +112,7 @@ class UniPCMultistepScheduler(DPMSolverMultistepScheduler):
                 weights[1] += scale * B_h * extra
             weights[0] -= scale * B_h * rhos_c[-1]
             weights[1] += scale * B_h * rhos_c[-1]
-        p = self._orders(n, i, taken)  # UniP from i to i + 1, on the corrected sample
+        p = self._order(n, i, taken)  # UniP from i to i + 1, on the corrected sample
         scale, B_h, rks, h_phi_1, rhos_p = self._solve(lam, alpha, sigma, i, p, corrector=False)
         if self._config["predict_x0"]:
             s = sigma[i + 1] / sigma[i]
@@ -153,8 +153,9 @@ class UniPCMultistepScheduler(DPMSolverMultistepScheduler):
             else:
                 rhos = np.array([0.5]) if order == 2 else np.linalg.solve(R[:-1, :-1], b[:-1])
         except np.linalg.LinAlgError:  # the last step to σ = 0 at order 3 (as in diffusers)
-            raise ValueError(f"UniPCMultistepScheduler: a solver_order {order} step to σ = {sigma[i + 1] / alpha[i + 1]:g} "
-                             f"is singular; use lower_order_final=True or final_sigmas_type='sigma_min'") from None
+            target = sigma[i + 1] / alpha[i + 1]
+            raise ValueError(f"UniPCMultistepScheduler: a solver_order {order} step to σ = {target:g} is singular; "
+                             f"use lower_order_final=True or final_sigmas_type='sigma_min'") from None
         scale = alpha[i + 1] if predict_x0 else sigma[i + 1]
         return scale, B_h, rks, h_phi_1, rhos
 
