@@ -45,8 +45,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from .opcodes import ACTIVATIONS  # the names ``act`` may take (re-exported)
+
+__all__ = ["ACTIVATIONS", "Array", "Backend"]
+
 Array = Any  # numpy.ndarray | cupy.ndarray
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")  # names ``act`` may take
 Shape = tuple[int, ...]
 Axes = tuple[int, ...] | None
 Pair = tuple[int, int]
