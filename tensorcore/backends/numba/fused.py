@@ -219,8 +219,10 @@ class NumbaFusedKernels:
         bind(program, inputs, out)()
         return out
 
-    def prepare(self, op: str, args: tuple, kwargs: dict, out: Array) -> Any:
+    def _bind_fused_program(self, op: str, args: tuple, kwargs: dict, out: Array) -> Any:
+        """A fused program's generated loop bound to its arrays and ``out``, or None for
+        other calls."""
         if op == "fused_elementwise" and not kwargs and out is not None and out.flags.c_contiguous:
             fused_program.check(args[0], [a.dtype.name for a in args[1]])
             return bind(args[0], args[1], out)
-        return super().prepare(op, args, kwargs, out)
+        return None
