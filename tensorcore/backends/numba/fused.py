@@ -20,8 +20,9 @@ NumPy's vectorised versions in the last float32 bit, so the fusion pass leaves t
 out on this backend (``fused_unary`` / ``fused_binary``); a program that has them
 still runs, within a float32 ulp or two.
 
-Cache: the source is written to ``<TENSORCORE_CACHE_DIR>/kernels/numba/fused_<hash of
-the source>.py`` and compiled, under that file name, with ``cache=True``, so Numba
+Cache: the source is written to ``<TENSORCORE_CACHE_DIR>/kernels/numba/<fingerprint of
+the kernel sources>/fused_<hash of the source>.py`` (``kernel_cache.fused_dir``: the
+helpers a generated loop inlines are part of the directory's name) and compiled, under that file name, with ``cache=True``, so Numba
 keeps the machine code beside it and a new process loads it (the text that runs is
 always the generated one, never the file's).  Where that directory cannot be written, the kernel is compiled in memory.
 A loop over fewer than ``SERIAL_BELOW`` elements runs serially, larger ones in parallel.
@@ -43,7 +44,7 @@ from numpy.lib.stride_tricks import as_strided
 from ... import settings
 from ...atomic import write_atomic
 from .. import fused_program
-from . import threads
+from . import kernel_cache, threads
 from .kernels.fused_ops import ACT_CODES
 
 log = logging.getLogger("tensorcore.compile")
@@ -152,7 +153,7 @@ def kernels(program: tuple, layout: str) -> tuple[Callable, Callable]:
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
     if settings.debug_level >= 2:
         print(f"[tensorcore] generated fused kernel {digest}\n{text}")
-    module = _load(Path(settings.cache_dir()) / "kernels" / "numba" / f"fused_{digest}.py",
+    module = _load(kernel_cache.fused_dir() / f"fused_{digest}.py",
                    text.replace("{cache}", "True"), digest)
     if module is None:
         namespace: dict[str, Any] = {}
