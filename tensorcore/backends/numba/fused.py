@@ -22,9 +22,10 @@ still runs, within a float32 ulp or two.
 
 Cache: the source is written to ``<TENSORCORE_CACHE_DIR>/kernels/numba/<fingerprint of
 the kernel sources>/fused_<hash of the source>.py`` (``kernel_cache.fused_dir``: the
-helpers a generated loop inlines are part of the directory's name) and compiled, under that file name, with ``cache=True``, so Numba
-keeps the machine code beside it and a new process loads it (the text that runs is
-always the generated one, never the file's).  Where that directory cannot be written, the kernel is compiled in memory.
+helpers a generated loop inlines are part of the directory's name) and compiled, under
+that file name, with ``cache=True``, so Numba keeps the machine code beside it and a new
+process loads it (the text that runs is always the generated one, never the file's).
+Where that directory cannot be written, the kernel is compiled in memory.
 A loop over fewer than ``SERIAL_BELOW`` elements runs serially, larger ones in parallel.
 """
 
