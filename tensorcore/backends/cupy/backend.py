@@ -1,7 +1,7 @@
 """The CuPy backend: every op on the GPU.
 
 Primitives and the reference fused ops are inherited from the NumPy backend with
-``xp = cupy``; the hot kernels are overridden by the mixins below with hand-written
+``xp = cupy``; the hot kernels, named in ``METHODS`` below, are hand-written
 RawKernels (``cuda/*.cu``) and a capture-safe cuBLAS GEMM.  The kernels are
 instantiated for bfloat16; calls they hand on to the reference compute bfloat16 in
 float32 there (``backends/bfloat16.py``).  No method synchronizes with the
