@@ -69,7 +69,9 @@ def test_debug_2_names_backend_method_and_kernel(name, debug_2, capsys):
             assert "kernels: " in line and kernel in line.split("kernels: ")[1], (op, line)
 
 
-def test_debug_0_prints_nothing(capsys):
+def test_debug_0_prints_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(settings, "debug_level", 0)
+    monkeypatch.setattr(backends, "_instances", {})
     with tc.use_backend("numpy"):
         x = tc.ones((2, 3))
         capsys.readouterr()

@@ -55,10 +55,10 @@ def _own_body(cls):
 def test_no_kernel_group_defines_a_protocol_method_nothing_serves(cls, table, parent):
     """A kernel group's protocol method is served by its backend's table (or an ancestor
     backend's): an override the table leaves out would be dead code."""
-    served = {_served(getattr(klass, name)) for klass in cls.__mro__ if klass in dispatch._SERVED
+    served = {_served(getattr(klass, name)) for klass in cls.__mro__ if dispatch.is_served(klass)
               for name in dispatch.protocol_methods()}
     for klass in cls.__mro__:
-        if klass in dispatch._SERVED or klass is object:
+        if dispatch.is_served(klass) or klass is object:
             continue
         for name in dispatch.protocol_methods():
             if name in vars(klass):

@@ -56,6 +56,11 @@ def serving(table: dict[str, Callable]) -> Callable[[type], type]:
 _SERVED: set[type] = set()  # the backend classes ``serving`` has set up
 
 
+def is_served(cls: type) -> bool:
+    """Whether ``serving`` set up the class ``cls`` (a backend class, not a kernel group)."""
+    return cls in _SERVED
+
+
 def implementation(function: Callable) -> str:
     """The readable name of what serves a method: ``NumbaSpatialKernels.conv2d``, or
     ``computes_in_float32(NumpyConvKernels.conv2d)`` for a bfloat16 policy wrapper (a
