@@ -13,12 +13,12 @@ or a Python scalar changes the result only when it raises the category
 (bool < integer < floating).
 
 Kernels instantiated for bfloat16 (the CUDA ones) compute in float32 themselves; for the
-others, ``ComputesBfloat16InFloat32`` below states the policy once.
+others, ``backends/bfloat16.py`` states the policy once.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -98,101 +98,3 @@ def _combine(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None
     if is_floating(higher) or (not is_floating(lower) and higher != bool_):
         return higher
     return promote_types(higher, lower)
-
-
-# ----- bfloat16 on kernels without a bfloat16 instantiation -------------------------------
-# NumPy's bfloat16 has elementwise loops, which already compute each element in float32
-# and round once, but no BLAS, and its sums accumulate in bfloat16 and lose digits after
-# a few hundred terms.  So the ops that accumulate or multiply matrices run on float32
-# copies of their bfloat16 arguments and round floating results back, as the CUDA
-# kernels do per element.  Two details follow PyTorch: normalisation statistics (mean,
-# rstd) stay float32, and a result is rounded to bfloat16 only when NumPy's promotion of
-# the floating arguments (statistics aside) gives bfloat16, so bfloat16 with float32
-# computes and returns float32.
-
-# op -> (positions of float32 statistics among its arguments, positions among its results;
-# cross-entropy's float64 divisor is such an argument: it takes no part in the promotion)
-_NORM_STATS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
-    "layer_norm": ((), (1, 2)),
-    "group_norm": ((), (1, 2)),
-    "batch_norm": ((), (1, 2)),
-    "layer_norm_backward": ((3, 4), ()),
-    "group_norm_backward": ((4, 5), ()),
-    "batch_norm_backward": ((3, 4), ()),
-    "cross_entropy_reduced_backward": ((5,), ()),
-}
-
-# the ops that accumulate (sums, products, scatter-adds) or multiply matrices; pure
-# elementwise ops and data movement keep NumPy's own bfloat16 loops
-FLOAT32_COMPUTED_OPS = (
-    "reduce", "matmul", "lora_linear", "conv2d", "conv2d_grad_input", "conv2d_grad_weight",
-    "avg_pool2d", "avg_pool2d_backward", "max_pool2d_backward",
-    "upsample_nearest2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
-    "softmax", "softmax_backward", "log_softmax", "log_softmax_backward",
-    "cross_entropy", "cross_entropy_backward", "cross_entropy_reduced", "attention", "attention_backward",
-    "bias_act_backward", "embedding_backward", "index_add_",
-    "sgd_update_", "adam_update_", "rmsprop_update_", "adagrad_update_", "lamb_update_",
-    "lars_update_", "lion_update_", *_NORM_STATS,
-)
-# ops that write into arrays they were given: the float32 copies are written back
-_WRITES_ARGUMENTS = frozenset(op for op in FLOAT32_COMPUTED_OPS if op.endswith("_")) | {"batch_norm"}
-
-
-def _is_bfloat16(a: Any) -> bool:
-    dtype = getattr(a, "dtype", None)  # arrays of any backend; names, flags, None have none
-    return dtype is not None and dtype == bfloat16
-
-
-def _widened(a: Any) -> Any:
-    return a.astype(float32) if _is_bfloat16(a) else a
-
-
-def _narrowed(result: Any) -> Any:
-    """A float32 result rounded to bfloat16; anything else (indices, None) as it is."""
-    return result.astype(bfloat16) if getattr(result, "dtype", None) == float32 else result
-
-
-def _float32_computed(op: str) -> Callable:
-    """The method ``op`` of ComputesBfloat16InFloat32: without bfloat16 arguments, the
-    next implementation in the MRO; with them, ``op`` again on float32 copies (so the
-    fastest float32 kernel of the backend runs), results rounded back where the
-    promotion of the floating arguments is bfloat16."""
-    stat_args, stat_results = _NORM_STATS.get(op, ((), ()))
-    writes_back = op in _WRITES_ARGUMENTS
-
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        values = (*args, *kwargs.values())
-        for a in values:  # a plain loop: this check runs on every call of the op
-            if _is_bfloat16(a):
-                break
-        else:
-            return getattr(super(ComputesBfloat16InFloat32, self), op)(*args, **kwargs)
-        wide = [_widened(a) for a in args]
-        wide_kw = {key: _widened(v) for key, v in kwargs.items()}
-        out = getattr(self, op)(*wide, **wide_kw)
-        if writes_back:
-            for orig, copy in zip(values, (*wide, *wide_kw.values())):
-                if copy is not orig:
-                    orig[...] = copy
-        floats = [a.dtype for i, a in enumerate(values) if i not in stat_args
-                  and getattr(a, "dtype", None) is not None and is_floating(a.dtype)]
-        if np.result_type(*floats) != bfloat16:
-            return out
-        if isinstance(out, tuple):
-            return tuple(r if i in stat_results else _narrowed(r) for i, r in enumerate(out))
-        return _narrowed(out)
-
-    run.__name__ = run.__qualname__ = op
-    return run
-
-
-class ComputesBfloat16InFloat32:
-    """A mixin for backends whose kernels have no bfloat16 instantiation, placed before
-    them in the bases: each op of FLOAT32_COMPUTED_OPS given bfloat16 arrays computes in
-    float32 (see above).  A backend that subclasses one with this mixin and has its own
-    bfloat16 kernels reaches it only where its kernels hand a call on to the parent."""
-
-
-for _op in FLOAT32_COMPUTED_OPS:
-    setattr(ComputesBfloat16InFloat32, _op, _float32_computed(_op))
-del _op

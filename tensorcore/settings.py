@@ -2,7 +2,9 @@
 
 ``TENSORCORE_BACKEND``   numpy | numba | cupy (default: numba if it imports, else numpy)
 ``DEBUG``                1 or more: print each op with backend, shapes and time; 2 also
-                         the graph and plan of each compiled call and each generated kernel
+                         every backend call with the function and kernels that ran
+                         (``backends/report.py``, for backends created from then on), the
+                         graph and plan of each compiled call and each generated kernel
 ``TENSORCORE_CACHE_DIR`` where ``tc.compile`` keeps plans and generated Numba kernels on disk
                          (default ~/.cache/tensorcore); read when a compiled callable is
                          created or a kernel generated

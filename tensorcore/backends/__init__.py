@@ -13,6 +13,7 @@ import importlib.util
 from typing import Iterator
 
 from .. import settings
+from . import report
 from .base import Backend
 
 _MODULES = {
@@ -29,14 +30,16 @@ _instances: dict[str, Backend] = {}
 
 
 def load(name: str) -> Backend:
-    """The backend object named ``name`` (created once), or a clear error."""
+    """The backend object named ``name`` (created once), or a clear error.  With
+    ``DEBUG=2`` it prints every call (``backends/report.py``)."""
     if name not in _MODULES:
         raise ValueError(f"unknown backend {name!r}; valid values: {', '.join(settings.VALID_BACKENDS)}")
     if name not in _instances:
         module_name, class_name = _MODULES[name]
         try:
             module = importlib.import_module(module_name)
-            backend = getattr(module, class_name)()
+            cls = getattr(module, class_name)
+            backend = (report.reporting(cls) if settings.debug_level >= 2 else cls)()
         except ImportError as exc:
             raise RuntimeError(f"backend {name!r} is unavailable ({exc}); install it with: {_INSTALL_HINT.get(name, 'pip install tensorcore-engine')}") from exc
         _instances[name] = backend

@@ -1,7 +1,7 @@
 """The backend protocol: what every backend must provide.
 
-A backend is one object that holds kernels and nothing else (no autograd, no
-caching policy).  Arrays are the backend's native arrays (``numpy.ndarray`` on the
+A backend is one object that holds kernels and the caches they need (no autograd);
+``dispatch.py`` says how each backend states which function serves each method.  Arrays are the backend's native arrays (``numpy.ndarray`` on the
 CPU, ``cupy.ndarray`` on the GPU); images are NCHW.  Every method returns a new
 array unless its name ends in ``_`` (then it writes into its first argument).
 
@@ -54,8 +54,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from .opcodes import ACTIVATIONS  # the names ``act`` may take (re-exported)
+
+__all__ = ["ACTIVATIONS", "Array", "Backend"]
+
 Array = Any  # numpy.ndarray | cupy.ndarray
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")  # names ``act`` may take
 Shape = tuple[int, ...]
 Axes = tuple[int, ...] | None
 Pair = tuple[int, int]

@@ -24,15 +24,15 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .base import ACTIVATIONS
+from . import opcodes
+from .opcodes import ACTIVATIONS
 
 DTYPES = ("float32", "float64", "bool")
 FLOATS = ("float32", "float64")
-UNARY_FLOAT = ("neg", "abs", "sign", "exp", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
-               "sigmoid", "relu", "erf", "gelu", "gelu_tanh", "silu", "softplus", "floor", "ceil", "round")
+UNARY_FLOAT = tuple(opcodes.UNARY_CODES)  # the unary ops of the elementwise kernels
 UNARY_TEST = ("isnan", "isinf")  # float -> bool
 UNARY = UNARY_FLOAT + UNARY_TEST + ("logical_not",)
-ARITHMETIC = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+ARITHMETIC = tuple(opcodes.BINARY_CODES)
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
 LOGICAL = ("logical_and", "logical_or")
 BINARY = ARITHMETIC + COMPARISONS + LOGICAL

@@ -1,17 +1,17 @@
 """The CuPy backend: every op on the GPU.
 
 Primitives and the reference fused ops are inherited from the NumPy backend with
-``xp = cupy``; the hot kernels are overridden by the mixins below with hand-written
+``xp = cupy``; the hot kernels, named in ``METHODS`` below, are hand-written
 RawKernels (``cuda/*.cu``) and a capture-safe cuBLAS GEMM.  The kernels are
 instantiated for bfloat16; calls they hand on to the reference compute bfloat16 in
-float32 there (``dtypes.ComputesBfloat16InFloat32``).  No method synchronizes with the
+float32 there (``backends/bfloat16.py``).  No method synchronizes with the
 host: results stay on the device until the caller asks.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import cupy
 
@@ -25,9 +25,68 @@ from .nn import CupyNNKernels
 from .optim import CupyOptimKernels
 from .random import CupyRandomKernels
 from .util import DeviceBuffers, dense, zeroed_counters
+from ..dispatch import serving
 from ..numpy.backend import NumpyBackend
 
 
+# Which function serves each protocol method the CUDA kernels take over
+# (``backends/dispatch.py``); the class body below serves the memory methods, and every
+# other method is served as NumpyBackend serves it (with ``xp = cupy``).  A kernel hands
+# the calls it does not cover on to NumpyBackend's entry with ``super()``.
+METHODS: dict[str, Callable] = {
+    "unary": CupyElementwiseKernels.unary,
+    "binary": CupyElementwiseKernels.binary,
+    "activation_grad": CupyElementwiseKernels.activation_grad,
+    "fused_elementwise": CupyFusedKernels.fused_elementwise,
+    "reduce": CupyElementwiseKernels.reduce,
+    "matmul": CupyLinalgKernels.matmul,
+    "matmul_bias_act": CupyLinalgKernels.matmul_bias_act,
+    "matmul_bias_act_group": CupyLinalgKernels.matmul_bias_act_group,
+    "lora_linear": CupyLoraKernels.lora_linear,
+    "conv2d": CupyLinalgKernels.conv2d,
+    "group_norm_conv2d": CupyLinalgKernels.group_norm_conv2d,
+    "conv2d_grad_input": CupyLinalgKernels.conv2d_grad_input,
+    "conv2d_grad_weight": CupyLinalgKernels.conv2d_grad_weight,
+    "max_pool2d": CupyNNKernels.max_pool2d,
+    "max_pool2d_backward": CupyNNKernels.max_pool2d_backward,
+    "avg_pool2d": CupyNNKernels.avg_pool2d,
+    "avg_pool2d_backward": CupyNNKernels.avg_pool2d_backward,
+    "upsample_nearest2d": CupyNNKernels.upsample_nearest2d,
+    "upsample_nearest2d_backward": CupyNNKernels.upsample_nearest2d_backward,
+    "upsample_bilinear2d": CupyNNKernels.upsample_bilinear2d,
+    "upsample_bilinear2d_backward": CupyNNKernels.upsample_bilinear2d_backward,
+    "softmax": CupyNNKernels.softmax,
+    "softmax_backward": CupyNNKernels.softmax_backward,
+    "log_softmax": CupyNNKernels.log_softmax,
+    "log_softmax_backward": CupyNNKernels.log_softmax_backward,
+    "cross_entropy": CupyNNKernels.cross_entropy,
+    "cross_entropy_backward": CupyNNKernels.cross_entropy_backward,
+    "layer_norm": CupyNNKernels.layer_norm,
+    "layer_norm_backward": CupyNNKernels.layer_norm_backward,
+    "group_norm": CupyNNKernels.group_norm,
+    "group_norm_backward": CupyNNKernels.group_norm_backward,
+    "batch_norm": CupyNNKernels.batch_norm,
+    "batch_norm_backward": CupyNNKernels.batch_norm_backward,
+    "bias_act": CupyElementwiseKernels.bias_act,
+    "bias_act_backward": CupyElementwiseKernels.bias_act_backward,
+    "attention": CupyLinalgKernels.attention,
+    "attention_backward": CupyLinalgKernels.attention_backward,
+    "embedding_backward": CupyNNKernels.embedding_backward,
+    "rng": CupyRandomKernels.rng,
+    "uniform": CupyRandomKernels.uniform,
+    "normal": CupyRandomKernels.normal,
+    "integers": CupyRandomKernels.integers,
+    "sgd_update_": CupyOptimKernels.sgd_update_,
+    "adam_update_": CupyOptimKernels.adam_update_,
+    "rmsprop_update_": CupyOptimKernels.rmsprop_update_,
+    "adagrad_update_": CupyOptimKernels.adagrad_update_,
+    "lamb_update_": CupyOptimKernels.lamb_update_,
+    "lars_update_": CupyOptimKernels.lars_update_,
+    "lion_update_": CupyOptimKernels.lion_update_,
+}
+
+
+@serving(METHODS)
 class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, CupyNNKernels,
                   CupyRandomKernels, CupyOptimKernels, CupyLoraKernels, NumpyBackend):
     """CuPy arrays on the current CUDA device."""

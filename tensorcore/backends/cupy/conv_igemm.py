@@ -39,6 +39,7 @@ import cupy
 import numpy
 
 from ... import settings
+from .. import report
 from . import loader
 from .elementwise import ACT_CODES
 from .util import NULL, contiguous
@@ -186,6 +187,8 @@ def _launch(kernel: str, plan: Plan, dtype: Any, prec: int, grid: tuple, args: t
     tile = plan.tile
     smem = tile.smem_bytes(kernel, dtype.itemsize)
     expression = tile.expression(kernel, _CTYPES[dtype.name], prec)
+    if report.active:
+        report.note_kernel(expression)
     _gemm_kernel(expression, smem, cupy.cuda.runtime.getDevice())(
         grid, (tile.threads,), args, shared_mem=smem)
 

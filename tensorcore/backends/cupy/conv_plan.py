@@ -33,7 +33,7 @@ VARIANTS = (("float", PREC_TF32), ("float", PREC_3XTF32), ("half_t", PREC_16),
             ("bf16_t", PREC_16))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tile:
     """A block tile BM x BN x BK (elements), WM x WN warps, STAGES copies in flight,
     registers capped for ``min_blocks`` blocks per SM (its launch bounds: chosen from
@@ -81,22 +81,37 @@ class Tile:
 # barrier and fragment loads); efficiencies fitted to a sweep of every tile and split
 # over the reference UNet's convolutions (docs/benchmarks.md#convolution-tile-plans).
 _FPROP_TILES = {
-    PREC_TF32: (Tile(256, 128, 32, 4, 2, 3, 1, 1.0), Tile(128, 128, 32, 4, 2, 4, 1, 0.8),
-                Tile(128, 128, 16, 2, 2, 4, 2, 0.7), Tile(128, 32, 32, 4, 1, 4, 2, 0.3)),
+    PREC_TF32: (
+        Tile(bm=256, bn=128, bk=32, warps_m=4, warps_n=2, stages=3, min_blocks=1, efficiency=1.0),
+        Tile(bm=128, bn=128, bk=32, warps_m=4, warps_n=2, stages=4, min_blocks=1, efficiency=0.8),
+        Tile(bm=128, bn=128, bk=16, warps_m=2, warps_n=2, stages=4, min_blocks=2, efficiency=0.7),
+        Tile(bm=128, bn=32, bk=32, warps_m=4, warps_n=1, stages=4, min_blocks=2, efficiency=0.3),
+    ),
     # 3xTF32 holds both TF32 parts of every fragment: 64 x 32 warp tiles
-    PREC_3XTF32: (Tile(128, 128, 32, 2, 4, 3, 1, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.7),
-                  Tile(128, 32, 32, 4, 1, 4, 2, 0.6)),
-    PREC_16: (Tile(256, 128, 64, 4, 2, 3, 1, 1.0), Tile(128, 128, 64, 2, 4, 3, 1, 0.8),
-              Tile(128, 128, 32, 2, 2, 4, 2, 0.7), Tile(64, 64, 64, 2, 2, 4, 3, 0.6),
-              Tile(128, 32, 64, 4, 1, 4, 2, 0.4)),
+    PREC_3XTF32: (
+        Tile(bm=128, bn=128, bk=32, warps_m=2, warps_n=4, stages=3, min_blocks=1, efficiency=1.0),
+        Tile(bm=64, bn=64, bk=32, warps_m=2, warps_n=2, stages=4, min_blocks=3, efficiency=0.7),
+        Tile(bm=128, bn=32, bk=32, warps_m=4, warps_n=1, stages=4, min_blocks=2, efficiency=0.6),
+    ),
+    PREC_16: (
+        Tile(bm=256, bn=128, bk=64, warps_m=4, warps_n=2, stages=3, min_blocks=1, efficiency=1.0),
+        Tile(bm=128, bn=128, bk=64, warps_m=2, warps_n=4, stages=3, min_blocks=1, efficiency=0.8),
+        Tile(bm=128, bn=128, bk=32, warps_m=2, warps_n=2, stages=4, min_blocks=2, efficiency=0.7),
+        Tile(bm=64, bn=64, bk=64, warps_m=2, warps_n=2, stages=4, min_blocks=3, efficiency=0.6),
+        Tile(bm=128, bn=32, bk=64, warps_m=4, warps_n=1, stages=4, min_blocks=2, efficiency=0.4),
+    ),
 }
 # on sm_90: wgmma tiles of BM / 64 warpgroups and K tiles of 128 bytes (BK elements), for
 # the weight gradient (stride 1, dilation 1; the others take _WGRAD_TILES) as they are,
 # for the forward / input gradient with the mma.sync kernel's narrowest tile added for a
 # few output channels (a UNet's last convolution), where it is faster
 _WGMMA_WGRAD_TILES = {
-    prec: (Tile(128, 256, bk, 8, 1, 4, 1, 1.0, True), Tile(256, 128, bk, 16, 1, 4, 1, 1.0, True),
-           Tile(128, 128, bk, 8, 1, 3, 2, 0.9, True), Tile(64, 128, bk, 4, 1, 4, 2, 0.7, True))
+    prec: (
+        Tile(bm=128, bn=256, bk=bk, warps_m=8, warps_n=1, stages=4, min_blocks=1, efficiency=1.0, wgmma=True),
+        Tile(bm=256, bn=128, bk=bk, warps_m=16, warps_n=1, stages=4, min_blocks=1, efficiency=1.0, wgmma=True),
+        Tile(bm=128, bn=128, bk=bk, warps_m=8, warps_n=1, stages=3, min_blocks=2, efficiency=0.9, wgmma=True),
+        Tile(bm=64, bn=128, bk=bk, warps_m=4, warps_n=1, stages=4, min_blocks=2, efficiency=0.7, wgmma=True),
+    )
     for prec, bk in ((PREC_TF32, 32), (PREC_16, 64))
 }
 _WGMMA_FPROP_TILES = {
@@ -105,9 +120,18 @@ _WGMMA_FPROP_TILES = {
 }
 # weight gradient: rows are output channels, columns (tap, input channel), K the pixels
 _WGRAD_TILES = {
-    PREC_TF32: (Tile(128, 128, 32, 2, 4, 3, 2, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.6)),
-    PREC_3XTF32: (Tile(128, 128, 32, 2, 4, 3, 1, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.6)),
-    PREC_16: (Tile(128, 128, 32, 2, 4, 3, 2, 1.0), Tile(64, 64, 32, 2, 2, 4, 3, 0.6)),
+    PREC_TF32: (
+        Tile(bm=128, bn=128, bk=32, warps_m=2, warps_n=4, stages=3, min_blocks=2, efficiency=1.0),
+        Tile(bm=64, bn=64, bk=32, warps_m=2, warps_n=2, stages=4, min_blocks=3, efficiency=0.6),
+    ),
+    PREC_3XTF32: (
+        Tile(bm=128, bn=128, bk=32, warps_m=2, warps_n=4, stages=3, min_blocks=1, efficiency=1.0),
+        Tile(bm=64, bn=64, bk=32, warps_m=2, warps_n=2, stages=4, min_blocks=3, efficiency=0.6),
+    ),
+    PREC_16: (
+        Tile(bm=128, bn=128, bk=32, warps_m=2, warps_n=4, stages=3, min_blocks=2, efficiency=1.0),
+        Tile(bm=64, bn=64, bk=32, warps_m=2, warps_n=2, stages=4, min_blocks=3, efficiency=0.6),
+    ),
 }
 
 
@@ -194,7 +218,7 @@ def _cheapest(kernel: str, prec: int, itemsize: int, m: int, n: int, k: int, pha
             if splits > 1:
                 time += (4.0 * out_elems * (splits + 1)) / _BANDWIDTH + _LAUNCH_S
             if time < best_time:
-                best, best_time = Plan(tile, splits), time
+                best, best_time = Plan(tile=tile, splits=splits), time
     return best
 
 

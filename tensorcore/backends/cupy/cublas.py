@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy
 
+from .. import report
+
 WORKSPACE_BYTES = 64 * 1024 * 1024
 
 # cudaDataType / cublasComputeType_t / cublasOperation_t values from the cuBLAS headers.
@@ -124,6 +126,8 @@ def gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a_ptr: int, lda: 
     import cupy
 
     h = handle()
+    if report.active:
+        report.note_kernel("cublasGemmEx" if batch == 1 else "cublasGemmStridedBatchedEx")
     dt = _DATA_TYPE[numpy.dtype(dtype).name]
     ct = compute_type(dtype, allow_tf32)
     scalar = ctypes.c_double if ct == _COMPUTE_64F else ctypes.c_float

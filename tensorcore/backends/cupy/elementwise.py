@@ -12,20 +12,17 @@ import numpy
 
 from . import loader
 from .loader import grid_for, kernel, launch
-from ..numpy.act import ACTIVATIONS, check_activation
+from .. import opcodes
+from ..numpy.act import check_activation
 from .util import (acc_dtype, aligned, contiguous, empty_as, has_kernels, pack_width,
                    ptr, row_launch)
 
 EW = "elementwise.cu"
 RED = "reduce.cu"
-UNARY_OPS = {name: code for code, name in enumerate((
-    "neg", "abs", "sign", "exp", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
-    "sigmoid", "relu", "erf", "gelu", "gelu_tanh", "silu", "softplus", "floor", "ceil",
-    "round"))}
-BINARY_OPS = {name: code for code, name in enumerate((
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum"))}
-ACT_CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
-REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
+UNARY_OPS = opcodes.UNARY_CODES
+BINARY_OPS = opcodes.BINARY_CODES
+ACT_CODES = opcodes.ACT_CODES
+REDUCE_OPS = opcodes.REDUCTION_CODES
 
 
 def _packed_work(n: int, vec: bool, dtype: Any) -> int:

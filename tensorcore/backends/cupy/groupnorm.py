@@ -23,6 +23,7 @@ import cupy
 import numpy
 
 from . import loader
+from .. import report
 from .loader import kernel
 from .elementwise import ACT_CODES
 from .util import NULL, acc_dtype, aligned, contiguous, empty_as, pack_width, ptr
@@ -142,6 +143,8 @@ def run_resident(x, shift, weight, bias, stat_len: int, eps: float, act: str,
     unused ones null: (y, mean, rstd) normalizes, coef ([2, N, C]) takes the scale and
     beta of every channel instead."""
     grid, chunk, smem_packs = layout
+    if report.active:
+        report.note_kernel("group_norm_resident_kernel")
     _resident_kernel(x.dtype, cupy.cuda.runtime.getDevice())(
         (grid,), (RES_THREADS,),
         (x, ptr(shift), ptr(weight), ptr(bias), *outputs[:3], partials, outputs[3],

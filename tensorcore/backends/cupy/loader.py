@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .. import report
+
 CUDA_DIR = Path(__file__).with_name("cuda")
 OPTIONS = ("-std=c++17",)
 THREADS = 256
@@ -140,6 +142,8 @@ def kernel(filename: str, name: str, dtype: Any = None) -> Any:
     and called like a RawKernel: ``kernel(...)(grid, block, args)``.  This is the
     ``cupy.cuda.Function`` behind the RawKernel: calling it directly skips the
     RawKernel's per-call device lookup, host time paid on every launch."""
+    if report.active:
+        report.note_kernel(name if dtype is None else f"{name}<{ctype_of(dtype)}>")
     return _function(filename, name, dtype, _current_device())
 
 

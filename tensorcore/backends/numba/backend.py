@@ -5,7 +5,7 @@ layer/group/batch norm, convolution, pooling, upsampling, embedding backward and
 optimizer updates with parallel ``@njit`` kernels (``kernels/``); everything
 else, and every call in a dtype the kernels do not cover (only float32 and float64
 are), runs the NumPy reference; bfloat16 calls of the accumulating ops come back to these
-kernels in float32 (``dtypes.ComputesBfloat16InFloat32``).
+kernels in float32 (``backends/bfloat16.py``).
 
 Start-up: this module imports no Numba; each kernel module is imported on first use
 and each kernel compiles on its first call, once per dtype, into Numba's on-disk cache
@@ -21,7 +21,7 @@ next arrays of a step do not page-fault.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy
 
@@ -31,9 +31,60 @@ from .lora import NumbaLoraKernels
 from .nn import NumbaNNKernels
 from .optim import NumbaOptimKernels
 from .spatial import NumbaSpatialKernels, Scratch
+from ..dispatch import serving
 from ..numpy.backend import NumpyBackend
 
 
+# Which function serves each protocol method the Numba kernels take over
+# (``backends/dispatch.py``); every other method is served as NumpyBackend serves it.
+# A kernel hands the calls it does not cover (other dtypes, layouts) on to NumpyBackend's
+# entry with ``super()``.
+METHODS: dict[str, Callable] = {
+    "unary": NumbaNNKernels.unary,
+    "activation_grad": NumbaNNKernels.activation_grad,
+    "fused_elementwise": NumbaFusedKernels.fused_elementwise,
+    "reduce": NumbaNNKernels.reduce,
+    "matmul_bias_act": NumbaNNKernels.matmul_bias_act,
+    "lora_linear": NumbaLoraKernels.lora_linear,
+    "conv2d": NumbaSpatialKernels.conv2d,
+    "conv2d_grad_input": NumbaSpatialKernels.conv2d_grad_input,
+    "conv2d_grad_weight": NumbaSpatialKernels.conv2d_grad_weight,
+    "max_pool2d": NumbaSpatialKernels.max_pool2d,
+    "max_pool2d_backward": NumbaSpatialKernels.max_pool2d_backward,
+    "avg_pool2d": NumbaSpatialKernels.avg_pool2d,
+    "avg_pool2d_backward": NumbaSpatialKernels.avg_pool2d_backward,
+    "upsample_nearest2d": NumbaSpatialKernels.upsample_nearest2d,
+    "upsample_nearest2d_backward": NumbaSpatialKernels.upsample_nearest2d_backward,
+    "upsample_bilinear2d": NumbaSpatialKernels.upsample_bilinear2d,
+    "upsample_bilinear2d_backward": NumbaSpatialKernels.upsample_bilinear2d_backward,
+    "softmax": NumbaNNKernels.softmax,
+    "softmax_backward": NumbaNNKernels.softmax_backward,
+    "log_softmax": NumbaNNKernels.log_softmax,
+    "log_softmax_backward": NumbaNNKernels.log_softmax_backward,
+    "cross_entropy": NumbaNNKernels.cross_entropy,
+    "cross_entropy_backward": NumbaNNKernels.cross_entropy_backward,
+    "cross_entropy_reduced": NumbaNNKernels.cross_entropy_reduced,
+    "cross_entropy_reduced_backward": NumbaNNKernels.cross_entropy_reduced_backward,
+    "layer_norm": NumbaNNKernels.layer_norm,
+    "layer_norm_backward": NumbaNNKernels.layer_norm_backward,
+    "group_norm": NumbaNNKernels.group_norm,
+    "group_norm_backward": NumbaNNKernels.group_norm_backward,
+    "batch_norm": NumbaNNKernels.batch_norm,
+    "batch_norm_backward": NumbaNNKernels.batch_norm_backward,
+    "bias_act": NumbaNNKernels.bias_act,
+    "bias_act_backward": NumbaNNKernels.bias_act_backward,
+    "embedding_backward": NumbaNNKernels.embedding_backward,
+    "sgd_update_": NumbaOptimKernels.sgd_update_,
+    "adam_update_": NumbaOptimKernels.adam_update_,
+    "rmsprop_update_": NumbaOptimKernels.rmsprop_update_,
+    "adagrad_update_": NumbaOptimKernels.adagrad_update_,
+    "lamb_update_": NumbaOptimKernels.lamb_update_,
+    "lars_update_": NumbaOptimKernels.lars_update_,
+    "lion_update_": NumbaOptimKernels.lion_update_,
+}
+
+
+@serving(METHODS)
 class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumbaLoraKernels,
                    NumpyBackend):
     """NumPy arrays on the CPU, with Numba kernels for the hot ops."""
@@ -49,3 +100,9 @@ class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, Numba
 
     def empty_cache(self) -> None:
         self.scratch.clear()
+
+    def prepare(self, op: str, args: tuple, kwargs: dict, out: Any) -> Callable[[], Any] | None:
+        """A call bound for compiled replay: a fused program's generated loop, an
+        activation kernel, else what the NumPy reference binds."""
+        return (self._bind_fused_program(op, args, kwargs, out) or self._bind_activation(op, args, kwargs, out)
+                or NumpyBackend.prepare(self, op, args, kwargs, out))

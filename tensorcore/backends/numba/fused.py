@@ -20,10 +20,12 @@ NumPy's vectorised versions in the last float32 bit, so the fusion pass leaves t
 out on this backend (``fused_unary`` / ``fused_binary``); a program that has them
 still runs, within a float32 ulp or two.
 
-Cache: the source is written to ``<TENSORCORE_CACHE_DIR>/kernels/numba/fused_<hash of
-the source>.py`` and compiled, under that file name, with ``cache=True``, so Numba
-keeps the machine code beside it and a new process loads it (the text that runs is
-always the generated one, never the file's).  Where that directory cannot be written, the kernel is compiled in memory.
+Cache: the source is written to ``<TENSORCORE_CACHE_DIR>/kernels/numba/<fingerprint of
+the kernel sources>/fused_<hash of the source>.py`` (``kernel_cache.fused_dir``: the
+helpers a generated loop inlines are part of the directory's name) and compiled, under
+that file name, with ``cache=True``, so Numba keeps the machine code beside it and a new
+process loads it (the text that runs is always the generated one, never the file's).
+Where that directory cannot be written, the kernel is compiled in memory.
 A loop over fewer than ``SERIAL_BELOW`` elements runs serially, larger ones in parallel.
 """
 
@@ -43,7 +45,7 @@ from numpy.lib.stride_tricks import as_strided
 from ... import settings
 from ...atomic import write_atomic
 from .. import fused_program
-from . import threads
+from . import kernel_cache, threads
 from .kernels.fused_ops import ACT_CODES
 
 log = logging.getLogger("tensorcore.compile")
@@ -152,7 +154,7 @@ def kernels(program: tuple, layout: str) -> tuple[Callable, Callable]:
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
     if settings.debug_level >= 2:
         print(f"[tensorcore] generated fused kernel {digest}\n{text}")
-    module = _load(Path(settings.cache_dir()) / "kernels" / "numba" / f"fused_{digest}.py",
+    module = _load(kernel_cache.fused_dir() / f"fused_{digest}.py",
                    text.replace("{cache}", "True"), digest)
     if module is None:
         namespace: dict[str, Any] = {}
@@ -219,8 +221,10 @@ class NumbaFusedKernels:
         bind(program, inputs, out)()
         return out
 
-    def prepare(self, op: str, args: tuple, kwargs: dict, out: Array) -> Any:
+    def _bind_fused_program(self, op: str, args: tuple, kwargs: dict, out: Array) -> Any:
+        """A fused program's generated loop bound to its arrays and ``out``, or None for
+        other calls."""
         if op == "fused_elementwise" and not kwargs and out is not None and out.flags.c_contiguous:
             fused_program.check(args[0], [a.dtype.name for a in args[1]])
             return bind(args[0], args[1], out)
-        return super().prepare(op, args, kwargs, out)
+        return None

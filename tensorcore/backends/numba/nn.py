@@ -126,9 +126,9 @@ class NumbaNNKernels:
                                                     gc.reshape(outer * channels, inner), code)
         return gx.reshape(x.shape), plane_sums.reshape(outer, channels).sum(axis=0)
 
-    def prepare(self, op: str, args: tuple, kwargs: dict, out: Array) -> Any:
+    def _bind_activation(self, op: str, args: tuple, kwargs: dict, out: Array) -> Any:
         """The activation and bias + activation kernels bound to their arrays (after the
-        checks ``unary``/``bias_act`` make on every call); the rest as the reference."""
+        checks ``unary``/``bias_act`` make on every call), or None for other calls."""
         from .kernels import activations as K
 
         if op == "unary" and not kwargs and args[0] in _FUSED_UNARY and fast_path(args[1]) \
@@ -145,7 +145,7 @@ class NumbaNNKernels:
             rows, kernel = (channels, K.bias_act_rows) if inner == 1 else (inner, K.bias_act_planes)
             out2, run = out.reshape(-1, rows), kernel.bind(x.reshape(-1, rows), bias, K.ACT_CODES[act])
             return lambda: np.copyto(out2, run())
-        return super().prepare(op, args, kwargs, out)
+        return None
 
     # ----- softmax family ----------------------------------------------------------
     def softmax(self, x: Array) -> Array:

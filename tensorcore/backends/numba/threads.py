@@ -43,6 +43,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import report
+
 SPIN_COUNT = "30000"  # GOMP_SPINCOUNT for Numba's OpenMP workers (see 1. above)
 SERIAL_BELOW = 65_536  # elements over a kernel's array arguments (see SizedKernel)
 _CALLBACK_SYMBOL = "openblas_set_threads_callback_function"
@@ -118,6 +120,8 @@ class SizedKernel:
             configure()
         _use_threads(1 if _work((*args, *kwargs.values()) if kwargs else args) < SERIAL_BELOW
                      else _pools.num_threads)
+        if report.active:
+            report.note_kernel(self.label())
         return self.dispatcher(*args, **kwargs)
 
     def bind(self, *args: Any) -> Callable[[], Any]:
@@ -128,8 +132,14 @@ class SizedKernel:
 
         def call() -> Any:
             _use_threads(1 if serial else _pools.num_threads)
+            if report.active:
+                report.note_kernel(self.label())
             return dispatcher(*args)
         return call
+
+    def label(self) -> str:
+        """The kernel's name with its module's, as ``DEBUG=2`` prints it: ``softmax.softmax_rows``."""
+        return f"{self.__module__.rpartition('.')[2]}.{self.__name__}"
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dispatcher, name)

@@ -14,13 +14,21 @@ from typing import Any, Callable, Sequence
 
 import numpy
 
-from ...dtypes import ComputesBfloat16InFloat32, bfloat16
+from ...dtypes import bfloat16
 from .. import fused_program
-from .act import check_activation
+from ..bfloat16 import computes_in_float32
+from ..dispatch import serving
+from .act import NumpyActivationKernels, check_activation
+from .conv import NumpyConvKernels
 from .executor import CpuReplay
+from .lora import NumpyLoraKernels
 from .nn import NumpyNNKernels
+from .norm import NumpyNormKernels
 from .optim import NumpyOptimKernels
+from .pool import NumpyPoolKernels
+from .softmax import NumpySoftmaxKernels
 from .special import erf
+from .upsample import NumpyUpsampleKernels
 
 _UNARY = {
     "neg": "negative", "abs": "abs", "sign": "sign", "exp": "exp", "log": "log",
@@ -98,6 +106,9 @@ class NumpyPrimitives:
 
     def empty_cache(self) -> None:
         """Nothing to free: the reference keeps no buffers between calls."""
+
+    def release_stream(self, stream: int) -> None:
+        """Nothing to free: the reference keeps no buffers per stream."""
 
     def astype(self, a, dtype):
         return a.astype(dtype, copy=False)
@@ -318,8 +329,110 @@ def _keep_bfloat16(y, a, b):
     return y
 
 
-class NumpyBackend(ComputesBfloat16InFloat32, NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
-    """The reference backend: NumPy arrays on the CPU (bfloat16 computed in float32)."""
+# Which function serves each protocol method (``backends/dispatch.py``).  The ops that
+# accumulate run bfloat16 arguments in float32 (``backends/bfloat16.py``).
+METHODS: dict[str, Callable] = {
+    # allocation and transfer
+    "array": NumpyPrimitives.array,
+    "empty": NumpyPrimitives.empty,
+    "zeros": NumpyPrimitives.zeros,
+    "full": NumpyPrimitives.full,
+    "arange": NumpyPrimitives.arange,
+    "linspace": NumpyPrimitives.linspace,
+    "eye": NumpyPrimitives.eye,
+    "to_numpy": NumpyPrimitives.to_numpy,
+    "from_numpy": NumpyPrimitives.from_numpy,
+    "from_dlpack": NumpyPrimitives.from_dlpack,
+    "astype": NumpyPrimitives.astype,
+    "copy": NumpyPrimitives.copy,
+    "copy_": NumpyPrimitives.copy_,
+    "add_": NumpyPrimitives.add_,
+    "empty_cache": NumpyPrimitives.empty_cache,
+    "release_stream": NumpyPrimitives.release_stream,
+    # elementwise
+    "unary": NumpyPrimitives.unary,
+    "binary": NumpyPrimitives.binary,
+    "where": NumpyPrimitives.where,
+    "clip": NumpyPrimitives.clip,
+    "leaky_relu": NumpyPrimitives.leaky_relu,
+    "activation_grad": NumpyActivationKernels.activation_grad,
+    "fused_elementwise": NumpyPrimitives.fused_elementwise,
+    # reductions
+    "reduce": computes_in_float32(NumpyPrimitives.reduce),
+    "arg_reduce": NumpyPrimitives.arg_reduce,
+    # movement and indexing
+    "reshape": NumpyPrimitives.reshape,
+    "transpose": NumpyPrimitives.transpose,
+    "broadcast_to": NumpyPrimitives.broadcast_to,
+    "concatenate": NumpyPrimitives.concatenate,
+    "stack": NumpyPrimitives.stack,
+    "pad": NumpyPrimitives.pad,
+    "flip": NumpyPrimitives.flip,
+    "getitem": NumpyPrimitives.getitem,
+    "setitem_": NumpyPrimitives.setitem_,
+    "index_add_": computes_in_float32(NumpyPrimitives.index_add_),
+    # linear algebra
+    "matmul": computes_in_float32(NumpyPrimitives.matmul),
+    "matmul_bias_act": NumpyPrimitives.matmul_bias_act,
+    "matmul_bias_act_group": NumpyPrimitives.matmul_bias_act_group,
+    "lora_linear": computes_in_float32(NumpyLoraKernels.lora_linear),
+    # convolution
+    "conv2d": computes_in_float32(NumpyConvKernels.conv2d),
+    "group_norm_conv2d": NumpyConvKernels.group_norm_conv2d,
+    "conv2d_grad_input": computes_in_float32(NumpyConvKernels.conv2d_grad_input),
+    "conv2d_grad_weight": computes_in_float32(NumpyConvKernels.conv2d_grad_weight),
+    # pooling and resampling
+    "max_pool2d": NumpyPoolKernels.max_pool2d,
+    "max_pool2d_backward": computes_in_float32(NumpyPoolKernels.max_pool2d_backward),
+    "avg_pool2d": computes_in_float32(NumpyPoolKernels.avg_pool2d),
+    "avg_pool2d_backward": computes_in_float32(NumpyPoolKernels.avg_pool2d_backward),
+    "upsample_nearest2d": NumpyUpsampleKernels.upsample_nearest2d,
+    "upsample_nearest2d_backward": computes_in_float32(NumpyUpsampleKernels.upsample_nearest2d_backward),
+    "upsample_bilinear2d": computes_in_float32(NumpyUpsampleKernels.upsample_bilinear2d),
+    "upsample_bilinear2d_backward": computes_in_float32(NumpyUpsampleKernels.upsample_bilinear2d_backward),
+    # softmax family and attention
+    "softmax": computes_in_float32(NumpySoftmaxKernels.softmax),
+    "softmax_backward": computes_in_float32(NumpySoftmaxKernels.softmax_backward),
+    "log_softmax": computes_in_float32(NumpySoftmaxKernels.log_softmax),
+    "log_softmax_backward": computes_in_float32(NumpySoftmaxKernels.log_softmax_backward),
+    "cross_entropy": computes_in_float32(NumpySoftmaxKernels.cross_entropy),
+    "cross_entropy_backward": computes_in_float32(NumpySoftmaxKernels.cross_entropy_backward),
+    "cross_entropy_reduced": computes_in_float32(NumpySoftmaxKernels.cross_entropy_reduced),
+    "cross_entropy_reduced_backward": computes_in_float32(NumpySoftmaxKernels.cross_entropy_reduced_backward),
+    "attention": computes_in_float32(NumpySoftmaxKernels.attention),
+    "attention_backward": computes_in_float32(NumpySoftmaxKernels.attention_backward),
+    # normalisation
+    "layer_norm": computes_in_float32(NumpyNormKernels.layer_norm),
+    "layer_norm_backward": computes_in_float32(NumpyNormKernels.layer_norm_backward),
+    "group_norm": computes_in_float32(NumpyNormKernels.group_norm),
+    "group_norm_backward": computes_in_float32(NumpyNormKernels.group_norm_backward),
+    "batch_norm": computes_in_float32(NumpyNormKernels.batch_norm),
+    "batch_norm_backward": computes_in_float32(NumpyNormKernels.batch_norm_backward),
+    # fused elementwise and embedding
+    "bias_act": NumpyActivationKernels.bias_act,
+    "bias_act_backward": computes_in_float32(NumpyActivationKernels.bias_act_backward),
+    "embedding_backward": computes_in_float32(NumpyNNKernels.embedding_backward),
+    # RNG
+    "rng": NumpyPrimitives.rng,
+    "uniform": NumpyPrimitives.uniform,
+    "normal": NumpyPrimitives.normal,
+    "integers": NumpyPrimitives.integers,
+    # optimizer updates
+    "sgd_update_": computes_in_float32(NumpyOptimKernels.sgd_update_),
+    "adam_update_": computes_in_float32(NumpyOptimKernels.adam_update_),
+    "rmsprop_update_": computes_in_float32(NumpyOptimKernels.rmsprop_update_),
+    "adagrad_update_": computes_in_float32(NumpyOptimKernels.adagrad_update_),
+    "lamb_update_": computes_in_float32(NumpyOptimKernels.lamb_update_),
+    "lars_update_": computes_in_float32(NumpyOptimKernels.lars_update_),
+    "lion_update_": computes_in_float32(NumpyOptimKernels.lion_update_),
+    # compiled replay
+    "prepare": NumpyPrimitives.prepare,
+}
+
+
+@serving(METHODS)
+class NumpyBackend(NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
+    """The reference backend: NumPy arrays on the CPU (bfloat16 accumulated in float32)."""
 
     name = "numpy"
     device = "cpu"

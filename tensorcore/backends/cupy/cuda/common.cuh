@@ -5,6 +5,7 @@
 // same way.  half_t / bf16_t are plain 16-bit storage types converted with PTX;
 // arithmetic always runs in acc_t<T> (float for 16-bit types, else T).
 #pragma once
+#include "opcodes.cuh"
 
 struct half_t { unsigned short bits; };
 struct bf16_t { unsigned short bits; };
@@ -202,8 +203,7 @@ template <typename A> __device__ __forceinline__ A nan_min(A a, A b) {
 }
 
 // ----- activations ------------------------------------------------------------------
-// Codes shared with the Python side (cupy.elementwise.ACT_CODES).
-enum Act { ACT_NONE = 0, ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU, ACT_SIGMOID, ACT_TANH };
+// Activation codes (ACT_*): opcodes.cuh, generated from backends/opcodes.py.
 
 template <typename A> __device__ __forceinline__ A sigmoid_of(A x) {
     return (A)1 / ((A)1 + m_exp(-x));

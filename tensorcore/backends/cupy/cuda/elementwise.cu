@@ -12,12 +12,7 @@
 // registers and resident warps instead (docs/benchmarks.md#elementwise-launch-shape).
 #include "common.cuh"
 
-// Unary op codes, shared with cupy.elementwise.UNARY_OPS.
-enum Unary {
-    U_NEG = 0, U_ABS, U_SIGN, U_EXP, U_LOG, U_LOG1P, U_SQRT, U_RSQRT, U_SIN, U_COS,
-    U_TANH, U_SIGMOID, U_RELU, U_ERF, U_GELU, U_GELU_TANH, U_SILU, U_SOFTPLUS,
-    U_FLOOR, U_CEIL, U_ROUND
-};
+// Op codes (U_*, B_*): opcodes.cuh, generated from backends/opcodes.py.
 
 template <typename A> __device__ __forceinline__ A unary_op(int op, A x) {
     switch (op) {
@@ -47,9 +42,6 @@ template <typename A> __device__ __forceinline__ A unary_op(int op, A x) {
         default: return m_rint(x);
     }
 }
-
-// Binary op codes, shared with cupy.elementwise.BINARY_OPS.
-enum Binary { B_ADD = 0, B_SUB, B_MUL, B_DIV, B_POW, B_MAXIMUM, B_MINIMUM };
 
 template <typename A> __device__ __forceinline__ A binary_op(int op, A a, A b) {
     switch (op) {

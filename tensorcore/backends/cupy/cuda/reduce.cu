@@ -16,7 +16,7 @@
 // Accumulation is in acc_t<T> (float for 16-bit types).
 #include "common.cuh"
 
-enum RedOp { R_SUM = 0, R_MAX, R_MIN };
+// Reduction codes (R_*): opcodes.cuh, generated from backends/opcodes.py.
 
 template <typename A> __device__ __forceinline__ A red_identity(int op) {
     return op == R_SUM ? (A)0 : (op == R_MAX ? neg_inf<A>() : pos_inf<A>());

@@ -2,7 +2,8 @@
 
 The modules hold ``@njit`` functions only; nothing is compiled at import, and the
 first call of each kernel compiles it once per dtype and caches the machine code on
-disk (``cache=True``), so later processes load it instead of recompiling.  Parallel
+disk (``cache=True``), so later processes load it instead of recompiling; a change to
+any kernel source clears that cache first (``numba/kernel_cache.py``).  Parallel
 loops run on Numba's thread pool, sized by ``NUMBA_NUM_THREADS`` (default: all cores).
 
 ``fast_path`` decides whether a call can use these kernels: float32/float64 arrays
@@ -14,6 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from .. import kernel_cache
+
+kernel_cache.refresh()  # before any kernel loads cached machine code (see kernel_cache.py)
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 

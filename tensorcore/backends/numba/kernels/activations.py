@@ -1,6 +1,7 @@
 """Activation functions and their derivatives, plus the fused bias+activation loops.
 
-Activations are passed to kernels as small integer codes (``ACT_CODES``) so one
+Activations are passed to kernels as small integer codes (``ACT_CODES``, from
+``backends/opcodes.py``) so one
 compiled kernel serves every activation; ``act_row`` / ``act_grad_row`` branch on
 the code once per row and run a loop specialised to that activation.
 """
@@ -12,11 +13,19 @@ from numba import prange, types
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
+from ... import opcodes
 from .jit import JIT_OPTIONS, helper, inlined, kernel
 from .mathfn import fexp, fnormcdf, ftanh
 
-ACT_CODES = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4,
-             "sigmoid": 5, "tanh": 6}
+ACT_CODES = opcodes.ACT_CODES  # the codes the CUDA kernels take too
+# the codes as plain ints, which jitted code reads as compile-time constants
+_NONE = int(opcodes.Act.NONE)
+_RELU = int(opcodes.Act.RELU)
+_GELU = int(opcodes.Act.GELU)
+_GELU_TANH = int(opcodes.Act.GELU_TANH)
+_SILU = int(opcodes.Act.SILU)
+_SIGMOID = int(opcodes.Act.SIGMOID)
+_TANH = int(opcodes.Act.TANH)
 
 _INV_SQRT_2PI = 0.3989422804014327
 _GELU_TANH_K = 0.7978845608028654  # sqrt(2 / pi)
@@ -38,18 +47,18 @@ def _act_value_impl(code, v):
     t = as_dtype(v).type  # constants in v's dtype keep float32 math in float32
 
     def impl(code, v):
-        if code == 1:
+        if code == _RELU:
             return max(v, t(0.0))
-        if code == 2:
+        if code == _GELU:
             return v * fnormcdf(v)
-        if code == 3:  # 0.5 v (1 + tanh(u)) = v sigmoid(2u), free of cancellation
+        if code == _GELU_TANH:  # 0.5 v (1 + tanh(u)) = v sigmoid(2u), free of cancellation
             u = t(_GELU_TANH_K) * (v + t(_GELU_TANH_C) * v * v * v)
             return v / (t(1.0) + fexp(t(-2.0) * u))
-        if code == 4:
+        if code == _SILU:
             return v / (t(1.0) + fexp(-v))
-        if code == 5:
+        if code == _SIGMOID:
             return t(1.0) / (t(1.0) + fexp(-v))
-        if code == 6:
+        if code == _TANH:
             return ftanh(v)
         return v
 
@@ -80,21 +89,21 @@ def _act_derivative_impl(code, v):
     t = as_dtype(v).type
 
     def impl(code, v):
-        if code == 1:
+        if code == _RELU:
             return t(v > t(0.0))
-        if code == 2:
+        if code == _GELU:
             return fnormcdf(v) + v * t(_INV_SQRT_2PI) * fexp(t(-0.5) * v * v)
-        if code == 3:  # d/dv [v sigmoid(2u)] = sigmoid(2u) + 2 v sigmoid'(2u) du/dv
+        if code == _GELU_TANH:  # d/dv [v sigmoid(2u)] = sigmoid(2u) + 2 v sigmoid'(2u) du/dv
             u = t(_GELU_TANH_K) * (v + t(_GELU_TANH_C) * v * v * v)
             s, ds = _sigmoid_and_slope(t(2.0) * u)
             du = t(_GELU_TANH_K) * (t(1.0) + t(3.0 * _GELU_TANH_C) * v * v)
             return s + t(2.0) * v * ds * du
-        if code == 4:
+        if code == _SILU:
             s, ds = _sigmoid_and_slope(v)
             return s + v * ds
-        if code == 5:
+        if code == _SIGMOID:
             return _sigmoid_and_slope(v)[1]
-        if code == 6:
+        if code == _TANH:
             th = ftanh(v)
             return t(1.0) - th * th
         return t(1.0)
@@ -138,25 +147,25 @@ def act_row(code, src, scale, shift, dst):
     hence None for in place."""
     out = _target(src, dst)
     n = src.size
-    if code == 0:
+    if code == _NONE:
         for i in range(n):
             out[i] = src[i] * scale + _at(shift, i)
-    elif code == 1:
+    elif code == _RELU:
         for i in range(n):
             out[i] = act_value(1, src[i] * scale + _at(shift, i))
-    elif code == 2:
+    elif code == _GELU:
         for i in range(n):
             out[i] = act_value(2, src[i] * scale + _at(shift, i))
-    elif code == 3:
+    elif code == _GELU_TANH:
         for i in range(n):
             out[i] = act_value(3, src[i] * scale + _at(shift, i))
-    elif code == 4:
+    elif code == _SILU:
         for i in range(n):
             out[i] = act_value(4, src[i] * scale + _at(shift, i))
-    elif code == 5:
+    elif code == _SIGMOID:
         for i in range(n):
             out[i] = act_value(5, src[i] * scale + _at(shift, i))
-    elif code == 6:
+    elif code == _TANH:
         for i in range(n):
             out[i] = act_value(6, src[i] * scale + _at(shift, i))
 
@@ -166,25 +175,25 @@ def act_grad_row(code, src, scale, shift, grad, dst):
     """dst[:] = grad * act'(src * scale + shift), arguments as in ``act_row``."""
     out = _target(src, dst)
     n = src.size
-    if code == 0:
+    if code == _NONE:
         for i in range(n):
             out[i] = grad[i]
-    elif code == 1:
+    elif code == _RELU:
         for i in range(n):
             out[i] = grad[i] * act_derivative(1, src[i] * scale + _at(shift, i))
-    elif code == 2:
+    elif code == _GELU:
         for i in range(n):
             out[i] = grad[i] * act_derivative(2, src[i] * scale + _at(shift, i))
-    elif code == 3:
+    elif code == _GELU_TANH:
         for i in range(n):
             out[i] = grad[i] * act_derivative(3, src[i] * scale + _at(shift, i))
-    elif code == 4:
+    elif code == _SILU:
         for i in range(n):
             out[i] = grad[i] * act_derivative(4, src[i] * scale + _at(shift, i))
-    elif code == 5:
+    elif code == _SIGMOID:
         for i in range(n):
             out[i] = grad[i] * act_derivative(5, src[i] * scale + _at(shift, i))
-    elif code == 6:
+    elif code == _TANH:
         for i in range(n):
             out[i] = grad[i] * act_derivative(6, src[i] * scale + _at(shift, i))
 
