@@ -63,8 +63,8 @@ def is_served(cls: type) -> bool:
 
 def implementation(function: Callable) -> str:
     """The readable name of what serves a method: ``NumbaSpatialKernels.conv2d``, or
-    ``computes_in_float32(NumpyConvKernels.conv2d)`` for a bfloat16 policy wrapper (a
-    write-noting wrapper is seen through)."""
+    ``computes_in_float32(NumpyConvKernels.conv2d)`` for a bfloat16 policy wrapper (the
+    ``DEBUG=2`` reporting wrapper is seen through)."""
     function = getattr(function, "__wrapped__", function)
     return function.__qualname__
 
