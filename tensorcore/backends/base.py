@@ -39,7 +39,9 @@ returns an object with ``run(arrays, fresh) -> outputs`` (copy the inputs in, re
 return new output arrays, or the plan's own buffers when not ``fresh``) and
 ``release()`` (free the plan's memory; nothing runs after it).  The NumPy backend's
 replays a loop of pre-bound calls (``numpy/executor.py``), the CuPy backend's a CUDA
-graph (``cupy/executor.py``).
+graph (``cupy/executor.py``).  ``async_stream()`` gives asynchronous compiled calls a
+stream of their own to launch on (``cupy/streams.py``), or None where they run on a
+worker thread instead (the CPU backends).
 
 Conventions for the fused ops
 -----------------------------
@@ -297,4 +299,5 @@ class Backend(Protocol):
 
     # ----- compiled replay (see the module doc; prepare is optional) ----------------
     def executor(self, plan: Any, roots: dict[int, Array], objects: list[Any]) -> Any: ...
+    def async_stream(self) -> Any | None: ...
     def prepare(self, op: str, args: tuple, kwargs: dict, out: Array) -> Callable[[], Any] | None: ...

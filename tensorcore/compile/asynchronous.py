@@ -3,7 +3,7 @@
 A ``Lane`` is where one compiled callable (or one chain) runs its asynchronous calls,
 in the order they were made:
 
-* **CuPy**: a non-blocking CUDA stream of its own.  Each call (a plan replay, a trace or
+* **CuPy**: a non-blocking CUDA stream of its own (the backend's ``async_stream()``).  Each call (a plan replay, a trace or
   an eager fallback alike) is launched on that stream from the event loop's thread,
   ordered after the caller's current stream so inputs made there are ready; the
   coroutine then polls an event recorded after the call, yielding to the event loop
@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from ..autograd import is_grad_enabled, set_grad_enabled
-from ..backends import default_device_name
+from ..backends import backend_for, default_device_name
 from ..tensor import Tensor
 from .graph import leaves
 
@@ -69,12 +69,6 @@ def call_device(args: tuple, kwargs: dict) -> str:
     return default_device_name()
 
 
-def _record(cupy: Any, stream: Any) -> Any:
-    event = cupy.cuda.Event(disable_timing=True)
-    event.record(stream)
-    return event
-
-
 class Lane:
     """An ordered place to run calls off the event loop: a CUDA stream or one worker thread."""
 
@@ -86,8 +80,9 @@ class Lane:
 
     async def run(self, stages: Sequence[Stage], args: tuple, device: str) -> Any:
         """``stages[-1](...stages[1](stages[0](*args)))`` on ``device``; cancellable between stages."""
-        if device.startswith("cuda"):
-            return await self._on_stream(stages, args)
+        stream = self._stream_for(device)
+        if stream is not None:
+            return await self._on_stream(stream, stages, args)
         out: Any = args
         for i, stage in enumerate(stages):
             out = await self._in_worker(stage, out if i == 0 else (out,))
@@ -111,31 +106,30 @@ class Lane:
             return self._executor
 
     # ----- GPU: a stream and event polling --------------------------------------------------
-    async def _on_stream(self, stages: Sequence[Stage], args: tuple) -> Any:
-        import cupy
-
-        stream = self._cuda_stream(cupy)
-        stream.wait_event(_record(cupy, cupy.cuda.get_current_stream()))  # the inputs are ready
+    async def _on_stream(self, stream: Any, stages: Sequence[Stage], args: tuple) -> Any:
+        stream.follow_current()  # the inputs are ready
         out: Any = args
         previous = None
         try:
             for i, stage in enumerate(stages):
-                with stream:
+                with stream.launching():
                     out = stage(*out) if i == 0 else stage(out)
-                launched = _record(cupy, stream)
+                launched = stream.record()
                 if previous is not None:  # stage i is queued; wait for stage i - 1
                     await wait_event(previous)
                 previous = launched
             await wait_event(previous)
         except asyncio.CancelledError:
-            await _settle(asyncio.ensure_future(wait_event(_record(cupy, stream))))  # what was queued ends
+            await _settle(asyncio.ensure_future(wait_event(stream.record())))  # what was queued ends
             raise
         return out
 
-    def _cuda_stream(self, cupy: Any) -> Any:
+    def _stream_for(self, device: str) -> Any:
+        """The lane's stream on ``device``'s backend, made on first use; None where the
+        backend has none (the CPU: calls run on the worker thread)."""
         with self._lock:
             if self._stream is None:
-                self._stream = cupy.cuda.Stream(non_blocking=True)
+                self._stream = backend_for(device.split(":")[0]).async_stream()
             return self._stream
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ import cupy
 from . import conv_igemm, counters
 from .elementwise import CupyElementwiseKernels
 from .executor import CudaGraphReplay
+from .streams import AsyncStream
 from .fused import CupyFusedKernels
 from .linalg import CupyLinalgKernels
 from .lora import CupyLoraKernels
@@ -112,6 +113,10 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
     def executor(self, plan: Any, roots: dict[int, Any], objects: list[Any]) -> CudaGraphReplay:
         """A compiled plan captured as one CUDA graph, launched on the caller's stream."""
         return CudaGraphReplay(plan, self, roots, objects)
+
+    def async_stream(self) -> AsyncStream:
+        """A stream of its own for a lane of asynchronous compiled calls."""
+        return AsyncStream()
 
     def reserve_stream(self) -> None:
         """Make the current stream's zeroed counters now: before a CUDA-graph capture on

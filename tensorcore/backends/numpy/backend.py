@@ -440,3 +440,7 @@ class NumpyBackend(NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
     def executor(self, plan: Any, roots: dict[int, Any], objects: list[Any]) -> CpuReplay:
         """A compiled plan bound to host memory, replayed as a loop of pre-bound calls."""
         return CpuReplay(plan, self, roots, objects)
+
+    def async_stream(self) -> None:
+        """None: asynchronous compiled calls on the CPU run on a worker thread."""
+        return None
