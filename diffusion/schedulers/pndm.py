@@ -82,7 +82,7 @@ class PNDMScheduler(SchedulerBase):
         return schedule, {"coefficients": coefficients, "history_used": used}
 
     def _step_table(self, schedule: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
-        """Per step: s, the current model output's weight, then the last three kept outputs'."""
+        """Per step and level: s, the current model output's weight, then the last three kept outputs'."""
         return tables["coefficients"]
 
     def _transfer(self, t: int, prev: int) -> tuple[float, float]:
@@ -96,36 +96,46 @@ class PNDMScheduler(SchedulerBase):
             return sample_coeff - eps_coeff * np.sqrt(1 - a_t), eps_coeff * np.sqrt(a_t)
         return sample_coeff, eps_coeff
 
+    @property
+    def _levels(self) -> int:
+        """Rows per position: PLMS steps by how many steps the run has taken (0 .. 3, then 4 for
+        more), as diffusers' counter, so a run started part-way warms up again; Runge-Kutta
+        runs always start at the first timestep (one row)."""
+        return 5 if self._config["skip_prk_steps"] else 1
+
+    def _stage(self, schedule: np.ndarray, n: int, p: int, counter: int) -> tuple[float, float, list[float], bool]:
+        """Step ``p``, the run's ``counter``-th: (A, B) of its transfer, ε̂'s weights on the current
+        output then on the newest kept ones, and whether its base is the previous step's."""
+        T, t = self._config["num_train_timesteps"], int(schedule[p])
+        if counter < self._prk_steps:  # Runge-Kutta stage r, from the group's first sample and timestep
+            r = counter % 4
+            A, B = self._transfer(int(schedule[p - r]), t - (0 if counter % 2 else T // n // 2))
+            return A, B, [1.0] if r == 0 else [1.0, 0.0] if r < 3 else [RK_WEIGHTS[3], *RK_WEIGHTS[2::-1]], r > 0
+        if counter == 1:  # skip_prk_steps: x from the first sample and (ε0 + ε1) / 2
+            A, B = self._transfer(t + T // n, t)
+            return A, B, [0.5, 0.5], True
+        order = 4 if self._prk_steps else min(counter, 4) if counter > 1 else 1  # after PRK, three are kept
+        A, B = self._transfer(t, t - T // n)
+        return A, B, list(PLMS_WEIGHTS[order]), False
+
     def _plan(self, schedule: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each step's coefficients [s, w_current, w_kept[-1], w_kept[-2], w_kept[-3]] and how many
-        kept model outputs it reads (always the newest ones)."""
-        T, prk = self._config["num_train_timesteps"], self._prk_steps
-        rows, used = [], []
-        previous = (1.0, 0.0)  # the previous step's (A, B)
-        for p, t in enumerate(schedule.tolist()):
-            # combo: the weights of ε̂ on the current output, then on the newest kept ones
-            base_is_previous = False
-            if p < prk:  # Runge-Kutta stage r, from the group's first sample and timestep
-                r = p % 4
-                A, B = self._transfer(int(schedule[p - r]), t - (0 if p % 2 else T // n // 2))
-                base_is_previous = r > 0
-                combo = [1.0] if r == 0 else [1.0, 0.0] if r < 3 else [RK_WEIGHTS[3], *RK_WEIGHTS[2::-1]]
-            elif p - prk == 1 and self._config["skip_prk_steps"]:  # x̂ from the first x and (ε0 + ε1) / 2
-                A, B = self._transfer(t + T // n, t)
-                base_is_previous, combo = True, [0.5, 0.5]
-            else:
-                order = 4 if prk else min(p, 4) if p > 1 else 1  # after PRK, three outputs are kept
-                A, B = self._transfer(t, t - T // n)
-                combo = list(PLMS_WEIGHTS[order])
-            weights = [-B * w for w in combo] + [0.0] * (4 - len(combo))
-            s = A
-            if base_is_previous:  # x_base = (x_in + B' ε_prev) / A', ε_prev the newest kept output
-                s = A / previous[0]
-                weights[1] += A * previous[1] / previous[0]
-            rows.append([s, *weights])
-            used.append(len(combo) - 1)
-            previous = (A, B)
-        return np.array(rows, dtype=np.float32).reshape(-1, 5), np.array(used, dtype=np.int64)
+        """Per position and level (steps taken): [s, w_current, w_kept[-1], w_kept[-2], w_kept[-3]]
+        of x_prev = s x + Σ w ε, and how many kept model outputs it reads (the newest)."""
+        levels = self._levels
+        rows, used = np.zeros((len(schedule), levels, 5)), np.zeros((len(schedule), levels), dtype=np.int64)
+        for p in range(len(schedule)):
+            for level in range(min(p, levels - 1) + 1):  # a run started part-way has taken fewer
+                counter = p if levels == 1 else level
+                A, B, combo, base_is_previous = self._stage(schedule, n, p, counter)
+                weights = [-B * w for w in combo] + [0.0] * (4 - len(combo))
+                s = A
+                if base_is_previous:  # x_base = (x_in + B' ε_prev) / A', ε_prev the newest kept output
+                    A_prev, B_prev = self._stage(schedule, n, p - 1, counter - 1)[:2]
+                    s = A / A_prev
+                    weights[1] += A * B_prev / A_prev
+                rows[p, level] = [s, *weights]
+                used[p, level] = len(combo) - 1
+        return rows.reshape(-1, 5).astype(np.float32), used.reshape(-1)
 
     @property
     def _prk_steps(self) -> int:
@@ -143,18 +153,22 @@ class PNDMScheduler(SchedulerBase):
         return out if return_dict else out.to_tuple()
 
     def _prepare(self, run: SchedulerRun, position: int, sample: tc.Tensor) -> StepArgs:
-        count = int(run.tables.host["history_used"][position])
+        if run.steps_taken != position and not self._config["skip_prk_steps"]:
+            raise ValueError("PNDMScheduler.step: a run with the Runge-Kutta warm-up (skip_prk_steps=False) "
+                             "starts at its first timestep; use skip_prk_steps=True to start part-way")
+        row = position * self._levels + min(run.steps_taken, self._levels - 1)
+        count = int(run.tables.host["history_used"][row])
         history = tuple(run.history[len(run.history) - count:]) if count else ()
-        return StepArgs((count,), run.step_values(position, sample.device), history)
+        return StepArgs((count,), run.step_values(row, sample.device), history)
 
     def _history_after(self, run: SchedulerRun, output: tc.Tensor) -> list[tc.Tensor]:
         """The model outputs later steps read: during Runge-Kutta, each group's first output
         and its stages 1 and 2 until the group ends; then the last three PLMS outputs (the
         repeated timestep's output of ``skip_prk_steps`` is not kept, as in diffusers)."""
-        p, prk, kept = run.position, self._prk_steps, run.history + [output]
-        if p < prk:
-            return kept[:-3] if p % 4 == 3 else kept
-        if p - prk == 1 and self._config["skip_prk_steps"]:
+        counter, kept = run.steps_taken, run.history + [output]
+        if counter < self._prk_steps:
+            return kept[:-3] if counter % 4 == 3 else kept
+        if counter == 1:  # (skip_prk_steps)
             return kept[:-1]
         return kept[-3:]
 
