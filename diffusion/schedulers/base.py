@@ -27,7 +27,7 @@ from .tables import DeviceTables
 
 
 class SchedulerBase(ConfigMixin, abc.ABC):
-    """Config, ᾱ tables and the parts of diffusers' scheduler API that all four share."""
+    """Config, ᾱ tables and the parts of diffusers' scheduler API that every scheduler shares."""
 
     order: ClassVar[int] = 1
     output_type: ClassVar[type] = SchedulerOutput  # what ``step`` returns: (prev_sample, x̂₀)
@@ -251,6 +251,21 @@ class SchedulerBase(ConfigMixin, abc.ABC):
         else:
             values = table[t]
         return values.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+class FinalAlphaCumprod:
+    """For schedulers whose last step goes to ᾱ "before" timestep 0 (``set_alpha_to_one``)."""
+
+    _host: dict[str, np.ndarray]
+
+    def _set_final_alpha_cumprod(self, set_alpha_to_one: bool) -> None:
+        """ᾱ before timestep 0: 1, or ᾱ₀."""
+        final = np.float32(1.0) if set_alpha_to_one else self._host["alphas_cumprod"][0]
+        self._host["final_alpha_cumprod"] = np.asarray(final, dtype=np.float32)
+
+    @property
+    def final_alpha_cumprod(self) -> tc.Tensor:
+        return tc.tensor(self._host["final_alpha_cumprod"])
 
 
 def timestep_tensor(timesteps: Any, x: tc.Tensor, op: str, num_train_timesteps: int | None = None) -> tc.Tensor:

@@ -9,7 +9,7 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import SchedulerBase, check_pair, noise_source
+from .base import FinalAlphaCumprod, SchedulerBase, check_pair, noise_source
 from .config import register_to_config
 from .output import SchedulerOutput
 from .prediction import PREDICTION_TYPES, bound_original, like, predict_epsilon, predict_original
@@ -17,7 +17,7 @@ from .run import SchedulerRun, StepArgs, draw_noise
 from .spacing import SPACINGS
 
 
-class DDIMScheduler(SchedulerBase):
+class DDIMScheduler(FinalAlphaCumprod, SchedulerBase):
     """Deterministic (eta = 0) to fully stochastic (eta = 1) sampling with few steps.
 
     Config keys, defaults and results are diffusers'.  One addition:
@@ -42,13 +42,7 @@ class DDIMScheduler(SchedulerBase):
                  timestep_spacing: str = "leading", rescale_betas_zero_snr: bool = False,
                  prev_timestep_from_schedule: bool = False) -> None:
         super().__init__()
-        # the ᾱ "before" timestep 0, used by the last step: 1, or ᾱ_0
-        final = np.float32(1.0) if set_alpha_to_one else self._host["alphas_cumprod"][0]
-        self._host["final_alpha_cumprod"] = np.asarray(final, dtype=np.float32)
-
-    @property
-    def final_alpha_cumprod(self) -> tc.Tensor:
-        return tc.tensor(self._host["final_alpha_cumprod"])
+        self._set_final_alpha_cumprod(set_alpha_to_one)
 
     def _prev_timestep(self, schedule: np.ndarray, position: int) -> int:
         """The timestep step ``position`` goes to (negative: past the end, to ``final_alpha_cumprod``)."""

@@ -9,7 +9,7 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import SchedulerBase, check_pair, noise_source
+from .base import FinalAlphaCumprod, SchedulerBase, check_pair, noise_source
 from .config import register_to_config
 from .output import LCMSchedulerOutput, SchedulerOutput
 from .prediction import PREDICTION_TYPES, bound_original, like, predict_original
@@ -19,7 +19,7 @@ from .spacing import SPACINGS
 SIGMA_DATA = 0.5  # the consistency model's data standard deviation (its boundary condition)
 
 
-class LCMScheduler(SchedulerBase):
+class LCMScheduler(FinalAlphaCumprod, SchedulerBase):
     """A few consistency steps: each maps x_t to a clean estimate (denoised = c_skip x_t +
     c_out x̂₀, the boundary-condition scalings) and, except the last, noises it afresh to
     the next timestep.
@@ -49,17 +49,12 @@ class LCMScheduler(SchedulerBase):
                  sample_max_value: float = 1.0, timestep_spacing: str = "leading", timestep_scaling: float = 10.0,
                  rescale_betas_zero_snr: bool = False) -> None:
         super().__init__()
-        final = np.float32(1.0) if set_alpha_to_one else self._host["alphas_cumprod"][0]
-        self._host["final_alpha_cumprod"] = np.asarray(final, dtype=np.float32)
+        self._set_final_alpha_cumprod(set_alpha_to_one)
 
     def _check_config(self, config: dict[str, Any]) -> None:
         if config["original_inference_steps"] > config["num_train_timesteps"]:
             raise ValueError(f"LCMScheduler: original_inference_steps ({config['original_inference_steps']}) "
                              f"cannot be larger than num_train_timesteps ({config['num_train_timesteps']})")
-
-    @property
-    def final_alpha_cumprod(self) -> tc.Tensor:
-        return tc.tensor(self._host["final_alpha_cumprod"])
 
     # ----- schedule --------------------------------------------------------------------------
     def start(self, num_inference_steps: int | None = None, device: str | None = None,

@@ -17,7 +17,7 @@ import numpy as np
 
 import tensorcore as tc
 
-from .base import SchedulerBase, check_pair
+from .base import FinalAlphaCumprod, SchedulerBase, check_pair
 from .config import register_to_config
 from .output import SchedulerOutput
 from .prediction import like
@@ -30,7 +30,7 @@ RK_WEIGHTS = (1 / 6, 1 / 3, 1 / 3, 1 / 6)
 PRK_STEPS = 12  # three Runge-Kutta steps of four model calls
 
 
-class PNDMScheduler(SchedulerBase):
+class PNDMScheduler(FinalAlphaCumprod, SchedulerBase):
     """PLMS (4th-order linear multistep on PNDM's transfer), Stable Diffusion 1.x's default.
 
     Config keys, defaults and results are diffusers'.  With ``skip_prk_steps=False`` the
@@ -53,12 +53,7 @@ class PNDMScheduler(SchedulerBase):
                  skip_prk_steps: bool = False, set_alpha_to_one: bool = False, prediction_type: str = "epsilon",
                  timestep_spacing: str = "leading", steps_offset: int = 0) -> None:
         super().__init__()
-        final = np.float32(1.0) if set_alpha_to_one else self._host["alphas_cumprod"][0]
-        self._host["final_alpha_cumprod"] = np.asarray(final, dtype=np.float32)
-
-    @property
-    def final_alpha_cumprod(self) -> tc.Tensor:
-        return tc.tensor(self._host["final_alpha_cumprod"])
+        self._set_final_alpha_cumprod(set_alpha_to_one)
 
     # ----- schedule --------------------------------------------------------------------------
     def _schedule(self, num_inference_steps: int, timesteps: np.ndarray | None) -> tuple[np.ndarray, dict]:
