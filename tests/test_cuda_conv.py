@@ -177,7 +177,7 @@ def runs_here(tile: conv_plan.Tile) -> None:
 PLAN_GEOMETRY = ((2, 72, 19, 17), (136, 72, 3, 3), (2, 2), (1, 1), (1, 1))
 
 
-@pytest.mark.parametrize("mode, plan", every_plan(conv_plan.FPROP))
+@pytest.mark.parametrize("mode, plan", list(every_plan(conv_plan.FPROP)))
 def test_every_forward_tile(mode, plan):
     runs_here(plan.tile)
     with conv_plan.forced(conv_plan.FPROP, plan):
@@ -189,7 +189,7 @@ def test_every_forward_tile(mode, plan):
 WGMMA_WGRAD_GEOMETRY = ((2, 72, 16, 16), (136, 72, 3, 3), (1, 1), (1, 1), (1, 1))
 
 
-@pytest.mark.parametrize("mode, plan", every_plan(conv_plan.WGRAD))
+@pytest.mark.parametrize("mode, plan", list(every_plan(conv_plan.WGRAD)))
 def test_every_weight_grad_tile(mode, plan):
     runs_here(plan.tile)
     geometry = WGMMA_WGRAD_GEOMETRY if plan.tile.wgmma else PLAN_GEOMETRY

@@ -179,6 +179,9 @@ def test_bad_files_raise(tmp_path):
     (tmp_path / "scheduler_config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected a JSON object"):
         DDIMScheduler.from_pretrained(tmp_path)
+    (tmp_path / "scheduler_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="nests deeper"):
+        DDIMScheduler.from_pretrained(tmp_path)
     (tmp_path / "scheduler_config.json").write_text('{"beta_schedule": "cosine"}')
     with pytest.raises(ValueError, match="beta_schedule.*'cosine'"):
         DDIMScheduler.from_pretrained(tmp_path)

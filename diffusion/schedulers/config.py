@@ -19,6 +19,7 @@ from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 import numpy as np
 
+from layers.files import read_json
 from tensorcore.atomic import write_atomic
 
 CONFIG_NAME = "scheduler_config.json"
@@ -171,11 +172,7 @@ class ConfigMixin:
         file = path if os.path.isfile(path) else os.path.join(path, cls.config_name)
         if not os.path.isfile(file):
             raise FileNotFoundError(f"{cls.__name__}.from_pretrained: no {cls.config_name} at {path!r}")
-        try:
-            with open(file, encoding="utf-8") as f:
-                data = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{cls.__name__}.from_pretrained: {file!r} is not valid JSON ({exc})") from exc
+        data = read_json(file, f"{cls.__name__}.from_pretrained")  # a regular file, bounded in size and depth
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}.from_pretrained: {file!r} holds a {type(data).__name__}, "
                              f"expected a JSON object")
