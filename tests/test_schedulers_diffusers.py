@@ -28,6 +28,7 @@ PREDICTIONS = ("epsilon", "v_prediction", "sample")
 SPACINGS = ("leading", "trailing", "linspace")
 GRID = list(itertools.product(SCHEDULES, PREDICTIONS, SPACINGS, (0, 1), (7, 16)))
 GRID_IDS = ["-".join(map(str, case)) for case in GRID]
+SD15 = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear", "steps_offset": 1}
 RTOL, ATOL = 2e-4, 1e-5
 
 # module of each diffusers scheduler whose step draws noise without taking variance_noise
@@ -185,9 +186,13 @@ def test_tables_match_diffusers(name, config):
 @pytest.mark.parametrize("name,config", [("DPMSolverMultistepScheduler", {}),
                                          ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),
                                          ("EulerDiscreteScheduler", {"use_karras_sigmas": True}),
-                                         ("DDIMScheduler", {"clip_sample": False})])
+                                         ("DDIMScheduler", {"clip_sample": False}),
+                                         ("PNDMScheduler", {**SD15, "skip_prk_steps": True}),
+                                         ("UniPCMultistepScheduler", {}),
+                                         ("UniPCMultistepScheduler", {"use_karras_sigmas": True, "solver_order": 3})])
 def test_image_to_image_start_matches_diffusers(name, config):
-    """Start at step 4 of 10 from a noised image: diffusers' set_begin_index + add_noise."""
+    """Start at step 4 of 10 from a noised image: diffusers' set_begin_index + add_noise (PNDM,
+    which has no set_begin_index there, warms up its multistep again from the sliced timesteps)."""
     x0, noise = start_sample(seed=3), step_noises(1, seed=4)[0]
     theirs = getattr(diffusers, name)(**config)
     theirs.set_timesteps(10)
@@ -200,10 +205,10 @@ def test_image_to_image_start_matches_diffusers(name, config):
     run = getattr(diffusion, name)(**config).start(10)
     run.set_begin_index(4)
     ours = run.add_noise(tc.tensor(x0), tc.tensor(noise))
-    for k in range(4, 10):
-        t = run.timesteps[k]
+    for t in run.timesteps[4:]:
         output = tc.tensor(smooth_model(run.scale_model_input(ours, t).numpy(), float(t)))
         ours = run.step(output, t, ours).prev_sample
+    assert run.finished
     np.testing.assert_allclose(ours.numpy(), sample.numpy(), rtol=RTOL, atol=ATOL)
 
 

@@ -255,29 +255,6 @@ def test_float64_samples_stay_float64_and_match_diffusers(name, config, monkeypa
     np.testing.assert_allclose(got, expected.numpy(), rtol=0, atol=1e-6 * np.abs(expected.numpy()).max())
 
 
-@pytest.mark.parametrize("name,config", [("PNDMScheduler", {**SD, "skip_prk_steps": True}),
-                                         ("UniPCMultistepScheduler", {}),
-                                         ("UniPCMultistepScheduler", {"use_karras_sigmas": True, "solver_order": 3})])
-def test_image_to_image_start_matches_diffusers(name, config):
-    """Start at step 4 of the run, as diffusers' image-to-image pipelines do (PNDM, which has no
-    set_begin_index there, warms up its multistep again from the sliced timesteps)."""
-    x0, noise = start_sample(seed=3), step_noises(1, seed=4)[0]
-    theirs = getattr(diffusers, name)(**config)
-    theirs.set_timesteps(10)
-    if hasattr(theirs, "set_begin_index"):
-        theirs.set_begin_index(4)
-    sample = theirs.add_noise(torch.from_numpy(x0), torch.from_numpy(noise), theirs.timesteps[4:5])
-    for t in theirs.timesteps[4:]:
-        sample = theirs.step(torch.from_numpy(smooth_model(sample.numpy(), float(t))), t, sample).prev_sample
-    run = getattr(diffusion, name)(**config).start(10)
-    run.set_begin_index(4)
-    ours = run.add_noise(tc.tensor(x0), tc.tensor(noise))
-    for t in run.timesteps[4:]:
-        ours = run.step(tc.tensor(smooth_model(ours.numpy(), float(t))), t, ours).prev_sample
-    assert run.finished
-    np.testing.assert_allclose(ours.numpy(), sample.numpy(), rtol=2e-5, atol=2e-5 * np.abs(sample.numpy()).max())
-
-
 def test_a_runge_kutta_run_cannot_start_part_way():
     run = diffusion.PNDMScheduler().start(10)
     run.set_begin_index(3)

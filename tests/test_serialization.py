@@ -109,17 +109,22 @@ def test_a_new_file_gets_the_mode_of_the_umask(tmp_path, umask, mode):
     assert (tmp_path / "m.safetensors").stat().st_mode & 0o777 == mode
 
 
+def _save_ones_under_umask(path, umask: int) -> None:
+    """Save ``{"w": ones(3)}`` to ``path`` with ``umask`` in force."""
+    previous = os.umask(umask)
+    try:
+        serialization.save_file({"w": np.ones(3, np.float32)}, path)
+    finally:
+        os.umask(previous)
+
+
 @posix_only
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o600])
 def test_an_overwritten_file_keeps_its_mode(tmp_path, mode):
     path = tmp_path / "m.safetensors"
     serialization.save_file({"w": np.zeros(3, np.float32)}, path)
     path.chmod(mode)
-    previous = os.umask(0o077)
-    try:
-        serialization.save_file({"w": np.ones(3, np.float32)}, path)
-    finally:
-        os.umask(previous)
+    _save_ones_under_umask(path, 0o077)
     assert path.stat().st_mode & 0o777 == mode
     assert np.all(serialization.load_file(path)["w"] == 1)
 
@@ -135,11 +140,7 @@ def test_saving_into_a_missing_directory_names_the_target(tmp_path):
 def test_a_save_over_a_link_to_dev_null_writes_a_regular_file_with_the_umask_mode(tmp_path):
     path = tmp_path / "m.safetensors"
     path.symlink_to(os.devnull)
-    previous = os.umask(0o022)
-    try:
-        serialization.save_file({"w": np.ones(3, np.float32)}, path)
-    finally:
-        os.umask(previous)
+    _save_ones_under_umask(path, 0o022)
     assert not path.is_symlink() and path.is_file()
     assert path.stat().st_mode & 0o777 == 0o644
     assert np.all(serialization.load_file(path)["w"] == 1)
@@ -152,10 +153,6 @@ def test_a_save_over_a_link_neither_copies_nor_changes_the_linked_file(tmp_path)
     linked.chmod(0o604)
     path = tmp_path / "m.safetensors"
     path.symlink_to(linked)
-    previous = os.umask(0o077)
-    try:
-        serialization.save_file({"w": np.ones(3, np.float32)}, path)
-    finally:
-        os.umask(previous)
+    _save_ones_under_umask(path, 0o077)
     assert not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600
     assert linked.stat().st_mode & 0o777 == 0o604 and np.all(serialization.load_file(linked)["w"] == 0)

@@ -12,7 +12,7 @@ conditioning, a cross-attention (``cross_attentions.i``), then an optional resam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import tensorcore as tc
 from layers import Module, ModuleList
@@ -215,3 +215,16 @@ def check_block_types(owner: str, key: str, types: Sequence[str], known: dict[st
         raise ValueError(f"{owner}: {key} {unknown} not supported; choose from {list(known)}")
     return [known[t] for t in types]
 
+
+def unet_path(unet: Any, h: Tensor, emb: Tensor, context: Tensor | None) -> Tensor:
+    """A UNet's down path (each block's states kept for the skips), middle (if any) and up
+    path, from ``conv_in``'s output ``h`` to what ``conv_norm_out`` reads."""
+    skips = [h]
+    for block in unet.down_blocks:
+        h, states = block(h, emb, context)
+        skips.extend(states)
+    if unet.mid_block is not None:
+        h = unet.mid_block(h, emb, context)
+    for block in unet.up_blocks:
+        h = block(h, skips, emb, context)
+    return h

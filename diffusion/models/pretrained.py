@@ -37,6 +37,16 @@ class PretrainedModel(Module):
     # Config values diffusers assumes for keys a config.json leaves out, where this class's defaults differ.
     diffusers_defaults: Mapping[str, Any] = {}
 
+    @property
+    def dtype(self) -> Any:
+        """The dtype of the model's weights (its first parameter's, as diffusers reports it)."""
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> str:
+        """The device the model's weights live on (its first parameter's)."""
+        return next(self.parameters()).device
+
     @classmethod
     def from_config(cls: type[M], config: Mapping[str, Any], **overrides: Any) -> M:
         """A new model (random weights) from a config mapping; unknown keys warn and are ignored."""

@@ -20,7 +20,7 @@ from tensorcore import Tensor
 
 from .activations import check_activation, group_norm_act
 from .blocks import (DOWN_BLOCK_TYPES, RESAMPLE_TYPES, UP_BLOCK_TYPES, AttentionSpec, DownBlock2D, ResnetSpec,
-                     UNetMidBlock2D, UpBlock2D, check_block_types)
+                     UNetMidBlock2D, UpBlock2D, check_block_types, unet_path)
 from .bounds import conv_net_shares, count, flag, list_of, name, number, optional, size_or_pair, width
 from .config import register_to_config
 from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps
@@ -151,14 +151,6 @@ class UNet2D(PretrainedModel):
                    down_block_types=("DownBlock2D",) * 3, up_block_types=("UpBlock2D",) * 3,
                    layers_per_block=2, attention_head_dim=64, norm_num_groups=32)
 
-    @property
-    def dtype(self) -> Any:
-        return self.conv_in.weight.dtype
-
-    @property
-    def device(self) -> str:
-        return self.conv_in.weight.device
-
     def forward(self, sample: Tensor, timestep: Any, class_labels: Any = None, context: Tensor | None = None) -> Tensor:
         self._check_inputs(sample, context)
         config = self.config
@@ -171,15 +163,7 @@ class UNet2D(PretrainedModel):
         elif class_labels is not None:
             raise ValueError("UNet2D: class_labels given, but the model has no class embedding (num_class_embeds / class_embed_type)")
 
-        h = self.conv_in(sample)
-        skips = [h]
-        for block in self.down_blocks:
-            h, states = block(h, emb, context)
-            skips.extend(states)
-        if self.mid_block is not None:
-            h = self.mid_block(h, emb, context)
-        for block in self.up_blocks:
-            h = block(h, skips, emb, context)
+        h = unet_path(self, self.conv_in(sample), emb, context)
         h = self.conv_out(group_norm_act(self.conv_norm_out, h, "silu"))
         if config.time_embedding_type == "fourier":
             h = h / timesteps.to(dtype=h.dtype).reshape(-1, 1, 1, 1)

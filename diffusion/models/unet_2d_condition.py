@@ -17,7 +17,7 @@ from layers import Conv2d, Embedding, GroupNorm, Identity, Linear, Module, Modul
 from tensorcore import Tensor
 
 from .activations import activation, group_norm_act
-from .blocks import DownBlock2D, ResnetSpec, TransformerSpec, UNetMidBlock2D, UpBlock2D
+from .blocks import DownBlock2D, ResnetSpec, TransformerSpec, UNetMidBlock2D, UpBlock2D, unet_path
 from .config import register_to_config
 from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps
 from .pretrained import PretrainedModel
@@ -138,14 +138,6 @@ class UNet2DConditionModel(PretrainedModel):
                                                 post_act_fn=c["timestep_post_act"], cond_proj_dim=c["time_cond_proj_dim"])
         return time_embed_dim
 
-    @property
-    def dtype(self) -> Any:
-        return self.conv_in.weight.dtype
-
-    @property
-    def device(self) -> str:
-        return self.conv_in.weight.device
-
     def forward(self, sample: Tensor, timestep: Any, encoder_hidden_states: Tensor, class_labels: Any = None,
                 added_cond_kwargs: Mapping[str, Tensor] | None = None,
                 cross_attention_kwargs: Mapping[str, Any] | None = None, timestep_cond: Tensor | None = None) -> Tensor:
@@ -163,15 +155,7 @@ class UNet2DConditionModel(PretrainedModel):
         if config.time_embedding_act_fn is not None:
             emb = activation(config.time_embedding_act_fn.lower())(emb)
 
-        h = self.conv_in(sample)
-        skips = [h]
-        for block in self.down_blocks:
-            h, states = block(h, emb, encoder_hidden_states)
-            skips.extend(states)
-        if self.mid_block is not None:
-            h = self.mid_block(h, emb, encoder_hidden_states)
-        for block in self.up_blocks:
-            h = block(h, skips, emb, encoder_hidden_states)
+        h = unet_path(self, self.conv_in(sample), emb, encoder_hidden_states)
         return self.conv_out(group_norm_act(self.conv_norm_out, h, config.act_fn.lower()))
 
     def _check_inputs(self, sample: Tensor, context: Tensor, timestep_cond: Tensor | None,

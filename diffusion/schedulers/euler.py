@@ -167,14 +167,20 @@ class EulerDiscreteScheduler(SchedulerBase):
               s_churn: float = 0.0, s_tmin: float = 0.0, s_tmax: float = float("inf"), s_noise: float = 1.0,
               generator: tc.Generator | None = None, variance_noise: tc.Tensor | None = None,
               return_dict: bool = True) -> SchedulerOutput | tuple:
-        op = "EulerDiscreteScheduler.step"
+        i = self._step_position(run, "EulerDiscreteScheduler.step", model_output, timestep, sample)
+        return self._run_step(run, i, model_output, sample, return_dict, s_churn=s_churn, s_tmin=s_tmin,
+                              s_tmax=s_tmax, s_noise=s_noise, generator=generator, variance_noise=variance_noise)
+
+    @staticmethod
+    def _step_position(run: SchedulerRun, op: str, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor) -> int:
+        """The position of ``timestep`` in ``run`` once a step's inputs are checked (a
+        warning when the model input was not scaled first)."""
         check_pair(op, sample, model_output, "model_output")
         i = run._position(timestep, op)
         if not run.input_scaled:
             warnings.warn(f"{op}: call scale_model_input before step for a correct model input",
-                          UserWarning, stacklevel=3)
-        return self._run_step(run, i, model_output, sample, return_dict, s_churn=s_churn, s_tmin=s_tmin,
-                              s_tmax=s_tmax, s_noise=s_noise, generator=generator, variance_noise=variance_noise)
+                          UserWarning, stacklevel=4)
+        return i
 
     def _prepare(self, run: SchedulerRun, position: int, sample: tc.Tensor, s_churn: float = 0.0,
                  s_tmin: float = 0.0, s_tmax: float = float("inf"), s_noise: float = 1.0,

@@ -58,12 +58,7 @@ class EulerAncestralDiscreteScheduler(EulerDiscreteScheduler):
     def _step(self, run: SchedulerRun, model_output: tc.Tensor, timestep: Any, sample: tc.Tensor,
               generator: tc.Generator | None = None, variance_noise: tc.Tensor | None = None,
               return_dict: bool = True) -> SchedulerOutput | tuple:
-        op = "EulerAncestralDiscreteScheduler.step"
-        check_pair(op, sample, model_output, "model_output")
-        i = run._position(timestep, op)
-        if not run.input_scaled:
-            warnings.warn(f"{op}: call scale_model_input before step for a correct model input",
-                          UserWarning, stacklevel=3)
+        i = self._step_position(run, "EulerAncestralDiscreteScheduler.step", model_output, timestep, sample)
         return self._run_step(run, i, model_output, sample, return_dict, generator=generator,
                               variance_noise=variance_noise)
 
