@@ -246,6 +246,9 @@ class Optimizer:
                 raise ValueError(f"{self._name}.load_state_dict: a group of {len(mine['params'])} parameters "
                                  f"does not match a saved group of {len(saved['params'])}")
         for n, entry in saved_state.items():
+            if not 0 <= n < len(params):
+                raise ValueError(f"{self._name}.load_state_dict: the state names parameter {n}, "
+                                 f"the optimizer has {len(params)} (0 to {len(params) - 1})")
             for role, value in entry.items():
                 if role != "step" and tuple(np.shape(value)) != tuple(params[n].shape):
                     raise ValueError(f"{self._name}.load_state_dict: state {role!r} of parameter {n} has shape "

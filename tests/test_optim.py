@@ -299,6 +299,11 @@ def test_a_mismatched_state_dict_is_rejected_untouched() -> None:
     bad["param_groups"][0]["lr"] = -1.0
     with pytest.raises(ValueError, match="learning rate"):
         opt.load_state_dict(bad)
+    for index in (len(params), -1):
+        bad = copy.deepcopy(state)
+        bad["state"][index] = bad["state"][0]
+        with pytest.raises(ValueError, match=f"names parameter {index}"):
+            opt.load_state_dict(bad)
     _unchanged(opt, params, values, state)
     assert opt.param_groups[0]["lr"] == 1e-2
 
