@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
@@ -62,16 +62,8 @@ class PretrainedModel(Module):
         ``variant="fp16"`` reads ``diffusion_pytorch_model.fp16.safetensors`` (or its
         sharded index).  A missing, extra or mis-shaped weight raises ValueError naming the key.
         """
-        folder = Path(path)
-        owner = f"{cls.__name__}.from_pretrained"
-        config = read_config(folder / CONFIG_NAME, cls)
-        names = variant_name(WEIGHTS_NAME, variant), variant_name(WEIGHTS_INDEX_NAME, variant)
-        with open_weights(folder, *names, owner) as found:
-            model = cls.from_config({**cls.diffusers_defaults, **config})
-            if dtype is not None or device is not None:
-                model.to(device, dtype)
-            load_found(model, folder, found, owner)
-        return model.eval()
+        config = read_config(Path(path) / CONFIG_NAME, cls)
+        return build_from_folder(cls, path, {**cls.diffusers_defaults, **config}, WEIGHTS_NAME, variant, dtype, device)
 
     def save_pretrained(self, path: str | os.PathLike, variant: str | None = None) -> None:
         """Write config.json and the safetensors weights into the folder ``path`` (created if needed).
@@ -79,11 +71,39 @@ class PretrainedModel(Module):
         Each file is written to a temporary file and renamed into place, weights first;
         ``variant="fp16"`` names the weights ``diffusion_pytorch_model.fp16.safetensors``.
         """
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
+        weights = {k: v.numpy() for k, v in self.state_dict().items()}
         config = {"_class_name": self.diffusers_class, **self.config.to_json_dict()}
-        save_file({k: v.numpy() for k, v in self.state_dict().items()}, folder / variant_name(WEIGHTS_NAME, variant))
-        write_atomic(folder / CONFIG_NAME, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+        write_folder(path, weights, variant_name(WEIGHTS_NAME, variant), config)
+
+
+def build_from_folder(cls: type, path: str | os.PathLike, config: Mapping[str, Any], weights_name: str,
+                      variant: str | None, dtype: Any, device: str | None,
+                      rename: Callable[[Module, Found], Found] | None = None) -> Any:
+    """``cls.from_config(config)`` cast to ``dtype`` on ``device``, loaded from the folder's
+    ``weights_name`` (or its sharded index; ``variant`` inserted in both names), in eval mode.
+    ``rename`` maps the checkpoint's key names to the model's (default: early diffusers
+    attention names); every header is compared with the model before any data is read."""
+    folder = Path(path)
+    owner = f"{cls.__name__}.from_pretrained"
+    names = variant_name(weights_name, variant), variant_name(weights_name + ".index.json", variant)
+    with open_weights(folder, *names, owner) as found:
+        model = cls.from_config(config)
+        if dtype is not None or device is not None:
+            model.to(device, dtype)
+        if rename is not None:
+            found = rename(model, found)
+        load_found(model, folder, found, owner)
+    return model.eval()
+
+
+def write_folder(path: str | os.PathLike, weights: Mapping[str, np.ndarray], weights_name: str,
+                 config: Mapping[str, Any]) -> None:
+    """Write ``weights`` as ``weights_name`` and ``config`` as config.json into the folder
+    ``path`` (created if needed), each atomically, weights first."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(weights, folder / weights_name)
+    write_atomic(folder / CONFIG_NAME, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
 
 
 def variant_name(name: str, variant: str | None) -> str:

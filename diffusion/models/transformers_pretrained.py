@@ -10,21 +10,17 @@ the same code as diffusers folders (``weights``): headers first, data only when 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 from layers import Module
-from layers.serialization import save_file
-from tensorcore.atomic import write_atomic
 
 from .config import init_kwargs
-from .pretrained import CONFIG_NAME, read_json_object, variant_name
-from .weights import Found, check_weights, open_weights, read_found
+from .pretrained import CONFIG_NAME, build_from_folder, read_json_object, variant_name, write_folder
+from .weights import Found
 
 WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = WEIGHTS_NAME + ".index.json"
 # Keys transformers writes into every config.json that say nothing about the network.
 BOOKKEEPING_KEYS = frozenset({"architectures", "model_type", "transformers_version", "torch_dtype", "dtype"})
 
@@ -53,18 +49,9 @@ class TransformersPretrained(Module):
         Weights are cast to ``dtype`` (default float32) and placed on ``device``.  A missing,
         extra or mis-shaped weight raises ValueError naming the key, before any is copied.
         """
-        folder = Path(path)
-        owner = f"{cls.__name__}.from_pretrained"
-        config = read_transformers_config(folder / CONFIG_NAME, cls)
-        names = variant_name(WEIGHTS_NAME, variant), variant_name(WEIGHTS_INDEX_NAME, variant)
-        with open_weights(folder, *names, owner) as found:
-            model = cls.from_config(config)
-            if dtype is not None or device is not None:
-                model.to(device, dtype)
-            found = model.checkpoint_weights(found)
-            check_weights(owner, folder, model.state_dict(), found)
-            model.load_state_dict(read_found(found))
-        return model.eval()
+        config = read_transformers_config(Path(path) / CONFIG_NAME, cls)
+        return build_from_folder(cls, path, config, WEIGHTS_NAME, variant, dtype, device,
+                                 lambda model, found: model.checkpoint_weights(found))
 
     def checkpoint_weights(self, found: Found) -> Found:
         """The checkpoint's tensors under this model's parameter names (subclasses rename keys)."""
@@ -73,14 +60,11 @@ class TransformersPretrained(Module):
     def save_pretrained(self, path: str | os.PathLike, variant: str | None = None) -> None:
         """Write config.json and model.safetensors into the folder ``path`` (created if needed), weights
         first; ``variant="fp16"`` names the weights ``model.fp16.safetensors``."""
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
         weights = {k: v.numpy() for k, v in self.state_dict().items()}
         dtype = next(iter(weights.values())).dtype.name if weights else "float32"
         config = {"architectures": [type(self).__name__], "model_type": self.model_type,
                   **self.config.to_json_dict(), "dtype": dtype}
-        save_file(weights, folder / variant_name(WEIGHTS_NAME, variant))
-        write_atomic(folder / CONFIG_NAME, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+        write_folder(path, weights, variant_name(WEIGHTS_NAME, variant), config)
 
 
 def read_transformers_config(path: Path, cls: type[TransformersPretrained]) -> dict[str, Any]:
