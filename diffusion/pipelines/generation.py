@@ -10,7 +10,7 @@ same methods in the same order, so their results are bit-identical.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,7 @@ import tensorcore as tc
 from tensorcore import Tensor
 
 from ..images import to_pil
+from ..schedulers.run import SchedulerRun
 from .guard import NonFiniteGuard
 from .inputs import Request
 from .output import ImagePipelineOutput
@@ -32,50 +33,65 @@ class Generation:
     def __init__(self, pipeline: DiffusionPipeline, request: Request) -> None:
         self.pipeline, self.request = pipeline, request
         self.device = pipeline.device
-        self.run = pipeline.scheduler.start(request.num_inference_steps, device=self.device)
+        self.run = self.start_run()
+        self.first = self.run.position  # image-to-image starts part-way down the schedule
         self.guard = NonFiniteGuard()
         self.sample: Tensor | None = None
         self.steps_run = 0
-        self.labels, self.context = self._conditioning()
+        self.conditioning: dict[str, Any] = {}
+
+    def start_run(self) -> SchedulerRun:
+        """The generation's own scheduler run."""
+        return self.pipeline.scheduler.start(self.request.num_inference_steps, device=self.device)
 
     @property
     def num_steps(self) -> int:
-        """The run's timesteps: more than ``num_inference_steps`` for PNDM (its repeated or
-        Runge-Kutta timesteps), as diffusers' loops go over ``scheduler.timesteps``."""
-        return len(self.run)
+        """The run's timesteps from where it starts: more than ``num_inference_steps`` for
+        PNDM (its repeated or Runge-Kutta timesteps), as diffusers' loops go over
+        ``scheduler.timesteps``."""
+        return len(self.run) - self.first
 
-    def _conditioning(self) -> tuple[Tensor | None, Tensor | None]:
-        """The UNet's class labels and context: [uncond, cond] stacked when guiding."""
+    def unet_conditioning(self) -> dict[str, Any]:
+        """The UNet's keyword arguments beside sample and timestep: class labels and
+        context, [uncond, cond] stacked when guiding."""
         r = self.request
         labels, context = r.class_labels, r.context
-        if not r.guided:
-            return labels, context
-        if labels is not None:
+        if r.guided and labels is not None:
             null = tc.full((r.batch_size,), self.pipeline.null_class_label, dtype=tc.int64, device=self.device)
             labels = tc.cat([null, labels])
-        if context is not None:
+        if r.guided and context is not None:
             negative = r.negative_context if r.negative_context is not None else tc.zeros_like(context)
             context = tc.cat([negative, context])
-        return labels, context
+        return {"class_labels": labels, "context": context}
 
     def prepare(self) -> None:
-        """The starting sample: the given latents or noise from the generator, times the
-        scheduler's initial sigma."""
-        r = self.request
+        """The UNet's conditioning, and the starting sample: the given latents or noise from
+        the generator, times the scheduler's initial sigma."""
         with tc.no_grad():
-            if r.latents is not None:
-                x = r.latents
-            else:
-                shape = (r.batch_size,) + self.pipeline.latent_shape()
-                x = tc.randn(*shape, dtype=self.pipeline.dtype, device=r.generator.device,
-                             generator=r.generator).to(self.device)
-            sigma = self.run.init_noise_sigma
-            self.sample = x * sigma if sigma != 1.0 else x
+            self.conditioning = self.unet_conditioning()
+            self.sample = self.starting_noise()
+
+    def latent_shape(self) -> tuple[int, ...]:
+        """The shape of the sample: [B, C, H, W]."""
+        return (self.request.batch_size,) + self.pipeline.latent_shape()
+
+    def starting_noise(self) -> Tensor:
+        """The given latents, or noise drawn from the request's generator, times the run's
+        initial sigma."""
+        r = self.request
+        if r.latents is not None:
+            x = r.latents
+        else:
+            x = tc.randn(*self.latent_shape(), dtype=self.pipeline.dtype, device=r.generator.device,
+                         generator=r.generator).to(self.device)
+        sigma = self.run.init_noise_sigma
+        return x * sigma if sigma != 1.0 else x
 
     def step(self, index: int) -> None:
-        """Denoising step ``index``: one ``denoise_step`` (the UNet call, batched [uncond, cond]
-        when guiding, the guidance combine, the scheduler update and the non-finite guard),
-        compiled or eager as the pipeline says; the run moves on on the host."""
+        """Denoising step ``index`` (counted from where the run starts): one ``denoise_step``
+        (the UNet call, batched [uncond, cond] when guiding, the guidance combine, the
+        scheduler update and the non-finite guard), compiled or eager as the pipeline says;
+        the run moves on on the host."""
         r, run = self.request, self.run
         args = run.prepare_step(self.sample, **r.step_kwargs)
         if isinstance(args.noise, tc.Generator) and (r.owns_generator or args.noise.device != self.device):
@@ -83,16 +99,16 @@ class Generation:
             # its noise is drawn here, the step takes it as an input
             args = args.with_noise_drawn(self.sample, self.pipeline.dtype)
         with tc.no_grad():
-            out = self.pipeline.denoise(self.sample, run.timesteps[index], args, self.labels, self.context,
+            out = self.pipeline.denoise(self.sample, run.timesteps[self.first + index], args, self.conditioning,
                                         r.guidance_scale if r.guided else None,
-                                        self.guard.running_total(self.device))
+                                        self.guard.running_total(self.device), r.guidance_rescale)
         self.sample, self.guard.total = out[0], out[1]
         run.finish_step(out[2] if len(out) > 2 else None)
         self.steps_run = index + 1
 
     def timestep(self, index: int) -> int | float:
         """The host value of step ``index``'s timestep (for callbacks)."""
-        return self.run.timestep_at(index)
+        return self.run.timestep_at(self.first + index)
 
     def keep_going(self, index: int) -> bool:
         """Call the callback after step ``index``; False when it asks to stop."""

@@ -38,6 +38,7 @@ class Request:
     output: str
     progress: bool
     callback: Callable[[int, Any, Tensor], Any] | None
+    guidance_rescale: float = 0.0
 
     @property
     def guided(self) -> bool:
@@ -71,23 +72,11 @@ def check_request(facts: ModelFacts, batch_size: Any, num_inference_steps: Any, 
                   latents: Any, output: Any, progress: Any, callback: Any) -> Request:
     """The checked form of a ``generate`` call on a pipeline described by ``facts``."""
     name = facts.name
-    batch = _positive_int(name, "batch_size", batch_size)
-    steps = _positive_int(name, "num_inference_steps", num_inference_steps)
-    if steps > facts.num_train_timesteps:
-        raise ValueError(f"{name}: num_inference_steps ({steps}) cannot exceed the scheduler's "
-                         f"num_train_timesteps ({facts.num_train_timesteps})")
-    gen = _generator(name, seed, generator, facts.device)
-    step_kwargs: dict[str, Any] = {"generator": gen} if "generator" in facts.step_parameters else {}
-    if not isinstance(eta, numbers.Real) or isinstance(eta, bool) or not eta >= 0 or not math.isfinite(eta):
-        raise ValueError(f"{name}: eta must be a finite float >= 0, got {eta!r}")
-    if "eta" in facts.step_parameters:
-        step_kwargs["eta"] = float(eta)
-    elif eta != 0:
-        raise ValueError(f"{name}: eta={eta} needs a DDIM scheduler; this scheduler's step takes no eta")
-    if not isinstance(guidance_scale, numbers.Real) or isinstance(guidance_scale, bool) \
-            or not math.isfinite(guidance_scale) or guidance_scale < 0:
-        raise ValueError(f"{name}: guidance_scale must be a finite float >= 0, got {guidance_scale!r}")
-    guided = guidance_scale > 1.0
+    batch = positive_int(name, "batch_size", batch_size)
+    steps = checked_steps(facts, num_inference_steps)
+    gen = checked_generator(name, seed, generator, facts.device)
+    step_kwargs = scheduler_step_kwargs(facts, gen, eta)
+    guided = finite_float(name, "guidance_scale", guidance_scale) > 1.0
     labels = _class_labels(facts, class_labels, batch, guided)
     context, negative_context = _contexts(facts, context, negative_context, batch)
     if guided and labels is None and context is None:
@@ -98,16 +87,44 @@ def check_request(facts: ModelFacts, batch_size: Any, num_inference_steps: Any, 
     if callback is not None and not callable(callback):
         raise TypeError(f"{name}: callback must be callable(step, t, sample), got {type(callback).__name__}")
     return Request(batch, steps, gen, seed is not None, step_kwargs, float(guidance_scale), labels, context,
-                   negative_context, _latents(facts, latents, batch), output, bool(progress), callback)
+                   negative_context, checked_latents(facts, latents, batch), output, bool(progress), callback)
 
 
-def _positive_int(name: str, argument: str, value: Any) -> int:
+def positive_int(name: str, argument: str, value: Any) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name}: {argument} must be an int >= 1, got {value!r}")
     return int(value)
 
 
-def _generator(name: str, seed: Any, generator: Any, device: str) -> tc.Generator:
+def finite_float(name: str, argument: str, value: Any, low: float = 0.0, high: float = math.inf) -> float:
+    """``value`` as a float, checked to be a finite number in [low, high]."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) \
+            or not low <= value <= high:
+        bounds = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+        raise ValueError(f"{name}: {argument} must be a finite float {bounds}, got {value!r}")
+    return float(value)
+
+
+def checked_steps(facts: ModelFacts, num_inference_steps: Any) -> int:
+    steps = positive_int(facts.name, "num_inference_steps", num_inference_steps)
+    if steps > facts.num_train_timesteps:
+        raise ValueError(f"{facts.name}: num_inference_steps ({steps}) cannot exceed the scheduler's "
+                         f"num_train_timesteps ({facts.num_train_timesteps})")
+    return steps
+
+
+def scheduler_step_kwargs(facts: ModelFacts, generator: tc.Generator, eta: Any) -> dict[str, Any]:
+    """The scheduler step's options: its generator and DDIM's ``eta`` (only DDIM takes one)."""
+    step_kwargs: dict[str, Any] = {"generator": generator} if "generator" in facts.step_parameters else {}
+    eta = finite_float(facts.name, "eta", eta)
+    if "eta" in facts.step_parameters:
+        step_kwargs["eta"] = eta
+    elif eta != 0:
+        raise ValueError(f"{facts.name}: eta={eta} needs a DDIM scheduler; this scheduler's step takes no eta")
+    return step_kwargs
+
+
+def checked_generator(name: str, seed: Any, generator: Any, device: str) -> tc.Generator:
     if seed is not None and generator is not None:
         raise ValueError(f"{name}: pass either seed or generator, not both")
     if generator is not None:
@@ -181,7 +198,7 @@ def _contexts(facts: ModelFacts, context: Any, negative_context: Any, batch: int
     return context, negative_context
 
 
-def _latents(facts: ModelFacts, latents: Any, batch: int) -> Tensor | None:
+def checked_latents(facts: ModelFacts, latents: Any, batch: int) -> Tensor | None:
     name = facts.name
     if latents is None:
         if facts.latent_shape is None:

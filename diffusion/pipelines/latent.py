@@ -34,11 +34,14 @@ class LatentDiffusionPipeline(DiffusionPipeline):
                              f"the UNet on {self.device}")
         self.vae = vae
 
-    def decode(self, sample: Tensor) -> Tensor:
+    def unscaled(self, sample: Tensor) -> Tensor:
+        """The final latents as the VAE decodes them: divided by its scaling factor (plus its shift)."""
         config = unwrapped(self.vae).config
         latents = sample * (1.0 / config["scaling_factor"])
-        if config.get("shift_factor") is not None:
-            latents = latents + config["shift_factor"]
+        return latents + config["shift_factor"] if config.get("shift_factor") is not None else latents
+
+    def decode(self, sample: Tensor) -> Tensor:
+        latents = self.unscaled(sample)
         if self.compile:
             return unwrapped(self.vae).decode_compiled(latents)
         return self.vae.decode(latents)

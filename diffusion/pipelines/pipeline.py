@@ -72,12 +72,13 @@ class DiffusionPipeline:
         self.compile = compile
         self.denoiser = compiled_denoise_step() if compile else None
 
-    def denoise(self, sample: Tensor, timestep: Tensor, args: StepArgs, class_labels: Tensor | None,
-                context: Tensor | None, guidance_scale: float | None, total: Tensor) -> tuple[Tensor, ...]:
+    def denoise(self, sample: Tensor, timestep: Tensor, args: StepArgs, conditioning: dict[str, Any],
+                guidance_scale: float | None, total: Tensor, guidance_rescale: float = 0.0) -> tuple[Tensor, ...]:
         """One denoising step (``denoise_step``): one compiled call when ``compile`` is on (on the
         UNet module itself), else the UNet as given; (next sample, guard count[, x̂₀])."""
-        step_args = (self.scheduler, sample, timestep, args.values, args.history, total, class_labels, context,
-                     guidance_scale, args.variant, args.noise, args.noise_dtype, self.scheduler.solver_history)
+        step_args = (self.scheduler, sample, timestep, args.values, args.history, total, conditioning,
+                     guidance_scale, guidance_rescale, args.variant, args.noise, args.noise_dtype,
+                     self.scheduler.solver_history)
         if self.denoiser is not None:
             return self.denoiser(unwrapped(self.unet), *step_args)
         return denoise_step(self.unet, *step_args)

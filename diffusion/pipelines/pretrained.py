@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Iterable
 
 from layers.files import inside, read_json
 from tensorcore.atomic import write_atomic
@@ -53,7 +53,8 @@ def save_pipeline(pipeline: Any, folder: str | os.PathLike) -> None:
     write_atomic(os.path.join(folder, INDEX_NAME), (json.dumps(index, indent=2) + "\n").encode())
 
 
-def read_index(folder: str | os.PathLike) -> dict[str, Any]:
+def read_index(folder: str | os.PathLike, components: dict[str, dict[str, Any]] = COMPONENTS,
+               unloaded: Iterable[str] = ()) -> dict[str, Any]:
     """The folder's ``model_index.json``, validated by ``check_index``; a clear error when it
     is missing, malformed, or names a part this code cannot load or a folder outside ``folder``."""
     path = os.path.join(os.fspath(folder), INDEX_NAME)
@@ -63,22 +64,25 @@ def read_index(folder: str | os.PathLike) -> dict[str, Any]:
     index = read_json(inside(folder, INDEX_NAME, "from_pretrained"), "from_pretrained")
     if not isinstance(index, dict):
         raise ValueError(f"from_pretrained: {path!r} must hold a JSON object")
-    check_index(index, folder)
+    check_index(index, folder, components, unloaded)
     return index
 
 
-def check_index(index: dict[str, Any], folder: str | os.PathLike) -> None:
+def check_index(index: dict[str, Any], folder: str | os.PathLike,
+                components: dict[str, dict[str, Any]] = COMPONENTS, unloaded: Iterable[str] = ()) -> None:
     """Raise ValueError naming the first entry of ``index`` that is not a loadable part.
 
     A part is an entry that ``COMPONENTS`` knows or whose value is a list: it must be
     ``[library, ClassName]`` (``[null, null]`` for an absent part) with a library of
-    ``LIBRARIES``, a class ``COMPONENTS`` lists for it (any identifier for parts this code
+    ``LIBRARIES``, a class ``components`` lists for it (any identifier for parts this code
     does not load), and a folder of that name inside ``folder``.  Other entries (``_class_name``,
-    ``null_class_label``...) are the pipeline's options.
+    ``null_class_label``...) are the pipeline's options; parts named in ``unloaded`` (a
+    safety checker, say) are left alone.
     """
     path = os.path.join(os.fspath(folder), INDEX_NAME)
     for key, value in index.items():
-        if key.startswith("_") or (key not in COMPONENTS and not isinstance(value, list)) or value == [None, None]:
+        if key.startswith("_") or key in unloaded or value == [None, None] \
+                or (key not in components and not isinstance(value, list)):
             continue
         where = f"from_pretrained: {path!r} entry {key!r}"
         if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
@@ -86,7 +90,7 @@ def check_index(index: dict[str, Any], folder: str | os.PathLike) -> None:
         library, name = value
         if library not in LIBRARIES:
             raise ValueError(f"{where} names library {library!r}; expected one of {list(LIBRARIES)}")
-        known = COMPONENTS.get(key)
+        known = components.get(key)
         if (known is not None and name not in known) or not name.isidentifier():
             expected = sorted(known) if known is not None else "a class name"
             raise ValueError(f"{where} names class {name!r}; expected {expected}")
