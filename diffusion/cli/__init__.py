@@ -1,10 +1,11 @@
-"""``python -m diffusion train | sample | train-vae | sample-latent``: diffusion on the bundled digits.
+"""``python -m diffusion train | sample | train-vae | sample-latent | generate``: diffusion on the
+bundled digits, and images from a Stable Diffusion folder.
 
-Every option has a default (``--help`` on each command lists them); a bad value, an
-output path that cannot be written, a folder holding another run or a checkpoint that
-does not fit stops the command with a one-line message and exit status 2, before any
-work starts and before anything is created.  The backend is chosen by
-``TENSORCORE_BACKEND`` (numpy, numba or cupy).
+Every option has a default (``--help`` on each command lists them) except ``generate``'s
+``--model`` and ``--prompt``; a bad value, an output path that cannot be written, a folder
+holding another run or a checkpoint that does not fit stops the command with a one-line
+message and exit status 2, before any work starts and before anything is created.  The
+backend is chosen by ``TENSORCORE_BACKEND`` (numpy, numba or cupy).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import (OneLineParser, UsageError, digit_labels, int_list, non_negative_float, non_negative_int,
-                   positive_float, positive_int, probability)
+from .args import (OneLineParser, UsageError, digit_labels, float_in, int_list, lora_option, non_negative_float,
+                   non_negative_int, pixel_size, positive_float, positive_int, probability)
+from .generate import DTYPES, SCHEDULERS
 
 IMAGE_SIZES = (8, 16, 32)
 
@@ -66,6 +68,40 @@ def _add_training(parser: argparse.ArgumentParser, steps: int, batch_size: int, 
                             "training on a GPU (default: %(default)s)")
 
 
+def _add_generate(commands: argparse._SubParsersAction) -> None:
+    """``generate``: only ``--model`` and ``--prompt`` are required; options left out take the
+    pipeline's defaults (diffusers'), or the folder's own scheduler."""
+    generate = commands.add_parser("generate", help="images from a Stable Diffusion 1.x/2.x or SDXL folder "
+                                                    "(diffusers layout), text to image or image to image")
+    generate.add_argument("--model", required=True, metavar="FOLDER",
+                          help="a diffusers Stable Diffusion folder (model_index.json, unet/, vae/, text_encoder/...)")
+    generate.add_argument("--prompt", required=True, metavar="TEXT", help="what the images show")
+    generate.add_argument("--negative-prompt", default=None, metavar="TEXT",
+                          help="what to steer away from (default: none)")
+    generate.add_argument("--steps", type=positive_int, default=50, help="denoising steps (default: %(default)s)")
+    generate.add_argument("--guidance-scale", type=non_negative_float, default=None,
+                          help="classifier-free guidance scale; 1 turns guidance off (default: 7.5, SDXL 5)")
+    generate.add_argument("--size", type=pixel_size, default=None, metavar="WxH",
+                          help="WIDTHxHEIGHT, multiples of 8 (default: the model's own size, or the --image's)")
+    generate.add_argument("--scheduler", choices=tuple(SCHEDULERS), default=None,
+                          help="sampler replacing the folder's own scheduler, on the same noise schedule "
+                               "(default: the folder's)")
+    generate.add_argument("--lora", type=lora_option, action="append", default=[], metavar="FILE[:SCALE]",
+                          help="apply a LoRA .safetensors file with this weight (default 1); repeat for several")
+    generate.add_argument("--image", default=None, metavar="FILE",
+                          help="start from this image (image to image; Stable Diffusion 1.x/2.x folders)")
+    generate.add_argument("--strength", type=float_in(0.0, 1.0, low_open=True), default=None,
+                          help="with --image: how far the image is noised, in (0, 1]; the higher, the less of "
+                               "it stays (default: 0.8)")
+    generate.add_argument("--num-images", type=positive_int, default=1,
+                          help="images of the prompt, made in one call from --seed (default: %(default)s)")
+    generate.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                          help="the models' weights and compute type (default: %(default)s)")
+    generate.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                          help="(default: the backend's, cuda with TENSORCORE_BACKEND=cupy)")
+    _add_common(generate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m diffusion", description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="a run folder, its pipeline/ folder or a checkpoint file "
                                   "(default: the newest runs/train-* folder)")
         _add_sampling(sampler, guidance=3.0)
+    _add_generate(commands)
     return parser
 
 
@@ -121,10 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.explicit = explicit_options(argv)
-    from . import commands
+    from . import commands, generate
 
     run = {"train": commands.train, "train-vae": commands.train_vae_command,
-           "sample": commands.sample, "sample-latent": lambda a: commands.sample(a, latent=True)}[args.command]
+           "sample": commands.sample, "sample-latent": lambda a: commands.sample(a, latent=True),
+           "generate": generate.generate_command}[args.command]
     try:
         run(args)
     except UsageError as exc:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 
 def _number(text: str, kind: type) -> int | float:
@@ -77,6 +77,44 @@ def digit_labels(text: str) -> tuple[int, ...]:
             raise argparse.ArgumentTypeError(f"digits must lie in 0-9, got {text!r}")
         values.extend(range(first, last + 1))
     return tuple(values)
+
+
+def pixel_size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT`` in pixels, e.g. ``512x768``: multiples of 8, as the VAE halves each side three times."""
+    width, _, height = text.lower().partition("x")
+    try:
+        size = int(width), int(height)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT such as 512x768, got {text!r}") from None
+    if any(side < 8 or side % 8 for side in size):
+        raise argparse.ArgumentTypeError(f"width and height must be positive multiples of 8, got {text!r}")
+    return size
+
+
+class LoraOption(NamedTuple):
+    """One ``--lora FILE[:SCALE]``."""
+
+    path: str
+    scale: float
+
+
+def lora_option(text: str) -> LoraOption:
+    """``FILE[:SCALE]``: a ``.safetensors`` LoRA file and the weight it is applied with (default 1).
+
+    The scale follows the last colon, so a path that holds colons still works."""
+    path, colon, scale = text.rpartition(":")
+    if not colon or scale.endswith(".safetensors"):
+        path, scale = text, "1"
+    if not path.endswith(".safetensors"):
+        raise argparse.ArgumentTypeError(f"{path!r} is not a .safetensors file (LoRA weights are read from "
+                                         f"safetensors only)")
+    try:
+        value = float(scale)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected FILE.safetensors[:SCALE] with SCALE a finite number, got {text!r}")
+    return LoraOption(path, value)
 
 
 class UsageError(ValueError):

@@ -20,7 +20,6 @@ forward's warpgroup-MMA tiles, the default on sm_90).  No timing is asserted.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections import Counter
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import gpu_timing  # tests/benchmarks/gpu_timing.py
 import tensorcore as tc
 from tensorcore import settings
 from tensorcore.backends.cupy import conv_plan
@@ -98,27 +98,12 @@ def unet_convs(base: int = 128, mults: tuple = (1, 2, 4), blocks: int = 2, size:
 
 def torch_graph_ms(fn, iters: int = 30) -> float:
     """Median ms of replaying a torch CUDA graph of ``fn``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        kept = fn()
+    replay, kept = gpu_timing.torch_graph(fn)
     for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
+        replay()
+    ms = gpu_timing.event_ms(replay, iters, warmup=0)
     del kept
-    return statistics.median(times)
+    return ms
 
 
 def operands(conv: Conv, batch: int, dtype: str):

@@ -17,7 +17,6 @@ each output written once.  No timing is asserted.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import cupy as cp
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import gpu_timing  # tests/benchmarks/gpu_timing.py
 import tensorcore as tc
 from tensorcore import settings
 from tensorcore.backends.cupy.backend import CupyBackend
@@ -34,20 +34,7 @@ from gpu_timing import graph_ms, queued_ms  # tests/benchmarks/gpu_timing.py
 GPU = CupyBackend()
 
 
-def median_ms(fn, iters: int = 40, warmup: int = 5) -> float:
-    """Median of per-call CUDA-event times (the events go on CuPy's current stream,
-    which is the legacy default stream that PyTorch also uses here)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
+median_ms = gpu_timing.event_ms
 
 
 def randn_pair(*shape, dtype=np.float32):

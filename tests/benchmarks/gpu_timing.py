@@ -34,6 +34,39 @@ def graph_ms(fn, iters: int = 40) -> float:
     return statistics.median(times)
 
 
+def event_ms(fn, iters: int = 40, warmup: int = 5) -> float:
+    """Median of per-call CUDA-event times (the events go on CuPy's current stream, which
+    is the legacy default stream that PyTorch also uses, so this times either side)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def torch_graph(fn):
+    """``fn`` captured in a torch CUDA graph, warmed up on a side stream as torch.cuda.graphs
+    asks: (the graph's replay, the graph's static output, kept alive by the caller)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kept = fn()
+    return graph.replay, kept
+
+
 def queued_ms(fn, calls: int = 20, reps: int = 15) -> float:
     """Median over ``reps`` of (time of ``calls`` back-to-back calls) / calls."""
     for _ in range(3):
