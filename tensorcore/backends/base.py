@@ -258,6 +258,10 @@ class Backend(Protocol):
         where masked) and broadcasts to [B, H, Lq, Lk].  Returns (out, probs)."""
     def attention_backward(self, grad: Array, q: Array, k: Array, v: Array,
                            probs: Array, scale: float) -> tuple[Array, Array, Array]: ...
+    def attention_output(self, q: Array, k: Array, v: Array, mask: Array | None,
+                         causal: bool, scale: float) -> Array:
+        """``attention``'s output alone, for calls that need no gradient: a backend may
+        compute it without the probabilities (flash attention)."""
 
     # ----- embedding ---------------------------------------------------------------
     def embedding_backward(self, grad: Array, indices: Array, num_embeddings: int

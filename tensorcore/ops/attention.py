@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .. import autograd
 from ..autograd import Function
 from ..tensor import Tensor
 from . import elementwise as ew
@@ -11,14 +12,19 @@ from .movement import reshape
 
 
 class Attention(Function):
-    def forward(self, q, k, v, mask, causal, scale):
+    """``training``: keep what the backward needs (the probabilities); otherwise the
+    backend's ``attention_output`` may skip them (flash attention on the GPU)."""
+
+    def forward(self, q, k, v, mask, causal, scale, training):
+        if not training:
+            return self.backend.attention_output(q, k, v, mask, causal, scale)
         self.q, self.k, self.v, self.scale = q, k, v, scale
         out, self.probs = self.backend.attention(q, k, v, mask, causal, scale)
         return out
 
     def backward(self, g):
         gq, gk, gv = self.backend.attention_backward(g, self.q, self.k, self.v, self.probs, self.scale)
-        return gq, gk, gv, None, None, None
+        return gq, gk, gv, None, None, None, None
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
@@ -45,5 +51,6 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         mask = attn_mask.detach().expand(lead + (lq, lk)).reshape((-1, 1, lq, lk)).data
     as4d = (lambda t: reshape(t, (-1, 1) + t.shape[-2:]))
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    out = Attention.apply(as4d(query), as4d(key), as4d(value), mask, bool(is_causal), scale)
+    training = autograd.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    out = Attention.apply(as4d(query), as4d(key), as4d(value), mask, bool(is_causal), scale, training)
     return reshape(out, lead + (lq, value.shape[-1]))

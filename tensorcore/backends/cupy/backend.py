@@ -72,6 +72,7 @@ METHODS: dict[str, Callable] = {
     "bias_act_backward": CupyElementwiseKernels.bias_act_backward,
     "attention": CupyLinalgKernels.attention,
     "attention_backward": CupyLinalgKernels.attention_backward,
+    "attention_output": CupyLinalgKernels.attention_output,
     "embedding_backward": CupyNNKernels.embedding_backward,
     "rng": CupyRandomKernels.rng,
     "uniform": CupyRandomKernels.uniform,

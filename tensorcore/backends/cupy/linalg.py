@@ -16,7 +16,7 @@ import cupy
 import numpy
 
 from . import cublas
-from . import conv_igemm, conv_norm
+from . import conv_igemm, conv_norm, flash_attention
 from .loader import THREADS, kernel, launch
 from ..numpy.act import check_activation
 from .elementwise import ACT_CODES
@@ -344,6 +344,11 @@ class CupyLinalgKernels:
         out = cupy.empty((b, h, lq, dv), dtype=q.dtype)
         bmm(probs.reshape(b * h, lq, lk), v3, out.reshape(b * h, lq, dv))
         return out, probs
+
+    def attention_output(self, q, k, v, mask, causal, scale):
+        if mask is None and has_kernels(q, k, v) and flash_attention.fits(q, k, v):
+            return flash_attention.forward(q, k, v, causal, scale)
+        return self.attention(q, k, v, mask, causal, scale)[0]
 
     def _masked_probs(self, scores, mask, causal: bool, shape: tuple[int, int, int, int]):
         """softmax(scores + mask) over the last axis, j > i hidden when ``causal``: the

@@ -401,6 +401,7 @@ METHODS: dict[str, Callable] = {
     "cross_entropy_reduced_backward": computes_in_float32(NumpySoftmaxKernels.cross_entropy_reduced_backward),
     "attention": computes_in_float32(NumpySoftmaxKernels.attention),
     "attention_backward": computes_in_float32(NumpySoftmaxKernels.attention_backward),
+    "attention_output": computes_in_float32(NumpySoftmaxKernels.attention_output),
     # normalisation
     "layer_norm": computes_in_float32(NumpyNormKernels.layer_norm),
     "layer_norm_backward": computes_in_float32(NumpyNormKernels.layer_norm_backward),

@@ -158,6 +158,11 @@ class NumpySoftmaxKernels:
         probs = self.softmax(scores)
         return xp.matmul(probs, v), probs
 
+    def attention_output(self, q: Array, k: Array, v: Array, mask: Array | None,
+                         causal: bool, scale: float) -> Array:
+        """``attention``'s output (the probabilities are made and dropped)."""
+        return self.attention(q, k, v, mask, causal, scale)[0]
+
     def attention_backward(self, grad: Array, q: Array, k: Array, v: Array,
                            probs: Array, scale: float) -> tuple[Array, Array, Array]:
         """(dq, dk, dv) of ``attention`` given its saved probabilities."""

@@ -1,7 +1,6 @@
-// Tensor-core building blocks of the implicit-GEMM convolution (conv_igemm.cu):
-// asynchronous global -> shared copies, ldmatrix fragment loads, mma.sync for each
-// precision, the K slice of a warp tile, and the epilogue shared by the direct and the
-// split-K stores.
+// The implicit-GEMM convolution's own pieces (conv_igemm.cu): the precisions, the K slice
+// of a warp tile, the multistage main loop and the epilogue shared by the direct and the
+// split-K stores.  The mma.sync building blocks are in tensor_core.cuh.
 //
 // Precisions (template argument PREC of the kernels):
 //   PREC_16     half_t / bf16_t operands, mma m16n8k16, float accumulators
@@ -10,40 +9,13 @@
 //               multiplied as big*big + big*small + small*big (float32 accuracy)
 #pragma once
 #include "common.cuh"
+#include "tensor_core.cuh"
 
 #define PREC_16 0
 #define PREC_TF32 1
 #define PREC_3XTF32 2
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
-
-// The 32-bit shared-memory address of a generic pointer into shared memory.
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// 16 bytes global -> shared, bypassing L1; zero-filled (nothing read) when !pred.
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
-}
-
-// Four 8x8 matrices of 16-bit pairs (or of 32-bit words: 8 rows x 4 floats); lanes
-// 8q..8q+7 give the row addresses of matrix q.  _t transposes each matrix.
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
 
 __device__ __forceinline__ unsigned tf32_bits(float f) {
     unsigned r;
@@ -56,36 +28,6 @@ template <typename T> __device__ __forceinline__ T tf32_if(T v, bool) { return v
 template <> __device__ __forceinline__ float tf32_if<float>(float v, bool round) {
     return round ? __uint_as_float(tf32_bits(v)) : v;
 }
-
-// d += a * b for one 16x8 output tile; A is 16 x k, B is k x 8 (k = 8 for float, 16 else).
-template <typename T> struct Mma;
-template <> struct Mma<float> {
-    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
-                                               const unsigned (&b)[2]) {
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
-template <> struct Mma<bf16_t> {
-    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
-                                               const unsigned (&b)[2]) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
-template <> struct Mma<half_t> {
-    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
-                                               const unsigned (&b)[2]) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
 
 // Split float bits into TF32 big and small parts: x ~= big + small to ~2^-22.
 template <int N> __device__ __forceinline__ void tf32_split(const unsigned (&x)[N],

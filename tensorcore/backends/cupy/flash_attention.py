@@ -1,0 +1,83 @@
+"""Flash attention on the tensor cores (``cuda/flash_attention.cu``): the output of
+softmax(q kᵀ · scale) v for float16 / bfloat16 inputs, without the score matrix.
+
+``fits`` says whether a call can take it: 16-bit q, k, v of one dtype, [B, H, L, d] with
+d a multiple of 8 whose 16-rounded width is one of ``HEAD_WIDTHS`` (head dims 40, 64,
+80, 128, 160 and their neighbours), v as wide as q, no additive mask (``causal`` is
+fine), the head dim contiguous and every other stride a multiple of 8 elements on
+16-byte aligned data -- so the kernel reads the heads straight out of a projection's
+[B, L, H·d] output.  ``instances`` lists every instantiation, for the loader's PTX test.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from . import loader
+from .. import report
+
+SOURCE = "flash_attention.cu"
+HEAD_WIDTHS = (48, 64, 80, 128, 160)  # D: the head dim rounded up to 16
+ROWS, KEYS, THREADS = 64, 64, 128  # query rows per block, keys per tile (as in the kernel)
+_CTYPES = {"float16": "half_t", "bfloat16": "bf16_t"}
+
+
+def instances() -> list[str]:
+    """Every kernel instantiation the host code may launch."""
+    return [f"flash_attention_fwd_kernel<{ctype}, {width}>" for ctype in _CTYPES.values() for width in HEAD_WIDTHS]
+
+
+def width(d: int) -> int:
+    return -(-d // 16) * 16
+
+
+def fits(q: Any, k: Any, v: Any) -> bool:
+    """Whether the kernel computes this attention (see the module docstring)."""
+    if not (q.ndim == k.ndim == v.ndim == 4 and q.dtype == k.dtype == v.dtype and q.dtype.name in _CTYPES):
+        return False
+    b, h, _, d = q.shape
+    if k.shape[:2] != (b, h) or v.shape[:2] != (b, h) or k.shape[3] != d or v.shape[3] != d \
+            or k.shape[2] != v.shape[2] or d % 8 or width(d) not in HEAD_WIDTHS:
+        return False
+    item = q.dtype.itemsize
+    for t in (q, k, v):
+        if t.strides[3] != item or any(s % (8 * item) for s in t.strides[:3]) or t.data.ptr % 16:
+            return False
+    return True
+
+
+def forward(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
+    """out [B, H, Lq, d] (contiguous) of softmax(q kᵀ · scale) v, key j hidden from query i
+    when ``causal`` and j > i; the inputs passed ``fits``."""
+    import cupy
+
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    out = cupy.empty((b, h, lq, d), dtype=q.dtype)
+    if out.size == 0 or lk == 0:  # no keys: an empty sum, as probabilities [Lq, 0] times v give
+        return out.fill(0) or out
+    D = width(d)
+    expression = f"flash_attention_fwd_kernel<{_CTYPES[q.dtype.name]}, {D}>"
+    smem = 5 * ROWS * (D + 8) * 2  # Q, and two stages each of K and V
+    if report.active:
+        report.note_kernel(expression)
+    item = q.dtype.itemsize
+    strides = [s // item for t in (q, k, v) for s in t.strides[:3]]
+    _kernel(expression, smem, cupy.cuda.runtime.getDevice())(
+        (-(-lq // ROWS), b * h), (THREADS,),
+        (q, k, v, out, np.int32(h), np.int32(lq), np.int32(lk), np.int32(d), np.float32(scale * math.log2(math.e)),
+         np.int32(bool(causal)), *(np.int64(s) for s in strides)),
+        shared_mem=smem)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(expression: str, smem: int, device: int) -> Any:
+    """One instantiation, allowed its dynamic shared memory."""
+    raw = loader.raw_instance(SOURCE, expression)
+    raw.max_dynamic_shared_size_bytes = smem
+    return raw.kernel
