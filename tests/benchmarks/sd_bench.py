@@ -234,8 +234,8 @@ def vae_table(args: argparse.Namespace) -> None:
     ours, theirs = vae_twins()
     z = np.random.default_rng(2).standard_normal((1, 4, 64, 64)).astype(np.float32)
     zo, zt = tc.tensor(z, device="cuda").to(dtype=tc.float16), torch.tensor(z, device="cuda", dtype=torch.float16)
-    theirs_call = Call(lambda m: m.decode(zt).sample, theirs)
-    forward_rows(table, "float16", lambda: ours.decode(zo), ours, theirs_call, theirs, args.iters,
+    theirs_call = Call(lambda decode: decode(zt).sample, theirs.decode)  # torch.compile compiles decode itself
+    forward_rows(table, "float16", lambda: ours.decode(zo), ours, theirs_call, theirs.decode, args.iters,
                  not args.no_torch_compile, lambda compiled: (lambda: ours.decode_compiled(zo)))
 
 
