@@ -291,6 +291,22 @@ def test_compiled_equals_eager_bit_for_bit_and_async_equals_sync(sd) -> None:
     np.testing.assert_array_equal(asyncio.run(compiled.generate_async(seed=1, **kwargs)).images, want)
 
 
+@pytest.mark.parametrize("compile_", [False, True])
+def test_text_keys_and_values_computed_once_give_bit_identical_images(sd, compile_) -> None:
+    """The cross-attention projections of the text states are hoisted out of the steps (one
+    computation per generation); the images are those of projecting at every step."""
+    pipe = StableDiffusionPipeline.from_pretrained(sd[0], compile=compile_)
+    kwargs = dict(prompt=PROMPTS, negative_prompt=NEGATIVE, num_inference_steps=3, output_type="np", seed=4,
+                  progress=False)
+    pipe.hoist_text_states = False
+    want = pipe(**kwargs).images
+    pipe.hoist_text_states = True
+    np.testing.assert_array_equal(pipe(**kwargs).images, want)
+    unet, states = pipe.unet, tc.zeros(1, 77, 32)
+    with pytest.raises(ValueError, match="cross_attention_kv must hold a \\(keys, values\\) pair for each of the 2"):
+        unet(tc.zeros(1, 4, 8, 8), 1, states, cross_attention_kv=unet.cross_attention_kv(states)[:1])
+
+
 def test_cancelling_at_a_step_leaves_the_pipeline_usable(sd) -> None:
     _, _, ours = sd
     kwargs = dict(prompt=PROMPTS[0], num_inference_steps=4, output_type="np", progress=False, seed=2)

@@ -7,10 +7,24 @@ values come from a context sequence [B, L, D] instead.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tensorcore as tc
 import tensorcore.functional as F
 from layers import Dropout, GroupNorm, Linear, Module, ModuleList
 from tensorcore import Tensor
+
+
+@dataclass
+class TextStates:
+    """A cross-attention context whose keys and values were computed beforehand:
+    ``states`` [B, L, D] and, by the id of each cross-attention ``Attention``, its
+    (keys, values) as ``attend`` makes them from ``states``.  A denoising loop computes
+    them once per generation (``UNet2DConditionModel.cross_attention_kv``): the text
+    states do not change across steps, so neither do their projections."""
+
+    states: Tensor
+    kv: dict[int, tuple[Tensor, Tensor]]
 
 
 class Attention(Module):
@@ -66,9 +80,15 @@ class Attention(Module):
             return hidden.reshape(b, c, h * w).transpose(1, 2)
         return x if self.group_norm is None else self.group_norm(x.transpose(1, 2)).transpose(1, 2)
 
-    def attend(self, tokens: Tensor, source: Tensor) -> Tensor:
-        """Attention of ``tokens`` [B, Lq, query_dim] over ``source`` [B, Lk, kv_dim] -> [B, Lq, query_dim]."""
-        q, k, v = self._heads(self.to_q(tokens)), self._heads(self.to_k(source)), self._heads(self.to_v(source))
+    def keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values [B, heads, Lk, dim_head] of ``source`` [B, Lk, kv_dim]."""
+        return self._heads(self.to_k(source)), self._heads(self.to_v(source))
+
+    def attend(self, tokens: Tensor, source: Tensor | TextStates) -> Tensor:
+        """Attention of ``tokens`` [B, Lq, query_dim] over ``source`` [B, Lk, kv_dim] (or its
+        precomputed keys and values) -> [B, Lq, query_dim]."""
+        q = self._heads(self.to_q(tokens))
+        k, v = source.kv[id(self)] if isinstance(source, TextStates) else self.keys_values(source)
         upcast = self.upcast_attention and q.dtype in (tc.float16, tc.bfloat16)
         if upcast:
             q, k, v = q.to(dtype=tc.float32), k.to(dtype=tc.float32), v.to(dtype=tc.float32)
@@ -78,8 +98,8 @@ class Attention(Module):
         out = out.permute(0, 2, 1, 3).reshape(tokens.shape[0], tokens.shape[1], self.heads * self.dim_head)
         return self.to_out[1](self.to_out[0](out))
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        self._check(x, context)
+    def forward(self, x: Tensor, context: Tensor | TextStates | None = None) -> Tensor:
+        self._check(x, context.states if isinstance(context, TextStates) else context)
         tokens = self._tokens(x)
         out = self.attend(tokens, tokens if context is None else context)
         if x.ndim == 4:

@@ -17,6 +17,7 @@ from layers import Conv2d, Embedding, GroupNorm, Identity, Linear, Module, Modul
 from tensorcore import Tensor
 
 from .activations import activation, group_norm_act
+from .attention import Attention, TextStates
 from .blocks import DownBlock2D, ResnetSpec, TransformerSpec, UNetMidBlock2D, UpBlock2D, unet_path
 from .config import register_to_config
 from .embeddings import GaussianFourierProjection, TimestepEmbedding, Timesteps
@@ -140,8 +141,12 @@ class UNet2DConditionModel(PretrainedModel):
 
     def forward(self, sample: Tensor, timestep: Any, encoder_hidden_states: Tensor, class_labels: Any = None,
                 added_cond_kwargs: Mapping[str, Tensor] | None = None,
-                cross_attention_kwargs: Mapping[str, Any] | None = None, timestep_cond: Tensor | None = None) -> Tensor:
+                cross_attention_kwargs: Mapping[str, Any] | None = None, timestep_cond: Tensor | None = None,
+                cross_attention_kv: Sequence[tuple[Tensor, Tensor]] | None = None) -> Tensor:
+        """``cross_attention_kv``: what ``cross_attention_kv(encoder_hidden_states)`` returns, to
+        use instead of projecting the text states again (the same numbers, computed once)."""
         self._check_inputs(sample, encoder_hidden_states, timestep_cond, cross_attention_kwargs)
+        context = self._context(encoder_hidden_states, cross_attention_kv)
         config = self.config
         if config.center_input_sample:
             sample = sample * 2.0 - 1.0
@@ -155,8 +160,28 @@ class UNet2DConditionModel(PretrainedModel):
         if config.time_embedding_act_fn is not None:
             emb = activation(config.time_embedding_act_fn.lower())(emb)
 
-        h = unet_path(self, self.conv_in(sample), emb, encoder_hidden_states)
+        h = unet_path(self, self.conv_in(sample), emb, context)
         return self.conv_out(group_norm_act(self.conv_norm_out, h, config.act_fn.lower()))
+
+    def cross_attention_kv(self, encoder_hidden_states: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """The keys and values [B, heads, L, dim_head] every cross-attention layer makes of
+        ``encoder_hidden_states``, in module order.  They are the same at every step of a
+        generation, so a pipeline computes them once and passes them to each call."""
+        return [tuple(t.contiguous() for t in layer.keys_values(encoder_hidden_states))
+                for layer in self._cross_attention_layers()]
+
+    def _cross_attention_layers(self) -> list[Attention]:
+        return [m for m in self.modules() if isinstance(m, Attention) and m.cross_attention_dim is not None]
+
+    def _context(self, states: Tensor, kv: Sequence[tuple[Tensor, Tensor]] | None) -> Tensor | TextStates:
+        """The context the transformers read: the text states, with their keys and values when given."""
+        if kv is None:
+            return states
+        layers = self._cross_attention_layers()
+        if len(kv) != len(layers) or any(len(pair) != 2 for pair in kv):
+            raise ValueError(f"{OWNER}: cross_attention_kv must hold a (keys, values) pair for each of the "
+                             f"{len(layers)} cross-attention layers, got {len(kv)} entries")
+        return TextStates(states, {id(layer): tuple(pair) for layer, pair in zip(layers, kv)})
 
     def _check_inputs(self, sample: Tensor, context: Tensor, timestep_cond: Tensor | None,
                       cross_attention_kwargs: Mapping[str, Any] | None) -> None:

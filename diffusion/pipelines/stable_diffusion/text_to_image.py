@@ -55,6 +55,7 @@ class StableDiffusionPipeline(LatentDiffusionPipeline, LoraLoaderMixin):
         self.text_encoder, self.tokenizer = text_encoder, tokenizer
         self._check_text_parts(self.text_pairs())
         self._interrupt = False
+        self.hoist_text_states = True  # cross-attention keys and values of the text: once per generation
         self.text_stage = tc.compile(encode_text, fallback="eager") if self.compile else encode_text
         self.chain = tc.chain(self.text_stage, self.denoiser, unwrapped(vae).compiled("decode")) if self.compile \
             else None
@@ -179,6 +180,8 @@ class StableDiffusionPipeline(LatentDiffusionPipeline, LoraLoaderMixin):
         states = self.prompt_states(r)
         hidden = tc.cat([states.negative, states.embeds]) if r.guided else states.embeds
         conditioning: dict[str, Any] = {"encoder_hidden_states": hidden}
+        if self.hoist_text_states:
+            conditioning["cross_attention_kv"] = unwrapped(self.unet).cross_attention_kv(hidden)
         dim = unwrapped(self.unet).config.time_cond_proj_dim
         if dim is not None:
             w = tc.full((r.batch_size,), r.guidance_scale - 1.0, dtype=tc.float32, device=self.device)
