@@ -303,7 +303,7 @@ def test_text_keys_and_values_computed_once_give_bit_identical_images(sd, compil
     pipe.hoist_text_states = True
     np.testing.assert_array_equal(pipe(**kwargs).images, want)
     unet, states = pipe.unet, tc.zeros(1, 77, 32)
-    with pytest.raises(ValueError, match="cross_attention_kv must hold a \\(keys, values\\) pair for each of the 2"):
+    with pytest.raises(ValueError, match="cross_attention_kv must hold a \\(keys, values\\) pair for each of the 4"):
         unet(tc.zeros(1, 4, 8, 8), 1, states, cross_attention_kv=unet.cross_attention_kv(states)[:1])
 
 
