@@ -70,3 +70,34 @@ def test_full_sd15_fp16_compiled_equals_eager_within_bounds(sd15_parts) -> None:
     text_info, step_info, decode_info = compiled.chain.cache_info()
     assert step_info.hits >= 4 and step_info.fallbacks == 0 and decode_info.fallbacks == 0
     assert text_info.fallbacks == 0
+
+
+def random_lora(unet, rank: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
+    """A LoRA in diffusers' keys on every attention projection of ``unet``."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, module in unet.named_modules():
+        if name.rsplit(".", 1)[-1] in ("to_q", "to_k", "to_v") or name.endswith("to_out.0"):
+            out_features, in_features = module.weight.shape
+            weights[f"unet.{name}.lora_A.weight"] = (rng.standard_normal((rank, in_features)) * 0.05).astype(np.float32)
+            weights[f"unet.{name}.lora_B.weight"] = (rng.standard_normal((out_features, rank)) * 0.05).astype(np.float32)
+    return weights
+
+
+def test_full_sd15_fp16_with_a_lora_compiled_runs_the_fused_lora_kernel(sd15_parts) -> None:
+    vae, text, tokenizer, unet = sd15_parts
+    scheduler = PNDMScheduler(**SD15_SCHEDULER)
+    eager = StableDiffusionPipeline(vae, text, tokenizer, unet, scheduler, compile=False)
+    compiled = StableDiffusionPipeline(vae, text, tokenizer, unet, scheduler)
+    kwargs = dict(prompt="a lighthouse", num_inference_steps=2, output_type="np", seed=0, progress=False)
+    base = eager(**kwargs).images
+    eager.load_lora_weights(random_lora(unet), adapter_name="style")  # the models are shared: one load serves both
+    try:
+        want = eager(**kwargs).images
+        got = compiled(**kwargs).images
+        assert np.abs(want - base).max() > 1e-2
+        assert np.abs(got - want).max() <= BOUND
+        assert compiled.chain.cache_info()[1].rewrites.get("lora", 0) > 0
+    finally:
+        eager.unload_lora_weights()
+    np.testing.assert_array_equal(eager(**kwargs).images, base)
