@@ -154,3 +154,38 @@ def test_sign_has_no_gradient_path(backend, data):
 def test_large_inputs_do_not_overflow(backend, op, expected):
     with np.errstate(over="raise", invalid="raise"):
         np.testing.assert_allclose(op(tc.tensor([-1000.0, 1000.0])).numpy(), expected, atol=1e-30)
+
+
+# ----- gated activation (GEGLU's gate) -----------------------------------------------------------
+@pytest.mark.parametrize("act", ["gelu", "silu", "sigmoid", "gelu_tanh"])
+@pytest.mark.parametrize("dtype, bound", [(np.float32, 2e-6), (np.float16, 2e-3)])
+@given(rows=st.integers(1, 5), half=st.sampled_from([1, 3, 8, 24]), seed=st.integers(0, 99))
+def test_gated_activation_matches_float64_without_and_with_gradients(backend, act, dtype, bound, rows, half, seed):
+    """One pass without gradients (the backend's kernel), the composite with them; both
+    ``a * act(b)`` for ``[a | b] = x``; gradients checked against float64 formulas."""
+    import torch
+
+    values = np.random.default_rng(seed).standard_normal((rows, 2 * half)).astype(dtype)
+    x = tc.tensor(values, device="cuda" if backend == "cupy" else "cpu")
+    a, b = torch.tensor(values.astype(np.float64)).chunk(2, dim=-1)
+    torch_act = {"gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
+                 "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[act]
+    want = (a * torch_act(b)).numpy()
+    with tc.no_grad():
+        got = F.gated_activation(x, act).numpy().astype(np.float64)
+    assert np.abs(got - want).max() <= bound * max(1.0, np.abs(want).max())
+    if dtype == np.float32:
+        x.requires_grad_(True)
+        F.gated_activation(x, act).sum().backward()
+        ta = torch.tensor(values.astype(np.float64), requires_grad=True)
+        first, second = ta.chunk(2, dim=-1)
+        (first * torch_act(second)).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), ta.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_gated_activation_refuses_odd_widths_and_unknown_activations():
+    x = tc.zeros(2, 5)
+    with pytest.raises(ValueError, match="even size"):
+        F.gated_activation(x)
+    with pytest.raises(ValueError, match="act must be one of"):
+        F.gated_activation(tc.zeros(2, 4), "swish")

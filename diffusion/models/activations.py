@@ -55,5 +55,4 @@ class GEGLU(Module):
         self.proj = Linear(dim_in, 2 * dim_out, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden, gate = self.proj(x).chunk(2, axis=-1)
-        return hidden * F.gelu(gate)
+        return F.gated_activation(self.proj(x), "gelu")

@@ -258,6 +258,9 @@ class Backend(Protocol):
         where masked) and broadcasts to [B, H, Lq, Lk].  Returns (out, probs)."""
     def attention_backward(self, grad: Array, q: Array, k: Array, v: Array,
                            probs: Array, scale: float) -> tuple[Array, Array, Array]: ...
+    def gated_activation(self, x: Array, act: str) -> Array:
+        """``x[..., :N] * act(x[..., N:])`` for x [..., 2N] (GEGLU's gate with "gelu"), for calls
+        that need no gradient: a backend may make it one pass over x."""
     def attention_output(self, q: Array, k: Array, v: Array, mask: Array | None,
                          causal: bool, scale: float) -> Array:
         """``attention``'s output alone, for calls that need no gradient: a backend may

@@ -3,8 +3,8 @@
 from .activation import bias_act, log_softmax, softmax
 from .attention import scaled_dot_product_attention
 from .conv import avg_pool2d, conv2d, conv_transpose2d, interpolate, max_pool2d, upsample
-from .elementwise import (abs, add, clip, compare, cos, div, erf, exp, gelu, leaky_relu, log, log1p,
-                          maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, sign, silu, sin, softplus,
+from .elementwise import (abs, add, clip, compare, cos, div, erf, exp, gated_activation, gelu, leaky_relu, log,
+                          log1p, maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, sign, silu, sin, softplus,
                           sqrt, sub, tanh, unary, where)
 from .embedding import dropout, embedding
 from .indexing import getitem, setitem

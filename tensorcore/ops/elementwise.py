@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .. import dtypes
+from .. import autograd, dtypes
 from ..autograd import Function
 from ..tensor import Tensor, as_tensor_like
 from .movement import astype
@@ -251,6 +251,30 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return Unary.apply(x, "gelu" if approximate == "none" else "gelu_tanh")
+
+
+class _GatedActivation(Function):
+    """The one-pass gate of ``gated_activation`` (taken only when no gradient is needed)."""
+
+    def forward(self, x, act):
+        return self.backend.gated_activation(x, act)
+
+
+def gated_activation(x: Tensor, act: str = "gelu") -> Tensor:
+    """``a * act(b)`` for ``[a | b]`` = ``x`` split in halves along its last axis: GEGLU's gate
+    with "gelu" (``act``: one of ``ACTIVATIONS`` but "none").  Without gradients the backend
+    makes it in one pass over ``x`` (no copy of the strided halves, no intermediate)."""
+    from ..backends.base import ACTIVATIONS
+
+    if act not in ACTIVATIONS or act == "none":
+        raise ValueError(f"gated_activation: act must be one of {[a for a in ACTIVATIONS if a != 'none']}, "
+                         f"got {act!r}")
+    if x.ndim < 1 or x.shape[-1] % 2:
+        raise ValueError(f"gated_activation: the last axis must have an even size, got shape {x.shape}")
+    if autograd.is_grad_enabled() and x.requires_grad:
+        a, b = x.chunk(2, axis=-1)
+        return a * Unary.apply(b, act)
+    return _GatedActivation.apply(x, act)
 
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:

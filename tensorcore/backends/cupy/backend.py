@@ -36,6 +36,7 @@ from ..numpy.backend import NumpyBackend
 # the calls it does not cover on to NumpyBackend's entry with ``super()``.
 METHODS: dict[str, Callable] = {
     "unary": CupyElementwiseKernels.unary,
+    "gated_activation": CupyElementwiseKernels.gated_activation,
     "binary": CupyElementwiseKernels.binary,
     "activation_grad": CupyElementwiseKernels.activation_grad,
     "fused_elementwise": CupyFusedKernels.fused_elementwise,

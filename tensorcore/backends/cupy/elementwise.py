@@ -61,6 +61,18 @@ class CupyElementwiseKernels:
                (a, out, a.size, UNARY_OPS[op], int(vec)))
         return out
 
+    def gated_activation(self, x, act: str):
+        if act not in ACT_CODES or act == "none" or not has_kernels(x) or x.shape[-1] % 2:
+            return super().gated_activation(x, act)
+        x = contiguous(x)
+        half = x.shape[-1] // 2
+        out = cupy.empty(x.shape[:-1] + (half,), dtype=x.dtype)
+        vec = half % pack_width(x.dtype) == 0 and aligned(x, out)
+        rows = out.size // half if half else 0
+        work = out.size // pack_width(x.dtype) if vec else out.size
+        launch(EW, "glu_kernel", x.dtype, work, (x, out, rows, half, ACT_CODES[act], int(vec)))
+        return out
+
     def binary(self, op: str, a, b):
         code = BINARY_OPS.get(op)
         if code is None or not has_kernels(a, b):

@@ -123,6 +123,10 @@ class NumpyPrimitives:
         self.xp.add(dst, src, out=dst, casting="unsafe")
 
     # ----- elementwise -------------------------------------------------------------
+    def gated_activation(self, x, act: str):
+        half = x.shape[-1] // 2
+        return self.binary("mul", x[..., :half], self.unary(act, x[..., half:]))
+
     def unary(self, op: str, a, out=None):
         xp = self.xp
         if op in _UNARY:
@@ -351,6 +355,7 @@ METHODS: dict[str, Callable] = {
     "release_stream": NumpyPrimitives.release_stream,
     # elementwise
     "unary": NumpyPrimitives.unary,
+    "gated_activation": NumpyPrimitives.gated_activation,
     "binary": NumpyPrimitives.binary,
     "where": NumpyPrimitives.where,
     "clip": NumpyPrimitives.clip,
