@@ -36,6 +36,7 @@ def test_python_tables_are_the_enums():
 def test_numba_kernels_read_the_codes():
     from tensorcore.backends.numba.kernels import activations
 
-    assert activations.ACT_CODES is opcodes.ACT_CODES
+    assert activations.ACT_CODES == opcodes.ACT_CODES  # as literals: kernels compile per activation
+    assert all(type(code) is activations.ActivationCode for code in activations.ACT_CODES.values())
     for act in opcodes.Act:
         assert getattr(activations, f"_{act.name}") == act.value

@@ -8,9 +8,11 @@ are), runs the NumPy reference; bfloat16 calls of the accumulating ops come back
 kernels in float32 (``backends/bfloat16.py``).
 
 Start-up: this module imports no Numba; each kernel module is imported on first use
-and each kernel compiles on its first call, once per dtype, into Numba's on-disk cache
-(``__pycache__`` next to the kernel sources, or ``NUMBA_CACHE_DIR``), so later
-processes load machine code instead of compiling.
+and each kernel compiles on its first call, once per dtype (and per activation, for
+kernels that apply one), into Numba's on-disk cache (``__pycache__`` next to the kernel
+sources, or ``NUMBA_CACHE_DIR``), so later processes load machine code instead of
+compiling; the first compile of a process prints a one-line notice on stderr
+(``kernel_cache.announce_compiles``).
 
 Threads: creating the backend sets up the CPU thread pools (``numba/threads.py``):
 the parallel loops and NumPy's BLAS products share Numba's one pool, sized by
@@ -25,7 +27,7 @@ from typing import Any, Callable
 
 import numpy
 
-from . import memory, threads
+from . import kernel_cache, memory, threads
 from .fused import NumbaFusedKernels
 from .lora import NumbaLoraKernels
 from .nn import NumbaNNKernels
@@ -96,6 +98,7 @@ class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, Numba
     def __init__(self) -> None:
         threads.configure()  # before any kernel or BLAS call, so the pools never fight
         memory.configure()
+        kernel_cache.announce_compiles()
         self.scratch = Scratch()
 
     def empty_cache(self) -> None:

@@ -15,6 +15,11 @@ kernels may inline (``kernels/*.py`` and ``backends/opcodes.py``), and:
 * the generated fused kernels (``numba/fused.py``) live in a directory named after the
   fingerprint under ``TENSORCORE_CACHE_DIR`` (``fused_dir()``), shared by every checkout
   and process with the same sources: a different version of the helpers finds its own.
+
+A cold cache makes the first calls slow: each kernel compiles on first use, a second or
+two apiece, tens of seconds before a model's first training step.  ``announce_compiles``
+(set up with the Numba backend) says so once, on stderr, when the first compile starts;
+a warm cache loads every kernel without compiling and prints nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import sys
+import threading
 from pathlib import Path
 
 from ... import settings
@@ -30,6 +37,8 @@ from ...atomic import write_atomic
 KERNELS_DIR = Path(__file__).with_name("kernels")
 OPCODES = Path(__file__).parent.parent / "opcodes.py"
 STAMP = "tensorcore-kernels.fingerprint"
+COMPILE_NOTICE = ("tensorcore: compiling CPU kernels, once (1-2 s each; a model's first training step may take "
+                  "a minute); later runs load them from the cache")
 
 log = logging.getLogger("tensorcore.backends")
 
@@ -90,3 +99,33 @@ def refresh(dirs: list[Path] | None = None, current: str | None = None) -> list[
         except OSError as exc:  # a read-only cache: Numba will not write there either
             log.debug("numba kernel cache %s left as it is (%s)", directory, exc)
     return cleared
+
+
+_announcer_lock = threading.Lock()
+_announcer = None  # the Numba event listener, once registered
+
+
+def announce_compiles() -> None:
+    """Print ``COMPILE_NOTICE`` to stderr when Numba first compiles one of tensorcore's
+    kernels (``kernels/`` and the generated fused ones) in this process (idempotent)."""
+    global _announcer
+    with _announcer_lock:
+        if _announcer is not None:
+            return
+        from numba.core import event
+
+        class CompileNotice(event.Listener):
+            """Prints the notice at the start of the first compile of a tensorcore kernel."""
+
+            announced = False
+
+            def on_start(self, ev: event.Event) -> None:
+                if not self.announced and ev.data["dispatcher"].py_func.__module__.startswith("tensorcore"):
+                    self.announced = True
+                    print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+
+            def on_end(self, ev: event.Event) -> None:
+                pass
+
+        _announcer = CompileNotice()
+        event.register("numba:compile", _announcer)

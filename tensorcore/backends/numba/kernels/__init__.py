@@ -1,9 +1,10 @@
 """Numba kernels for the CPU backend, one module per family of ops.
 
 The modules hold ``@njit`` functions only; nothing is compiled at import, and the
-first call of each kernel compiles it once per dtype and caches the machine code on
-disk (``cache=True``), so later processes load it instead of recompiling; a change to
-any kernel source clears that cache first (``numba/kernel_cache.py``).  Parallel
+first call of each kernel compiles it once per dtype (and per activation, for kernels
+taking an ``activations.ACT_CODES`` value) and caches the machine code on disk
+(``cache=True``), so later processes load it instead of recompiling; a change to any
+kernel source clears that cache first (``numba/kernel_cache.py``).  Parallel
 loops run on Numba's thread pool, sized by ``NUMBA_NUM_THREADS`` (default: all cores).
 
 ``fast_path`` decides whether a call can use these kernels: float32/float64 arrays

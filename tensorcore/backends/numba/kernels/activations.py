@@ -1,23 +1,44 @@
 """Activation functions and their derivatives, plus the fused bias+activation loops.
 
-Activations are passed to kernels as small integer codes (``ACT_CODES``, from
-``backends/opcodes.py``) so one
-compiled kernel serves every activation; ``act_row`` / ``act_grad_row`` branch on
-the code once per row and run a loop specialised to that activation.
+Kernels take the activation as an ``ACT_CODES`` value (the codes of
+``backends/opcodes.py``, which the CUDA kernels take too), which Numba types as a
+literal: a compile-time constant.  A kernel is therefore compiled once per activation
+it is called with, and each compiled version holds that activation's loop only; one
+version holding all seven loops would cost seven times the compile time of the ones a
+run uses (most use one or two).  ``act_value`` / ``act_derivative`` (one value) and
+``act_row`` / ``act_grad_row`` (a row) require that constant.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import prange, types
-from numba.extending import overload
+from numba.core import errors
+from numba.extending import overload, typeof_impl
 from numba.np.numpy_support import as_dtype
 
 from ... import opcodes
-from .jit import JIT_OPTIONS, helper, inlined, kernel
+from .jit import JIT_OPTIONS, kernel
 from .mathfn import fexp, fnormcdf, ftanh
+from .reductions import column_sums
 
-ACT_CODES = opcodes.ACT_CODES  # the codes the CUDA kernels take too
+
+class ActivationCode(int):
+    """An activation code as the kernels take it: Numba types it as a literal."""
+
+    __slots__ = ()
+
+
+# made once: making a literal type takes ~6 us, which every kernel call would pay
+_LITERAL_TYPES = {code: types.literal(code) for code in opcodes.ACT_CODES.values()}
+
+
+@typeof_impl.register(ActivationCode)
+def _typeof_activation_code(value, context):
+    return _LITERAL_TYPES[value]
+
+
+ACT_CODES = {name: ActivationCode(code) for name, code in opcodes.ACT_CODES.items()}
 # the codes as plain ints, which jitted code reads as compile-time constants
 _NONE = int(opcodes.Act.NONE)
 _RELU = int(opcodes.Act.RELU)
@@ -32,6 +53,15 @@ _GELU_TANH_K = 0.7978845608028654  # sqrt(2 / pi)
 _GELU_TANH_C = 0.044715
 
 
+def _constant_code(name, code):
+    """The activation that ``code`` (the type of a kernel's code argument) names, or a
+    typing error naming ``name`` when it is not a compile-time constant."""
+    if not isinstance(code, types.IntegerLiteral) or code.literal_value not in opcodes.ACT_CODES.values():
+        raise errors.TypingError(f"{name}: the activation code must be a compile-time constant, one of "
+                                 f"{sorted(opcodes.ACT_CODES.values())} (pass an ACT_CODES value), got {code}")
+    return code.literal_value
+
+
 def act_value(code, v):
     """act(v) for the activation ``code``, in the dtype of ``v``; callable from jitted
     code only (the ``overload`` below is the implementation)."""
@@ -42,27 +72,26 @@ def act_derivative(code, v):
     code only (the ``overload`` below is the implementation)."""
 
 
-@overload(act_value, inline="always", jit_options=JIT_OPTIONS)
+@overload(act_value, prefer_literal=True, inline="always", jit_options=JIT_OPTIONS)
 def _act_value_impl(code, v):
+    act = _constant_code("act_value", code)
     t = as_dtype(v).type  # constants in v's dtype keep float32 math in float32
-
-    def impl(code, v):
-        if code == _RELU:
-            return max(v, t(0.0))
-        if code == _GELU:
-            return v * fnormcdf(v)
-        if code == _GELU_TANH:  # 0.5 v (1 + tanh(u)) = v sigmoid(2u), free of cancellation
+    if act == _NONE:
+        return lambda code, v: v
+    if act == _RELU:
+        return lambda code, v: max(v, t(0.0))
+    if act == _GELU:
+        return lambda code, v: v * fnormcdf(v)
+    if act == _GELU_TANH:
+        def gelu_tanh(code, v):  # 0.5 v (1 + tanh(u)) = v sigmoid(2u), free of cancellation
             u = t(_GELU_TANH_K) * (v + t(_GELU_TANH_C) * v * v * v)
             return v / (t(1.0) + fexp(t(-2.0) * u))
-        if code == _SILU:
-            return v / (t(1.0) + fexp(-v))
-        if code == _SIGMOID:
-            return t(1.0) / (t(1.0) + fexp(-v))
-        if code == _TANH:
-            return ftanh(v)
-        return v
-
-    return impl
+        return gelu_tanh
+    if act == _SILU:
+        return lambda code, v: v / (t(1.0) + fexp(-v))
+    if act == _SIGMOID:
+        return lambda code, v: t(1.0) / (t(1.0) + fexp(-v))
+    return lambda code, v: ftanh(v)  # _TANH, the last code
 
 
 def _sigmoid_and_slope(z):
@@ -84,31 +113,35 @@ def _sigmoid_and_slope_impl(z):
     return impl
 
 
-@overload(act_derivative, inline="always", jit_options=JIT_OPTIONS)
+@overload(act_derivative, prefer_literal=True, inline="always", jit_options=JIT_OPTIONS)
 def _act_derivative_impl(code, v):
+    act = _constant_code("act_derivative", code)
     t = as_dtype(v).type
-
-    def impl(code, v):
-        if code == _RELU:
-            return t(v > t(0.0))
-        if code == _GELU:
-            return fnormcdf(v) + v * t(_INV_SQRT_2PI) * fexp(t(-0.5) * v * v)
-        if code == _GELU_TANH:  # d/dv [v sigmoid(2u)] = sigmoid(2u) + 2 v sigmoid'(2u) du/dv
+    if act == _NONE:
+        return lambda code, v: t(1.0)
+    if act == _RELU:
+        return lambda code, v: t(v > t(0.0))
+    if act == _GELU:
+        return lambda code, v: fnormcdf(v) + v * t(_INV_SQRT_2PI) * fexp(t(-0.5) * v * v)
+    if act == _GELU_TANH:
+        def gelu_tanh(code, v):  # d/dv [v sigmoid(2u)] = sigmoid(2u) + 2 v sigmoid'(2u) du/dv
             u = t(_GELU_TANH_K) * (v + t(_GELU_TANH_C) * v * v * v)
             s, ds = _sigmoid_and_slope(t(2.0) * u)
             du = t(_GELU_TANH_K) * (t(1.0) + t(3.0 * _GELU_TANH_C) * v * v)
             return s + t(2.0) * v * ds * du
-        if code == _SILU:
+        return gelu_tanh
+    if act == _SILU:
+        def silu(code, v):
             s, ds = _sigmoid_and_slope(v)
             return s + v * ds
-        if code == _SIGMOID:
-            return _sigmoid_and_slope(v)[1]
-        if code == _TANH:
-            th = ftanh(v)
-            return t(1.0) - th * th
-        return t(1.0)
+        return silu
+    if act == _SIGMOID:
+        return lambda code, v: _sigmoid_and_slope(v)[1]
 
-    return impl
+    def tanh(code, v):  # _TANH, the last code
+        th = ftanh(v)
+        return t(1.0) - th * th
+    return tanh
 
 
 def _at(a, i):
@@ -133,69 +166,45 @@ def _target_impl(src, dst):
     return lambda src, dst: dst
 
 
-@inlined
 def act_row(code, src, scale, shift, dst):
     """dst[:] = act(src * scale + shift), ``shift`` a scalar or a row like ``src``;
-    ``dst`` None writes into ``src``.
+    ``dst`` None writes into ``src``.  Callable from jitted code only (the overload
+    below), with the code a compile-time constant, so the loop vectorises (a loop that
+    branches on a run-time code per element does not).
 
-    One loop per activation with the code as a constant, so every loop vectorises (a
-    loop that branches on a run-time code per element does not).  The bias or affine
-    step is part of the loop, so callers need not store a pre-activation and activate
-    it in place: LLVM compiles an in-place ``row[i] = max(row[i], 0)`` to masked
-    stores, several times slower than plain ones on AMD CPUs.  A ``dst`` that is
-    ``src`` under another name takes the scalar loop (LLVM's overlap check fails),
-    hence None for in place."""
-    out = _target(src, dst)
-    n = src.size
-    if code == _NONE:
-        for i in range(n):
-            out[i] = src[i] * scale + _at(shift, i)
-    elif code == _RELU:
-        for i in range(n):
-            out[i] = act_value(1, src[i] * scale + _at(shift, i))
-    elif code == _GELU:
-        for i in range(n):
-            out[i] = act_value(2, src[i] * scale + _at(shift, i))
-    elif code == _GELU_TANH:
-        for i in range(n):
-            out[i] = act_value(3, src[i] * scale + _at(shift, i))
-    elif code == _SILU:
-        for i in range(n):
-            out[i] = act_value(4, src[i] * scale + _at(shift, i))
-    elif code == _SIGMOID:
-        for i in range(n):
-            out[i] = act_value(5, src[i] * scale + _at(shift, i))
-    elif code == _TANH:
-        for i in range(n):
-            out[i] = act_value(6, src[i] * scale + _at(shift, i))
+    The bias or affine step is part of the loop, so callers need not store a
+    pre-activation and activate it in place: LLVM compiles an in-place
+    ``row[i] = max(row[i], 0)`` to masked stores, several times slower than plain ones
+    on AMD CPUs.  A ``dst`` that is ``src`` under another name takes the scalar loop
+    (LLVM's overlap check fails), hence None for in place."""
 
 
-@inlined
 def act_grad_row(code, src, scale, shift, grad, dst):
     """dst[:] = grad * act'(src * scale + shift), arguments as in ``act_row``."""
-    out = _target(src, dst)
-    n = src.size
-    if code == _NONE:
-        for i in range(n):
-            out[i] = grad[i]
-    elif code == _RELU:
-        for i in range(n):
-            out[i] = grad[i] * act_derivative(1, src[i] * scale + _at(shift, i))
-    elif code == _GELU:
-        for i in range(n):
-            out[i] = grad[i] * act_derivative(2, src[i] * scale + _at(shift, i))
-    elif code == _GELU_TANH:
-        for i in range(n):
-            out[i] = grad[i] * act_derivative(3, src[i] * scale + _at(shift, i))
-    elif code == _SILU:
-        for i in range(n):
-            out[i] = grad[i] * act_derivative(4, src[i] * scale + _at(shift, i))
-    elif code == _SIGMOID:
-        for i in range(n):
-            out[i] = grad[i] * act_derivative(5, src[i] * scale + _at(shift, i))
-    elif code == _TANH:
-        for i in range(n):
-            out[i] = grad[i] * act_derivative(6, src[i] * scale + _at(shift, i))
+
+
+@overload(act_row, prefer_literal=True, inline="always", jit_options=JIT_OPTIONS)
+def _act_row_impl(code, src, scale, shift, dst):
+    _constant_code("act_row", code)
+
+    def impl(code, src, scale, shift, dst):
+        out = _target(src, dst)
+        for i in range(src.size):
+            out[i] = act_value(code, src[i] * scale + _at(shift, i))
+
+    return impl
+
+
+@overload(act_grad_row, prefer_literal=True, inline="always", jit_options=JIT_OPTIONS)
+def _act_grad_row_impl(code, src, scale, shift, grad, dst):
+    _constant_code("act_grad_row", code)
+
+    def impl(code, src, scale, shift, grad, dst):
+        out = _target(src, dst)
+        for i in range(src.size):
+            out[i] = grad[i] * act_derivative(code, src[i] * scale + _at(shift, i))
+
+    return impl
 
 
 _BLOCK = 8192
@@ -256,7 +265,7 @@ def bias_act_rows_backward(x, bias, grad, code, chunks):
             act_grad_row(code, x[r], t(1.0), bias, grad[r], res)
             for c in range(cols):
                 acc[c] += res[c]
-    return out, partial.sum(axis=0)
+    return out, column_sums(partial)
 
 
 @kernel

@@ -182,11 +182,11 @@ def grad_weight(grad, x, groups, kh, kw, sh, sw, ph, pw, dh, dw):
     pitch = width + 2 * pw
     plane = (h + 2 * ph) * pitch
     per, blocks = _blocks(n, plane)
-    out = np.empty((cout, cg, kh, kw), dtype=x.dtype)
+    out = np.zeros((cout, cg, kh, kw), dtype=x.dtype)
     for task in prange(cout * cg):
         co, cj = task // cg, task % cg
         ch = co // per_group * cg + cj
-        sums = np.zeros((kh, kw), dtype=x.dtype)
+        sums = out[co, cj]
         src = np.empty(per * plane, dtype=x.dtype)
         gsrc = np.empty(per * plane, dtype=x.dtype)
         for blk in range(blocks):
@@ -197,5 +197,4 @@ def grad_weight(grad, x, groups, kh, kw, sh, sw, ph, pw, dh, dw):
                 for b in range(kw):
                     sums[a, b] += _tap_dot(gsrc, src, a * dh * pitch + b * dw, i1 - i0,
                                            sh, sw, pitch, plane, ho, wo)
-        out[co, cj] = sums
     return out

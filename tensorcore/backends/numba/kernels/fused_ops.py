@@ -3,8 +3,9 @@ and ``launder``, through which they pass its argument.
 
 It wraps ``act_value``, the expression the eager Numba activation kernels use, compiled
 with the same options (so with the same contractions), so a fused chain computes what
-the separate calls compute.  The activation is a constant code at every call site, so
-LLVM inlines the helper and keeps only that activation's branch.
+the separate calls compute.  The activation is a constant code at every call site, as
+``act_value`` requires: Numba compiles the helper once per activation, holding that
+activation only, and LLVM inlines it.
 """
 
 from __future__ import annotations

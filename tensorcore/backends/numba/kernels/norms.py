@@ -14,7 +14,7 @@ from numba import prange
 
 from .activations import act_grad_row, act_row
 from .jit import helper, kernel, wide_vectors
-from .reductions import moments
+from .reductions import column_sums, moments
 
 
 @helper
@@ -72,7 +72,7 @@ def layer_norm_rows_backward(grad, x, weight, mean, rstd, chunks):
             for c in range(width):
                 xhat = (row[c] - m) * s
                 res[c] = s * (g[c] * weight[c] - a - xhat * b)
-    return dx, part_w.sum(axis=0), part_b.sum(axis=0)
+    return dx, column_sums(part_w), column_sums(part_b)
 
 
 @kernel
@@ -150,7 +150,7 @@ def group_norm_groups_backward(grad, x, weight, bias, mean, rstd, code):
             for p in range(size):
                 xhat = (src[p] - m) * s
                 res[p] = s * (res[p] * weight[c] - a - xhat * b)
-    return dx, part_w.sum(axis=0), part_b.sum(axis=0)
+    return dx, column_sums(part_w), column_sums(part_b)
 
 
 @kernel

@@ -1,5 +1,6 @@
-"""Vectorised reductions over one contiguous 1-D row, for use inside kernels, and the
-per-channel sum of [outer, C, inner] (a convolution's bias gradient)."""
+"""Vectorised reductions over one contiguous 1-D row, for use inside kernels, the sums
+of a kernel's per-task partial rows, and the per-channel sum of [outer, C, inner] (a
+convolution's bias gradient)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ def row_max(row):
     for c in range(body, row.size):
         m = max(m, row[c])
     return m
+
+
+@helper
+def column_sums(partial):
+    """[C] sums of partial [K, C] over its rows, in order (the per-task partial sums of
+    a weight gradient).  A loop rather than ``partial.sum(axis=0)``, whose axis check
+    builds its error message from strings: several seconds of compiling."""
+    out = np.zeros(partial.shape[1], dtype=partial.dtype)
+    for k in range(partial.shape[0]):
+        row = partial[k]
+        for c in range(row.size):
+            out[c] += row[c]
+    return out
 
 
 _BLOCK = 4096
