@@ -9,16 +9,23 @@ may run over a whole range, gaps included.
 
 A ``Segment`` is the part of a buffer that belongs to one param group: a contiguous
 range of every section, updated by one kernel call per step.
+
+With sharded state (``sharding.py``) a buffer's state sections hold only this rank's
+slice of the elements, and ``Segment.section`` gives the part of a range this rank
+updates.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from tensorcore import Tensor, tracing
+
+if TYPE_CHECKING:
+    from .sharding import Shard
 
 ALIGN_BYTES = 256
 
@@ -41,20 +48,59 @@ def scalar_dtype(dtype: Any) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-class FlatBuffer:
-    """One aligned allocation holding a section of ``length`` elements per role."""
+WHOLE_ROLES = ("param", "grad")  # sections every process holds whole, sharded or not
 
-    def __init__(self, backend: Any, dtype: Any, length: int, roles: Sequence[str]) -> None:
+
+class FlatBuffer:
+    """One aligned allocation holding a section of ``length`` elements per role.
+
+    With a ``shard`` (``sharding.py``) this process updates elements ``[lo, hi)`` only:
+    the parameter and gradient sections stay whole, every state section holds just
+    that slice (its element i is element lo + i of the whole)."""
+
+    def __init__(self, backend: Any, dtype: Any, length: int, roles: Sequence[str],
+                 shard: Shard | None = None) -> None:
         self.backend = backend
         self.dtype = np.dtype(dtype)
         self.length = length
         self.roles = tuple(roles)
+        self.shard = shard
+        self.lo, self.hi = shard.bounds(length) if shard is not None else (0, length)
+        lengths = [length if role in WHOLE_ROLES else self.hi - self.lo for role in self.roles]
         slack = ALIGN_BYTES // self.dtype.itemsize
-        self.storage = backend.zeros((len(self.roles) * length + slack,), self.dtype)
+        self.storage = backend.zeros((sum(lengths) + slack,), self.dtype)
         self.zero = backend.zeros((1,), self.dtype)
-        base = (-address(self.storage) % ALIGN_BYTES) // self.dtype.itemsize
-        self.sections = {role: self.storage[base + i * length: base + (i + 1) * length]
-                         for i, role in enumerate(self.roles)}
+        start = (-address(self.storage) % ALIGN_BYTES) // self.dtype.itemsize
+        self.sections = {}
+        for role, n in zip(self.roles, lengths):
+            self.sections[role] = self.storage[start:start + n]
+            start += n
+
+    def owned_range(self, start: int, stop: int) -> tuple[int, int]:
+        """The part of elements ``[start, stop)`` this process updates (maybe empty)."""
+        lo, hi = max(start, self.lo), min(stop, self.hi)
+        return lo, max(lo, hi)
+
+    def owned(self, role: str, start: int, stop: int) -> Any:
+        """That part of section ``role``, as a view."""
+        lo, hi = self.owned_range(start, stop)
+        base = 0 if role in WHOLE_ROLES else self.lo
+        return self.sections[role][lo - base:hi - base]
+
+    def whole(self, role: str) -> Any:
+        """Section ``role`` over every element: with a shard, a state section is gathered
+        from all ranks (a collective: every rank must ask)."""
+        if self.shard is None or role in WHOLE_ROLES:
+            return self.sections[role]
+        whole = self.backend.empty((self.length,), self.dtype)
+        self.shard.gather(self.backend, whole, self.sections[role])
+        return whole
+
+    def gather_params(self) -> None:
+        """With a shard: every rank's updated slice of the parameters, to every rank."""
+        if self.shard is not None:
+            params = self.sections["param"]
+            self.shard.gather(self.backend, params, params[self.lo:self.hi])
 
 
 class Segment:
@@ -97,9 +143,15 @@ class Segment:
         return self.buffer.backend.reshape(flat, tuple(self.params[i].data.shape))
 
     def section(self, role: str, first: int = 0, last: int | None = None) -> Any:
-        """The flat range of ``role`` covering parameters ``first .. last - 1``."""
+        """The flat range of ``role`` covering parameters ``first .. last - 1`` (the part of
+        it this process updates, when the buffer is sharded)."""
         last = len(self.params) if last is None else last
-        return self.buffer.sections[role][self.offsets[first]: self.ends[last - 1]]
+        return self.buffer.owned(role, self.offsets[first], self.ends[last - 1])
+
+    def owns(self, first: int, last: int) -> bool:
+        """Whether this process updates any element of parameters ``first .. last - 1``."""
+        lo, hi = self.buffer.owned_range(self.offsets[first], self.ends[last - 1])
+        return hi > lo
 
     def ranges(self, first: int, last: int) -> Any:
         """A device int64 array [last - first, 2] of each parameter's (start, stop) in
@@ -123,7 +175,7 @@ class Segment:
             pieces.append(backend.reshape(p.grad.data, (size,)) if p.grad is not None else self._zeros[:size])
             if gap > size:
                 pieces.append(self._zeros[:gap - size])
-        backend.concatenate(pieces, 0, out=self.section("grad"))
+        backend.concatenate(pieces, 0, out=self.buffer.sections["grad"][self.start:self.stop])
         grads = [(p, Tensor(view, self.device)) for p, view in zip(self.params, self.grad_views) if p.grad is not None]
         tracing.host_effect(functools.partial(_set_grads, grads))
 

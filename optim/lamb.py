@@ -14,6 +14,8 @@ class LAMB(Optimizer):
     u = r + wd·p, scaled per tensor by the trust ratio ‖p‖ / ‖u‖ (1 when either norm
     is zero): p -= lr · ‖p‖/‖u‖ · u."""
 
+    elementwise = False  # per-parameter norms
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))

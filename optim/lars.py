@@ -14,6 +14,7 @@ class LARS(Optimizer):
     buf = momentum·buf + lr·λ·(g + wd·p); p -= buf."""
 
     uses_step = False
+    elementwise = False  # per-parameter norms
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-1, momentum: float = 0.9, weight_decay: float = 0.0,
                  trust_coefficient: float = 1e-3, eps: float = 0.0) -> None:

@@ -20,6 +20,9 @@ Gradients and ``zero_grad``, as in PyTorch:
 A parameter whose ``.grad`` is None is skipped, state and step count included.
 Parameters with ``bounds`` are clamped right after their update, on the device.
 Every check (options, devices, dtypes, shapes) runs before anything is written.
+
+``shard_state()`` (ZeRO stage 1, ``sharding.py``) splits the state and the update over
+the ranks of ``tensorcore.distributed``; the parameters are all-gathered after each step.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from tensorcore import Tensor, dtypes, tracing, versions
 
 from .flat import Segment
 from .packing import Packing, pack, state_arrays
+from .sharding import Shard
 
 
 class Optimizer:
@@ -41,11 +45,13 @@ class Optimizer:
     backend's fused update for one flat range."""
 
     uses_step = True  # whether the update reads the step count
+    elementwise = True  # whether the update treats each element alone (a sharded slice may cut a parameter)
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
         self.param_groups: list[dict[str, Any]] = []
         self._packing: Packing | None = None
+        self._shard: Shard | None = None
         if isinstance(params, Tensor | dict):  # iterating would walk its rows or keys
             raise TypeError(f"{self._name}: params must be an iterable of Parameters or dicts, "
                             f"got a {type(params).__name__} (wrap it in a list)")
@@ -104,10 +110,26 @@ class Optimizer:
         group["params"] = params
         for key, value in self.defaults.items():
             group.setdefault(key, value)
+        if self._packing is not None and self._shard is not None:
+            raise RuntimeError(f"{self._name}.add_param_group: the state is sharded; add every group before the "
+                               "first step")
         self._check(group)
         self.param_groups.append(group)
         if self._packing is not None:
             self._packing = pack(self.param_groups, self.state_spec, self._packing)
+
+    def shard_state(self) -> "Optimizer":
+        """Keep and update only this rank's slice of the state, then all-gather the
+        parameters (ZeRO stage 1, over the ranks of ``tensorcore.distributed``; the
+        gradients must be the same on every rank, as DistributedDataParallel makes them).
+        Call it before the first step; returns the optimizer."""
+        if not self.elementwise:
+            raise ValueError(f"{self._name}.shard_state: its update needs whole parameters (per-parameter norms), "
+                             "which a slice of the flat buffer may cut; shard an element-wise optimizer")
+        if self._packing is not None:
+            raise RuntimeError(f"{self._name}.shard_state: call it before the first step or zero_grad")
+        self._shard = Shard.of_process_group(f"{self._name}.shard_state")
+        return self
 
     def _check(self, group: dict[str, Any]) -> None:
         lr = group["lr"]
@@ -133,6 +155,10 @@ class Optimizer:
                 _check_segment(self._name, segment)
         for segment, ok in zip(packing.segments, bound):
             self._step_segment(segment, ok)
+        if self._shard is not None:
+            for buffer in packing.buffers.values():
+                buffer.gather_params()
+                versions.bump(buffer.storage)
         return loss
 
     def _step_segment(self, segment: Segment, bound: bool) -> None:
@@ -153,7 +179,8 @@ class Optimizer:
             if self.uses_step:
                 backend.add_(segment.steps[first:last], segment.one)
                 step = segment.steps[first:first + 1]
-            self.update(backend, segment, first, last, group, step)
+            if segment.owns(first, last):
+                self.update(backend, segment, first, last, group, step)
             tracing.host_effect(functools.partial(segment.advance, first, last))
         for view, (low, high) in segment.bounded:
             backend.clip(view, low, high, out=view)
@@ -161,7 +188,7 @@ class Optimizer:
 
     def _packed(self) -> Packing:
         if self._packing is None:
-            self._packing = pack(self.param_groups, self.state_spec, None)
+            self._packing = pack(self.param_groups, self.state_spec, None, self._shard)
         return self._packing
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -198,6 +225,8 @@ class Optimizer:
         """Per-parameter state as in PyTorch: ``state[p]["exp_avg"]`` is a Tensor view
         of the flat buffer; ``"step"`` the number of updates ``p`` received."""
         out: dict[Tensor, dict[str, Any]] = {}
+        if self._shard is not None:
+            raise RuntimeError(f"{self._name}.state: the state is sharded over the ranks; state_dict() gathers it")
         if self._packing is None:
             return out
         for segment in self._packing.segments:
@@ -214,7 +243,8 @@ class Optimizer:
 
     def state_dict(self) -> dict[str, Any]:
         """Options and per-parameter state (host copies), parameters named by their
-        index across the groups, as ``torch.optim`` does."""
+        index across the groups, as ``torch.optim`` does.  Sharded, the state is gathered
+        from every rank: all ranks must call it."""
         groups, state, index = [], {}, 0
         for group in self.param_groups:
             entry = {k: v for k, v in group.items() if k != "params"}
@@ -223,11 +253,17 @@ class Optimizer:
             groups.append(entry)
         if self._packing is not None:
             numbering = {id(p): n for g, e in zip(self.param_groups, groups) for p, n in zip(g["params"], e["params"])}
+            wholes: dict[tuple[int, str], Any] = {}  # (buffer, role) -> its whole section, gathered once
             for segment in self._packing.segments:
-                roles = list(self.state_spec(self.param_groups[segment.group_index]))
+                sections = {}
+                for role in self.state_spec(self.param_groups[segment.group_index]):
+                    key = (id(segment.buffer), role)
+                    if key not in wholes:
+                        wholes[key] = segment.buffer.whole(role)
+                    sections[role] = wholes[key]
                 for i, p in enumerate(segment.params):
                     if segment.counts[i]:
-                        entry = state_arrays(segment, i, roles)
+                        entry = state_arrays(segment, i, sections)
                         entry["step"] = float(segment.counts[i])
                         state[numbering[id(p)]] = entry
         return {"state": state, "param_groups": groups}
@@ -258,7 +294,7 @@ class Optimizer:
             self._check({**mine, **options})
         for mine, saved in zip(self.param_groups, groups):
             mine.update({k: v for k, v in saved.items() if k != "params"})
-        self._packing = pack(self.param_groups, self.state_spec, None)
+        self._packing = pack(self.param_groups, self.state_spec, None, self._shard)
         for n, p in enumerate(params):
             segment, i = self._packing.locate(p)
             if n in saved_state:
@@ -274,13 +310,14 @@ def _sync_lr(segment: Segment, group: dict[str, Any]) -> None:
 
 
 def _load_entry(segment: Segment, i: int, entry: dict[str, Any]) -> None:
-    backend = segment.buffer.backend
+    buffer = segment.buffer
     lo, hi = segment.offsets[i], segment.offsets[i] + segment.sizes[i]
+    start, stop = buffer.owned_range(lo, hi)
     for role, value in entry.items():
         if role == "step":
             continue
-        host = np.ascontiguousarray(value, dtype=segment.buffer.dtype).reshape(-1)
-        backend.copy_(segment.buffer.sections[role][lo:hi], backend.from_numpy(host))
+        host = np.ascontiguousarray(value, dtype=buffer.dtype).reshape(-1)[start - lo:stop - lo]
+        buffer.backend.copy_(buffer.owned(role, lo, hi), buffer.backend.from_numpy(host))
     versions.bump(segment.buffer.storage)
     segment.set_count(i, int(entry["step"]))
 

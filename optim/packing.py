@@ -17,6 +17,7 @@ from tensorcore import Tensor
 from tensorcore.backends import backend_for
 
 from .flat import FlatBuffer, Segment, layout
+from .sharding import Shard
 
 StateSpec = Callable[[dict], dict[str, float]]  # group -> {state role: initial value}
 
@@ -38,9 +39,11 @@ class Packing:
         return found if found is not None and found[0].params[found[1]] is p else None
 
 
-def pack(groups: Sequence[dict], state_spec: StateSpec, previous: Packing | None) -> Packing:
+def pack(groups: Sequence[dict], state_spec: StateSpec, previous: Packing | None, shard: Shard | None = None
+         ) -> Packing:
     """Build the buffers for ``groups``; ``state_spec(group)`` names each state role the
-    group's update uses and its initial value."""
+    group's update uses and its initial value; ``shard`` (``sharding.py``) keeps this
+    rank's slice of the state only."""
     packing = Packing()
     packing.by_group = [[] for _ in groups]
     keys: list[tuple[str, np.dtype]] = []
@@ -52,11 +55,13 @@ def pack(groups: Sequence[dict], state_spec: StateSpec, previous: Packing | None
     for device, dtype in keys:
         members = [[p for p in g["params"] if p.device == device and np.dtype(p.dtype) == dtype] for g in groups]
         offsets, stops, length = layout(members, dtype)
+        if shard is not None:
+            length = shard.padded(length, np.dtype(dtype).itemsize)
         roles = ["param", "grad"]
         for group, params in zip(groups, members):
             if params:
                 roles += [r for r in state_spec(group) if r not in roles]
-        buffer = FlatBuffer(backend_for(device), dtype, length, roles)
+        buffer = FlatBuffer(backend_for(device), dtype, length, roles, shard)
         packing.buffers[(device, dtype)] = buffer
         for gi, (group, params) in enumerate(zip(groups, members)):
             if params:
@@ -82,8 +87,8 @@ def _fill(segment: Segment, spec: dict[str, float], previous: Packing | None) ->
     backend = segment.buffer.backend
     for role, value in spec.items():
         if value != 0:
-            for i in range(len(segment.params)):
-                backend.copy_(segment.section(role, i, i + 1)[: segment.sizes[i]],
+            for i, (offset, size) in enumerate(zip(segment.offsets, segment.sizes)):
+                backend.copy_(segment.buffer.owned(role, offset, offset + size),
                               backend.full((1,), value, segment.buffer.dtype))
     for i, p in enumerate(segment.params):
         backend.copy_(segment.param_views[i], p.data)
@@ -105,10 +110,10 @@ def _carry_state(old: tuple[Segment, int], segment: Segment, i: int, spec: dict[
     segment.set_count(i, old_segment.counts[j])
 
 
-def state_arrays(segment: Segment, i: int, roles: Sequence[str]) -> dict[str, Any]:
-    """Host copies of parameter i's state (``roles``), shaped like the parameter."""
+def state_arrays(segment: Segment, i: int, sections: dict[str, Any]) -> dict[str, Any]:
+    """Host copies of parameter i's state, shaped like the parameter, from the whole
+    sections of its buffer (``FlatBuffer.whole``) by role."""
     backend = segment.buffer.backend
     shape = tuple(segment.params[i].data.shape)
     lo, hi = segment.offsets[i], segment.offsets[i] + segment.sizes[i]
-    return {role: np.array(backend.to_numpy(segment.buffer.sections[role][lo:hi])).reshape(shape)
-            for role in roles}
+    return {role: np.array(backend.to_numpy(section[lo:hi])).reshape(shape) for role, section in sections.items()}

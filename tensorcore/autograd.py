@@ -7,6 +7,12 @@ result in a Tensor and links it to its inputs; ``backward`` walks that graph in
 reverse topological order without recursion.  As in PyTorch, a backward pass frees
 what each Function saved for it, so a second backward through the same graph raises
 unless the first was given ``retain_graph=True``.
+
+Two hooks let code act while a backward pass runs (data-parallel training starts
+averaging gradients over the processes while the rest of backward still runs):
+``register_post_accumulate_grad_hook(leaf, hook)`` calls ``hook(leaf)`` once the
+leaf's gradient of this pass is complete in ``.grad``, and ``queue_callback(fn)``, called
+during a pass, runs ``fn()`` (once) when the pass has finished.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import versions
 
@@ -29,6 +36,54 @@ class _GradMode(threading.local):
 
 
 _state = _GradMode()
+
+
+class _Pass(threading.local):
+    """The callbacks queued by the backward pass running in this thread (None outside one)."""
+
+    callbacks: list[Callable[[], None]] | None = None
+
+
+_pass = _Pass()
+_post_accumulate_hooks: dict[int, list[Callable[["Tensor"], None]]] = {}  # id(leaf) -> its hooks
+
+
+class RemovableHandle:
+    """What ``register_post_accumulate_grad_hook`` returns: ``remove()`` unregisters the hook."""
+
+    def __init__(self, hooks: list[Callable[["Tensor"], None]], hook: Callable[["Tensor"], None]) -> None:
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+
+def register_post_accumulate_grad_hook(leaf: "Tensor", hook: Callable[["Tensor"], None]) -> RemovableHandle:
+    """Call ``hook(leaf)`` in every backward pass, right after the leaf's gradient has been
+    accumulated into ``leaf.grad`` (as PyTorch's hook of that name)."""
+    if not leaf.is_leaf:
+        raise RuntimeError("register_post_accumulate_grad_hook: the tensor is not a leaf (only leaves "
+                           "accumulate gradients into .grad)")
+    if not callable(hook):
+        raise TypeError(f"register_post_accumulate_grad_hook: expected a callable, got {type(hook).__name__}")
+    hooks = _post_accumulate_hooks.get(id(leaf))
+    if hooks is None:
+        hooks = _post_accumulate_hooks[id(leaf)] = []
+        weakref.finalize(leaf, _post_accumulate_hooks.pop, id(leaf), None)
+    hooks.append(hook)
+    return RemovableHandle(hooks, hook)
+
+
+def queue_callback(callback: Callable[[], None]) -> bool:
+    """Run ``callback()`` once the backward pass now running in this thread has finished;
+    False (and nothing queued) when an equal callback is queued already."""
+    if _pass.callbacks is None:
+        raise RuntimeError("queue_callback: no backward pass is running in this thread")
+    if callback in _pass.callbacks:
+        return False
+    _pass.callbacks.append(callback)
+    return True
 
 
 def is_grad_enabled() -> bool:
@@ -144,7 +199,20 @@ def backward(root: "Tensor", gradient: Any = None, retain_graph: bool = False) -
             raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match output shape {root.shape}")
     grads: dict[int, Any] = {id(root): grad}
     handed_out: set[int] = {id(versions.storage(grad))}  # buffers a leaf may not keep without copying
-    for node in _topological_order(root):
+    order = _topological_order(root)
+    outer, _pass.callbacks = _pass.callbacks, []
+    try:
+        _walk(order, grads, handed_out, retain_graph)
+        callbacks = _pass.callbacks
+    finally:
+        _pass.callbacks = outer
+    for callback in callbacks:
+        callback()
+
+
+def _walk(order: list["Tensor"], grads: dict[int, Any], handed_out: set[int], retain_graph: bool) -> None:
+    """Propagate ``grads`` through ``order`` (reverse topological), into the leaves."""
+    for node in order:
         g = grads.pop(id(node), None)
         if g is None:
             continue
@@ -181,14 +249,16 @@ def _accumulate_leaf(leaf: "Tensor", g: Any, handed_out: set[int]) -> None:
     if leaf.grad is not None:
         leaf.backend.add_(leaf.grad.data, g)
         versions.bump(leaf.grad.data)
-        return
-    flags = getattr(g, "flags", None)
-    owner = versions.storage(g)
-    if (id(owner) in handed_out or flags is None or not flags.c_contiguous
-            or not getattr(flags, "writeable", True) or g.nbytes != owner.nbytes):
-        g = owner = leaf.backend.copy(g)
-    handed_out.add(id(owner))
-    leaf.grad = Tensor._wrap(g, leaf.device)
+    else:
+        flags = getattr(g, "flags", None)
+        owner = versions.storage(g)
+        if (id(owner) in handed_out or flags is None or not flags.c_contiguous
+                or not getattr(flags, "writeable", True) or g.nbytes != owner.nbytes):
+            g = owner = leaf.backend.copy(g)
+        handed_out.add(id(owner))
+        leaf.grad = Tensor._wrap(g, leaf.device)
+    for hook in _post_accumulate_hooks.get(id(leaf), ()):
+        hook(leaf)
 
 
 def _topological_order(root: "Tensor") -> list["Tensor"]:

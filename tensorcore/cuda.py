@@ -8,12 +8,17 @@ from __future__ import annotations
 
 def is_available() -> bool:
     """Whether CuPy imports and sees at least one CUDA device."""
+    return device_count() > 0
+
+
+def device_count() -> int:
+    """How many CUDA devices CuPy sees (0 without CuPy or a driver)."""
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:  # no CuPy, no driver, or no device
-        return False
+        return 0
 
 
 def memory_allocated() -> int:

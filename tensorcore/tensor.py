@@ -8,7 +8,7 @@ an op: ``Tensor.method`` -> ``ops`` Function -> ``backend`` kernel.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -137,6 +137,11 @@ class Tensor:
     def retain_grad(self) -> None:
         """Keep the gradient of this non-leaf tensor in ``.grad`` after backward."""
         self._retains_grad = True
+
+    def register_post_accumulate_grad_hook(self, hook: Callable[["Tensor"], None]) -> "autograd.RemovableHandle":
+        """Call ``hook(self)`` in every backward pass once this leaf's gradient is complete
+        in ``.grad``; returns a handle whose ``remove()`` unregisters it."""
+        return autograd.register_post_accumulate_grad_hook(self, hook)
 
     def detach(self) -> "Tensor":
         return Tensor._wrap(self.data, self.device)

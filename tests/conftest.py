@@ -3,7 +3,8 @@
 * ``CI`` set in the environment selects the ``ci`` hypothesis profile (few examples,
   derandomized so a failure reproduces); otherwise the ``dev`` profile runs.
 * ``backend`` runs a test once per available backend, inside ``tc.use_backend(name)``.
-* Tests marked ``gpu`` are skipped unless CuPy and a GPU work.
+* Tests marked ``gpu`` are skipped unless CuPy and a GPU work, ``multigpu`` unless
+  there are two GPUs or more.
 * The compile cache's signing key lives in the session's temporary directory, not in
   the user's config directory (``TENSORCORE_CACHE_KEY_FILE``; subprocesses inherit it).
 """
@@ -25,7 +26,8 @@ settings.register_profile("ci", max_examples=8, derandomize=True, print_blob=Tru
 settings.register_profile("dev", max_examples=25, **_SHARED)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
-GPU_AVAILABLE = tc.cuda.is_available()
+GPU_COUNT = tc.cuda.device_count()
+GPU_AVAILABLE = GPU_COUNT > 0
 CPU_BACKENDS = ["numpy", "numba"]
 BACKENDS = [pytest.param(name) for name in CPU_BACKENDS] + [pytest.param("cupy", marks=pytest.mark.gpu)]
 
@@ -52,9 +54,10 @@ def torch() -> ModuleType | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if GPU_AVAILABLE:
-        return
-    skip = pytest.mark.skip(reason="needs CuPy and an NVIDIA GPU")
+    no_gpu = pytest.mark.skip(reason="needs CuPy and an NVIDIA GPU")
+    one_gpu = pytest.mark.skip(reason="needs two or more NVIDIA GPUs")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "multigpu" in item.keywords and GPU_COUNT < 2:
+            item.add_marker(one_gpu)
+        elif "gpu" in item.keywords and not GPU_AVAILABLE:
+            item.add_marker(no_gpu)

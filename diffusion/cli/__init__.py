@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--vae", default=None,
                        help="train in the latent space of this VAE folder (from train-vae; the digits at the "
                             "VAE's sample_size; default: pixels)")
+    parallel = train.add_argument_group("data parallel")
+    parallel.add_argument("--devices", type=positive_int, default=1,
+                          help="processes training together, each on its share of every batch: GPUs with "
+                               "TENSORCORE_BACKEND=cupy, else CPU processes (default: %(default)s)")
+    parallel.add_argument("--backend", choices=("nccl", "mpi"), default=None,
+                          help="collectives between them: nccl (GPUs) or mpi (CPU processes) "
+                               "(default: nccl on GPUs, else mpi)")
     _add_sampling(train, guidance=3.0)
 
     vae = commands.add_parser("train-vae", help="train an AutoencoderKL on the digits (for train --vae)")
@@ -158,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.explicit = explicit_options(argv)
-    from . import commands, generate
+    from . import commands, generate, parallel
+
+    if args.command == "train" and parallel.starts_ranks(args):
+        return parallel.launch(argv, args)
 
     run = {"train": commands.train, "train-vae": commands.train_vae_command,
            "sample": commands.sample, "sample-latent": lambda a: commands.sample(a, latent=True),

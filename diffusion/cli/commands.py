@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import tensorcore as tc
+from tensorcore import distributed
 
 from ..datasets import NUM_DIGIT_CLASSES, digit_images
 from ..images import labelled_rows, save_image_grid, save_png
@@ -27,6 +28,7 @@ from ..pipelines.pretrained import INDEX_NAME, SCHEDULERS, read_index
 from ..schedulers import DDIMScheduler, DDPMScheduler
 from ..training import latent_scaling_factor, latest_checkpoint, load_checkpoint, train_ddpm, train_vae
 from ..training.loop import compile_enabled
+from . import parallel
 from .args import UsageError
 from .digits import NULL_CLASS_LABEL, unet_config, vae_config
 from .runs import (RUNS, check_not_another_run, check_outputs, planned_out, recorded_options, restore_options,
@@ -180,7 +182,9 @@ def _engine(model: Any, args: argparse.Namespace) -> str:
     """The backend and whether the train step runs compiled, for the start-up line."""
     device = next(iter(model.parameters())).device
     compiled = compile_enabled(COMPILE_CHOICES[args.compile], device)
-    return f"backend {tc.get_backend().name}, {'compiled' if compiled else 'eager'} train step"
+    ranks = (f", {distributed.get_world_size()} processes ({distributed.get_backend()})"
+             if distributed.is_initialized() else "")
+    return f"backend {tc.get_backend().name}, {'compiled' if compiled else 'eager'} train step{ranks}"
 
 
 def _resumed_config(args: argparse.Namespace, kind: str) -> dict[str, Any] | None:
@@ -228,7 +232,9 @@ def _load_vae(path: str) -> AutoencoderKL:
 
 
 def train(args: argparse.Namespace) -> None:
-    """``train``: a class-conditional diffusion model on the digits (in a VAE's latent space with --vae)."""
+    """``train``: a class-conditional diffusion model on the digits (in a VAE's latent space with --vae);
+    with ``--devices`` > 1 this process is one rank, and rank 0 alone reports and samples."""
+    rank = parallel.join(args)
     args.vae = os.path.abspath(args.vae) if args.vae else None
     resumed = _resumed_config(args, "ddpm")
     out = _checked_out(args, "train", TRAIN_OUTPUTS)
@@ -251,13 +257,17 @@ def train(args: argparse.Namespace) -> None:
                                   clip_sample=vae is None)
     os.makedirs(out, exist_ok=True)
     kind = "latent diffusion" if vae is not None else "diffusion"
-    print(f"training a class-conditional {kind} UNet ({sum(p.numel() for p in unet.parameters()):,} parameters) "
-          f"on {len(images)} digits at {image_size}x{image_size}, {_engine(unet, args)}; output in {out}")
+    if rank == 0:
+        print(f"training a class-conditional {kind} UNet ({sum(p.numel() for p in unet.parameters()):,} "
+              f"parameters) on {len(images)} digits at {image_size}x{image_size}, {_engine(unet, args)}; "
+              f"output in {out}")
     start = time.perf_counter()
     result = train_ddpm(unet, scheduler, (images, labels), label_dropout=args.label_dropout,
                         null_class_label=NULL_CLASS_LABEL,
                         run_info={"vae": args.vae, "image_size": image_size, "cli": recorded_options(args)},
                         **_training_options(args, out))
+    if rank != 0:
+        return
     result.ema.copy_to(unet.parameters())
     unet.eval()
     sampler = DDIMScheduler.from_config(scheduler.config)

@@ -18,7 +18,7 @@ from .args import UsageError
 
 RUNS = "runs"
 RUN_MARKERS = ("checkpoints", "metrics.csv")  # what the training loop writes first
-NOT_RECORDED = frozenset({"command", "explicit", "out", "resume", "no_progress"})
+NOT_RECORDED = frozenset({"command", "explicit", "out", "resume", "no_progress", "devices", "backend"})
 MAY_CHANGE = frozenset({"compile", "sample_steps", "sampler", "guidance_scale", "eta", "per_class", "digits"})
 
 

@@ -5,6 +5,11 @@ generator; a batch is the next ``batch_size`` indices of it, gathered on the dev
 The leftover samples at an epoch's end that do not fill a batch are skipped.  The
 permutation, the position in it and the generator's state make up ``state()``, so a
 resumed run draws exactly the batches the uninterrupted one would have.
+
+In data-parallel training every rank walks the same permutation (same seed) and keeps
+its share of each batch, every ``world_size``-th sample from position ``rank`` (as a
+``DistributedSampler`` shards a dataset): the ranks' shares make up the batch a single
+process would take.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ from tensorcore import Tensor
 class Batches:
     """Endless shuffled mini-batches over tensors that share their first dimension."""
 
-    def __init__(self, tensors: tuple[Tensor, ...], batch_size: int, seed: int) -> None:
+    def __init__(self, tensors: tuple[Tensor, ...], batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1) -> None:
         self.tensors = tensors
         self.size = int(tensors[0].shape[0])
         if batch_size > self.size:
             raise ValueError(f"training: batch_size ({batch_size}) exceeds the number of samples ({self.size})")
+        if batch_size % world_size:
+            raise ValueError(f"training: batch_size ({batch_size}) must split evenly over {world_size} processes")
         self.batch_size = batch_size
+        self.rank, self.world_size = rank, world_size
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.order = self.rng.permutation(self.size)
         self.offset = 0
@@ -33,7 +42,7 @@ class Batches:
     def next(self) -> tuple[Tensor, ...]:
         if self.offset + self.batch_size > self.size:
             self.order, self.offset = self.rng.permutation(self.size), 0
-        picked = self.order[self.offset:self.offset + self.batch_size]
+        picked = self.order[self.offset:self.offset + self.batch_size][self.rank::self.world_size]
         self.offset += self.batch_size
         index = tc.tensor(picked, device=self.tensors[0].device)
         return tuple(t[index] for t in self.tensors)

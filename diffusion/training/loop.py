@@ -18,10 +18,18 @@ replayed plan (one CUDA graph launch on the GPU) per step.  The schedule stays o
 host between calls and writes the optimizer's device learning rate, which the
 replayed update reads; the EMA's per-step weight is a device scalar too.  A model the
 tracer cannot follow trains eagerly (``fallback="eager"``, one warning).
+
+Under ``tensorcore.distributed.init()`` the loop trains data-parallel: the model is
+wrapped in ``DistributedDataParallel`` (backward averages the gradients over the
+ranks), each rank takes its share of every batch (``batch_size`` is the global batch)
+and draws noise from its own generator (seed + rank; a resumed run reseeds ranks > 0
+by step), logged losses are averaged over the ranks, and rank 0 alone writes
+checkpoints, metrics and progress.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -32,7 +40,7 @@ from tqdm.auto import tqdm
 import tensorcore as tc
 from layers import Module
 from optim import AdamW, CosineAnnealingLR, LinearWarmup, LRScheduler, SequentialLR, clip_grad_norm_
-from tensorcore import Tensor
+from tensorcore import Tensor, distributed
 from tensorcore.compile import CacheInfo, Compiled
 
 from .batches import Batches
@@ -92,11 +100,13 @@ class Trainer:
         if not self.params:
             raise ValueError(f"training: {type(model).__name__} has no trainable parameters")
         device = self.params[0].device
+        self.ddp = distributed.DistributedDataParallel(model) if distributed.is_initialized() else None
+        self.rank, self.world_size = (distributed.get_rank(), distributed.get_world_size()) if self.ddp else (0, 1)
         self.optimizer = AdamW(self.params, lr=options.lr, betas=options.betas, weight_decay=options.weight_decay)
         self.lr_scheduler = warmup_cosine(self.optimizer, options.warmup_steps, options.steps, options.min_lr)
         self.ema = EMAModel(self.params, decay=options.ema_decay)
-        self.generator = tc.Generator(device, options.seed)
-        self.batches = Batches(data, options.batch_size, options.seed)
+        self.generator = tc.Generator(device, options.seed + self.rank)
+        self.batches = Batches(data, options.batch_size, options.seed, self.rank, self.world_size)
         self.compiled = compile_enabled(options.compile, device)
         self._compiled_step: Compiled | None = None  # built on the first step, after a resume
         self.step = 0
@@ -106,6 +116,9 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.saved_step = -1
         resume = self._resume_path()
+        if self.rank:  # rank 0 writes for everyone
+            self.options = dataclasses.replace(options, out_dir=None, progress=False, resume=None)
+            self.checkpoint_dir = None
         if resume is not None:
             self.restore(resume)
 
@@ -159,6 +172,8 @@ class Trainer:
         self.optimizer.load_state_dict(checkpoint.optimizer)
         self.lr_scheduler.load_state_dict(checkpoint.lr_scheduler)
         self.generator.set_state(checkpoint.rng_noise)
+        if self.rank:  # the checkpoint holds rank 0's generator
+            self.generator.manual_seed(self.options.seed + self.rank + self.world_size * checkpoint.step)
         self.batches.load_state(checkpoint.data)
         self.step, self.seconds_before = checkpoint.step, checkpoint.seconds
         self.last_checkpoint, self.saved_step = path, checkpoint.step
@@ -207,11 +222,14 @@ class Trainer:
         self._started, window, count = time.perf_counter(), None, 0
         bar = tqdm(total=options.steps, initial=self.step, disable=not options.progress, desc="train",
                    dynamic_ncols=True)
+        first_step = self.step + 1
         try:
             while self.step < options.steps:
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss, norm = self.train_step()
                 self.step += 1
+                if self.step == first_step:  # its one-time work (compiling kernels, a trace) would skew the ETA
+                    bar.unpause()
                 window, count = (loss if window is None else window + loss), count + 1
                 if self.step % options.log_every == 0 or self.step == options.steps:
                     mean = self._log(result, metrics, window, count, norm, lr, self.elapsed())
@@ -236,6 +254,8 @@ class Trainer:
 
     def _log(self, result: TrainResult, metrics: MetricsLog | None, window: Tensor, count: int,
              norm: Tensor | None, lr: float, seconds: float) -> float:
+        if self.ddp is not None:
+            distributed.all_reduce(window, op="avg")
         mean = float(window.item()) / count
         if mean != mean or mean in (float("inf"), float("-inf")):
             raise FloatingPointError(f"training diverged: the mean loss of steps {self.step - count + 1}.."

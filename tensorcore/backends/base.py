@@ -304,6 +304,14 @@ class Backend(Protocol):
     def lion_update_(self, p: Array, g: Array, m: Array, lr: Array, beta1: float, beta2: float,
                      weight_decay: float) -> None: ...
 
+    # ----- collectives (tensorcore.distributed) --------------------------------------
+    def collective_(self, dst: Array, src: Array | None, communicator: Any, op: str,
+                    reduce: str = "sum", root: int = 0, overlap: bool = False) -> None:
+        """Collective ``op`` of a ``tensorcore.distributed`` communicator, writing ``dst``
+        (``"wait"``: ``dst`` holds the arrays the overlapped collectives write).  A backend
+        call like any kernel, so a compiled plan records and replays it (a node of the
+        CUDA graph on the GPU); the communicator does the work on the current stream."""
+
     # ----- compiled replay (see the module doc; prepare is optional) ----------------
     def executor(self, plan: Any, roots: dict[int, Array], objects: list[Any]) -> Any: ...
     def async_stream(self) -> Any | None: ...

@@ -52,8 +52,10 @@ class TraceError(RuntimeError):
 
 
 CAPTURES = frozenset({"array", "from_numpy"})  # host data in: captured by value when it is host data
-RANDOM = frozenset({"uniform", "normal", "integers"})  # advance a generator: never removed
-WRITTEN_ARGS = {"copy_": (0,), "add_": (0,), "setitem_": (0,), "index_add_": (0,), "batch_norm": (3, 4)}
+RANDOM = frozenset({"uniform", "normal", "integers"})  # advance a generator
+EFFECTS = RANDOM | {"collective_"}  # effects beyond their arrays (other processes take part): never removed
+WRITTEN_ARGS = {"copy_": (0,), "add_": (0,), "setitem_": (0,), "index_add_": (0,), "batch_norm": (3, 4),
+                "collective_": (0,)}
 
 
 # ----- recording wrappers on the backend instances ------------------------------------
@@ -277,12 +279,12 @@ class Tracer:
         objects = any(isinstance(x, Obj) for x in leaves((arg_t, kw_t)))
         writes = self._writes(name, arg_t, kw_t)
         inputs = {self.graph.values[r.value].storage for r in refs((arg_t, kw_t))}
-        pure = not writes and name not in RANDOM and not objects and inputs <= self._pure
+        pure = not writes and name not in EFFECTS and not objects and inputs <= self._pure
         out = self._result(result, index, pure)
         for s in writes:
             self.graph.storages[s].written = True
             self._pure.discard(s)
-        self.graph.nodes.append(Node(index, name, arg_t, kw_t, out, tuple(sorted(writes)), name in RANDOM))
+        self.graph.nodes.append(Node(index, name, arg_t, kw_t, out, tuple(sorted(writes)), name in EFFECTS))
         return result
 
     def _constant(self, result: Any, index: int) -> Any:

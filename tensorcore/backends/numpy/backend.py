@@ -450,3 +450,8 @@ class NumpyBackend(NumpyPrimitives, NumpyNNKernels, NumpyOptimKernels):
     def async_stream(self) -> None:
         """None: asynchronous compiled calls on the CPU run on a worker thread."""
         return None
+
+    def collective_(self, dst: Any, src: Any, communicator: Any, op: str, reduce: str = "sum", root: int = 0,
+                    overlap: bool = False) -> None:
+        """Hand the arrays to the communicator (it knows its devices' streams)."""
+        communicator.run(op, dst, src, reduce=reduce, root=root, overlap=overlap)
