@@ -16,6 +16,8 @@ change bumps the structure version, so compiled plans retrace.
 
 from __future__ import annotations
 
+import abc
+
 from typing import Mapping
 
 import numpy as np
@@ -30,7 +32,7 @@ from .weights import LoraWeights
 UNFUSED = "unfused_weight"  # the buffer keeping the weight as it was before fuse()
 
 
-class LoraLayer(Module):
+class LoraLayer(Module, abc.ABC):
     """What LoraLinear and LoraConv2d share; subclasses say how factors are laid out and applied."""
 
     def __init__(self, base: Module) -> None:
@@ -46,21 +48,21 @@ class LoraLayer(Module):
 
     # ----- what a subclass defines ---------------------------------------------------------
     @staticmethod
+    @abc.abstractmethod
     def factor_shapes(base: Module, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The shapes of ``down`` and ``up`` (as ``LoraWeights`` holds them) for ``base``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _factors(self, weights: LoraWeights) -> tuple[np.ndarray, np.ndarray]:
         """``down`` and ``up`` laid out as this layer stores them (A and B)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _update(self, x: Tensor, a: Tensor, b: Tensor) -> Tensor:
         """One adapter's addition to the output, before scaling."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _delta(self, a: Tensor, b: Tensor) -> Tensor:
         """One adapter's update as a weight, shaped like ``weight``, before scaling."""
-        raise NotImplementedError
 
     # ----- adapters ------------------------------------------------------------------------
     @property
