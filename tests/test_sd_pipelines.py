@@ -205,6 +205,13 @@ def test_sdxl_with_two_encoders_and_time_ids_matches_diffusers(xl) -> None:
     assert_images_match(want, got)
 
 
+def test_generate_is_each_pipelines_own_call(xl) -> None:
+    _, _, ours = xl
+    kwargs = dict(prompt="a cat", prompt_2="a painting", num_inference_steps=2, output_type="np", seed=3,
+                  progress=False)
+    np.testing.assert_array_equal(ours.generate(**kwargs).images, ours(**kwargs).images)
+
+
 def test_sdxl_zeroes_an_absent_negative_prompt_and_takes_clip_skip_like_diffusers(xl) -> None:
     want, got = both(xl, prompt=PROMPTS[0], num_inference_steps=3, clip_skip=1, guidance_rescale=0.5,
                      negative_original_size=(16, 16), negative_target_size=(8, 8))

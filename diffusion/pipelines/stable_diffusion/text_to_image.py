@@ -134,7 +134,9 @@ class StableDiffusionPipeline(LatentDiffusionPipeline, LoraLoaderMixin):
         generation = self._text_generation(dict(values.arguments))
         return self._finish(await run_async(generation), values.arguments["return_dict"])
 
-    generate = __call__
+    def generate(self, *args: Any, **kwargs: Any) -> ImagePipelineOutput | tuple:
+        """``pipe(...)`` by name, with the same arguments (each pipeline's own ``__call__``)."""
+        return self(*args, **kwargs)
 
     def _text_generation(self, values: dict[str, Any]) -> TextGeneration:
         """The generation of a call whose arguments are ``values`` (checked first)."""
