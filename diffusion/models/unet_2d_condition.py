@@ -171,7 +171,12 @@ class UNet2DConditionModel(PretrainedModel):
                 for layer in self._cross_attention_layers()]
 
     def _cross_attention_layers(self) -> list[Attention]:
-        return [m for m in self.modules() if isinstance(m, Attention) and m.cross_attention_dim is not None]
+        """The attention layers that read the context, in module order (found once per structure)."""
+        version, layers = self.__dict__.get("_cross_layers", (None, None))
+        if version != self.structure_version:
+            layers = [m for m in self.modules() if isinstance(m, Attention) and m.cross_attention_dim is not None]
+            self.__dict__["_cross_layers"] = (self.structure_version, layers)
+        return layers
 
     def _context(self, states: Tensor, kv: Sequence[tuple[Tensor, Tensor]] | None) -> Tensor | TextStates:
         """The context the transformers read: the text states, with their keys and values when given."""

@@ -135,7 +135,7 @@ def vae_twins() -> tuple[Any, Any]:
 
 # ----- rows -------------------------------------------------------------------------------------------
 def forward_rows(table: bench_report.Table, label: str, ours_call: Callable[[], Any], ours_module: Any,
-                 theirs_call: Callable[[], Any], theirs_module: Any, iters: int, torch_compile: bool,
+                 theirs_call: "Call", theirs_module: Any, iters: int, torch_compile: bool,
                  compiled_call: Callable[[Any], Callable[[], Any]]) -> None:
     """One workload: ours eager / compiled, diffusers eager / CUDA graph / torch.compile + graph."""
     import tensorcore as tc
@@ -158,7 +158,7 @@ def forward_rows(table: bench_report.Table, label: str, ours_call: Callable[[], 
         if torch_compile:
             module_compiled = torch.compile(theirs_module, dynamic=False)
             built = time.perf_counter()
-            call = theirs_call.__wrapped_with__(module_compiled)  # type: ignore[attr-defined]
+            call = theirs_call.rebound(module_compiled)
             call()
             build_s = time.perf_counter() - built
             replay_c, _ = torch_graph(call)
@@ -180,7 +180,7 @@ class Call:
     def __call__(self) -> Any:
         return self.fn(self.module)
 
-    def __wrapped_with__(self, module: Any) -> "Call":
+    def rebound(self, module: Any) -> "Call":
         return Call(self.fn, module)
 
 

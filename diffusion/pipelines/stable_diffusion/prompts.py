@@ -59,28 +59,25 @@ def encode_text(text_encoder: Any, input_ids: Tensor, attention_mask: Tensor | N
 Encoder = Callable[..., tuple[Tensor, Tensor]]  # encode_text, compiled or not
 
 
-def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int, device: str, owner: str) -> Tensor:
-    """Token ids [len(texts), max_length] on ``device``, padded and truncated to ``max_length``
-    (a warning names what truncation cut, as diffusers logs it)."""
-    ids = tokenizer(list(texts), padding="max_length", max_length=max_length, truncation=True,
-                    return_tensors="np").input_ids
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int, device: str, owner: str
+             ) -> tuple[Tensor, Tensor]:
+    """(token ids, padding mask), both [len(texts), max_length] on ``device``: padded and
+    truncated to ``max_length`` (a warning names what truncation cut, as diffusers logs it)."""
+    encoded = tokenizer(list(texts), padding="max_length", max_length=max_length, truncation=True,
+                        return_tensors="np")
     for text in texts:
         length = len(tokenizer.encode(text)) + 2
         if length > max_length:
             warnings.warn(f"{owner}: the prompt {text!r} has {length} tokens; CLIP reads {max_length}, "
                           f"the rest was cut", UserWarning, stacklevel=5)
-    return tc.tensor(ids, device=device)
+    return tc.tensor(encoded.input_ids, device=device), tc.tensor(encoded.attention_mask, device=device)
 
 
 def _masked(text_encoder: Any, tokenizer: Any, texts: Sequence[str], max_length: int, device: str,
             owner: str) -> tuple[Tensor, Tensor | None]:
     """(ids, the padding mask when the encoder's config asks for one)."""
-    ids = tokenize(tokenizer, texts, max_length, device, owner)
-    if not getattr(text_encoder.config, "use_attention_mask", False):
-        return ids, None
-    mask = tokenizer(list(texts), padding="max_length", max_length=max_length, truncation=True,
-                     return_tensors="np").attention_mask
-    return ids, tc.tensor(mask, device=device)
+    ids, mask = tokenize(tokenizer, texts, max_length, device, owner)
+    return ids, mask if getattr(text_encoder.config, "use_attention_mask", False) else None
 
 
 def repeat_rows(x: Tensor, times: int) -> Tensor:
@@ -142,7 +139,7 @@ def _encode_pair(encode: Encoder, text_encoders: list[Any], tokenizers: list[Any
     encoder that projects its pooled output (the second, in SDXL)."""
     states, pooled = [], None
     for text_encoder, tokenizer, texts in zip(text_encoders, tokenizers, prompts):
-        ids = tokenize(tokenizer, texts, max_length or tokenizer.model_max_length, device, owner)
+        ids = tokenize(tokenizer, texts, max_length or tokenizer.model_max_length, device, owner)[0]
         hidden, pooled_here = encode(text_encoder, ids, None, layer, False)
         states.append(hidden)
         if pooled is None and getattr(text_encoder, "has_projection", False):

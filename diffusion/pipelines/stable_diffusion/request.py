@@ -88,8 +88,7 @@ def check_text_request(facts: ModelFacts, *, prompt: Any, negative_prompt: Any, 
         negatives = negatives * count
     if negatives is not None and len(negatives) != count:
         raise ValueError(f"{name}: negative_prompt has {len(negatives)} entries, prompt has {count}")
-    if negative_embeds is not None and negative_embeds.shape != (embeds.shape if embeds is not None else
-                                                                 negative_embeds.shape):
+    if negative_embeds is not None and embeds is not None and negative_embeds.shape != embeds.shape:
         raise ValueError(f"{name}: negative_prompt_embeds {negative_embeds.shape} must match prompt_embeds "
                          f"{embeds.shape}")
     if negative_embeds is not None and negative_embeds.shape[0] != count:

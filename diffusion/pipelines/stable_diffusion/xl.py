@@ -157,14 +157,11 @@ class StableDiffusionXLPipeline(StableDiffusionPipeline):
         return super().decode(sample)
 
     def _float32_vae(self) -> Any:
-        """A float32 copy of the VAE, made on first use (the float16 one stays as it is)."""
-        copy = self.__dict__.get("_vae_float32")
-        if copy is None:
-            vae = unwrapped(self.vae)
-            copy = type(vae).from_config(vae.config).to(device=self.device)
-            copy.load_state_dict({k: v.to(dtype=tc.float32) for k, v in vae.state_dict().items()})
-            self._vae_float32 = copy.eval()
-        return copy
+        """A float32 copy of the VAE's current weights (the float16 one stays as it is)."""
+        vae = unwrapped(self.vae)
+        copy = type(vae).from_config(vae.config).to(device=self.device)
+        copy.load_state_dict({k: v.to(dtype=tc.float32) for k, v in vae.state_dict().items()})
+        return copy.eval()
 
     @classmethod
     def _from_components(cls, parts: dict[str, Any], options: dict[str, Any],

@@ -59,7 +59,8 @@ def forward(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
     lk = k.shape[2]
     out = cupy.empty((b, h, lq, d), dtype=q.dtype)
     if out.size == 0 or lk == 0:  # no keys: an empty sum, as probabilities [Lq, 0] times v give
-        return out.fill(0) or out
+        out.fill(0)
+        return out
     D = width(d)
     expression = f"flash_attention_fwd_kernel<{_CTYPES[q.dtype.name]}, {D}>"
     smem = 5 * ROWS * (D + 8) * 2  # Q, and two stages each of K and V
