@@ -153,6 +153,24 @@ def test_forward_and_gradients_match_float64(mode, geometry, channels_last):
         assert all(ran_implicit_gemm(op) for op in PASSES)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_pointwise_conv_reads_tokens_without_a_copy(mode, monkeypatch):
+    """A 1x1 convolution of tokens seen as an image (a [B, H·W, C] array transposed to
+    [B, C, H, W], as a transformer's output projection gets it) is one GEMM over the
+    array as it lies: no contiguous copy, the float64 result."""
+    geometry = ((2, 24, 5, 7), (40, 24, 1, 1), (1, 1), (0, 0), (1, 1))
+    _, w, gx, gw, want = conv_case(geometry, mode, channels_last=True)
+    x = cp.asnumpy(gx).astype(np.float64)
+
+    def refused(a, *args, **kwargs):
+        raise AssertionError("a pointwise convolution copied its channels-last input")
+
+    monkeypatch.setattr(cp, "ascontiguousarray", refused)
+    with precision(mode):
+        got = GPU.conv2d(gx, gw, (1, 1), (0, 0), (1, 1), 1)
+    assert_bounded(got, want, REF.conv2d(abs(x), abs(w), (1, 1), (0, 0), (1, 1), 1), 24, mode)
+
+
 def every_plan(kernel: str):
     """(mode, plan) for every tile of the kernel, unsplit and split: each instantiation
     (the wgmma tiles too; they run only where the GPU has warpgroup MMA)."""

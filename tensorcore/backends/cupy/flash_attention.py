@@ -51,13 +51,14 @@ def fits(q: Any, k: Any, v: Any) -> bool:
 
 
 def forward(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
-    """out [B, H, Lq, d] (contiguous) of softmax(q kᵀ · scale) v, key j hidden from query i
-    when ``causal`` and j > i; the inputs passed ``fits``."""
+    """out [B, H, Lq, d] of softmax(q kᵀ · scale) v, key j hidden from query i when
+    ``causal`` and j > i; the inputs passed ``fits``.  out is a view of a [B, Lq, H, d]
+    array, so ``out.transpose(0, 2, 1, 3).reshape(B, Lq, H * d)`` is free."""
     import cupy
 
     b, h, lq, d = q.shape
     lk = k.shape[2]
-    out = cupy.empty((b, h, lq, d), dtype=q.dtype)
+    out = cupy.empty((b, lq, h, d), dtype=q.dtype).transpose(0, 2, 1, 3)
     if out.size == 0 or lk == 0:  # no keys: an empty sum, as probabilities [Lq, 0] times v give
         out.fill(0)
         return out

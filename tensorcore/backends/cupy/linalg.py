@@ -266,8 +266,17 @@ class CupyLinalgKernels:
         if not self._conv_ok(x.shape, w.shape, x, w):
             return super().conv2d(x, w, stride, padding, dilation, groups)
         ho, wo = out_hw
-        x, w = contiguous(x), contiguous(w)
+        w = contiguous(w)
         n, cout = x.shape[0], w.shape[0]
+        if groups == 1 and self._is_pointwise(w.shape, stride, padding, dilation) and _channels_last(x):
+            # tokens seen as an image ([B, H·W, C] transposed to [B, C, H, W]): each image
+            # is the transpose of a row-major [H·W, C] matrix, which cuBLAS reads as it lies
+            c = x.shape[1]
+            out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
+            _gemm(False, True, cout, ho * wo, c, (w, 0, c, 0), (x, 0, c, ho * wo * c),
+                  (out, 0, ho * wo, cout * ho * wo), n)
+            return out
+        x = contiguous(x)
         col = self._im2col_gpu(x, w.shape, (ho, wo), stride, padding, dilation)
         out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
         big_k, ohw = col.shape[1:]
@@ -385,6 +394,12 @@ class CupyLinalgKernels:
         dk = cupy.empty((b * h, lk, d), dtype=q.dtype)
         bmm(dscores, q3, dk, trans_a=True)
         return dq.reshape(q.shape), dk.reshape(k.shape), dv_.reshape(v.shape)
+
+
+def _channels_last(x) -> bool:
+    """Whether 4-D x is a dense NHWC array seen as NCHW (and not also C-contiguous)."""
+    return x.ndim == 4 and not x.flags.c_contiguous and x.transpose(0, 2, 3, 1).flags.c_contiguous \
+        and x.data.ptr % 16 == 0
 
 
 def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: tuple, b: tuple,

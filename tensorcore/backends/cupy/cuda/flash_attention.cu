@@ -15,7 +15,9 @@
 // head dim d are zero-filled in shared memory, so they add nothing.  Keys past Lk (the
 // last tile) and, when causal, keys after the query are set to -inf before the softmax.
 // q, k, v are read through their strides (batch, head, row; the head dim is contiguous),
-// which must be multiples of 8 elements with 16-byte aligned bases; out is [B, H, Lq, d].
+// which must be multiples of 8 elements with 16-byte aligned bases; out is stored as
+// [B, Lq, H, d] (the layout the output projection reads as [B, Lq, H·d], so merging the
+// heads back costs no copy).
 #include "common.cuh"
 #include "tensor_core.cuh"
 
@@ -188,18 +190,19 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
         l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
     }
     const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    T* op = out + (long long)bh * lq * d;
+    const long long out_row = (long long)heads * d;  // [B, Lq, H, d]
+    T* op = out + (long long)b * lq * out_row + (long long)h * d;
 #pragma unroll
     for (int j = 0; j < OT; ++j) {
         const int c = j * 8 + 2 * t;
         if (c >= d) continue;
         if (my_row0 < lq) {
-            op[(long long)my_row0 * d + c] = store_as<T>(o[j][0] * inv0);
-            op[(long long)my_row0 * d + c + 1] = store_as<T>(o[j][1] * inv0);
+            op[my_row0 * out_row + c] = store_as<T>(o[j][0] * inv0);
+            op[my_row0 * out_row + c + 1] = store_as<T>(o[j][1] * inv0);
         }
         if (my_row1 < lq) {
-            op[(long long)my_row1 * d + c] = store_as<T>(o[j][2] * inv1);
-            op[(long long)my_row1 * d + c + 1] = store_as<T>(o[j][3] * inv1);
+            op[my_row1 * out_row + c] = store_as<T>(o[j][2] * inv1);
+            op[my_row1 * out_row + c + 1] = store_as<T>(o[j][3] * inv1);
         }
     }
 }
