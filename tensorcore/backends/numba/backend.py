@@ -30,6 +30,7 @@ import numpy
 from . import kernel_cache, memory, threads
 from .fused import NumbaFusedKernels
 from .lora import NumbaLoraKernels
+from .native_forms import NumbaNativeForms
 from .nn import NumbaNNKernels
 from .optim import NumbaOptimKernels
 from .spatial import NumbaSpatialKernels, Scratch
@@ -87,8 +88,8 @@ METHODS: dict[str, Callable] = {
 
 
 @serving(METHODS)
-class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels, NumbaLoraKernels,
-                   NumpyBackend):
+class NumbaBackend(NumbaNativeForms, NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels,
+                   NumbaLoraKernels, NumpyBackend):
     """NumPy arrays on the CPU, with Numba kernels for the hot ops."""
 
     name = "numba"
@@ -109,3 +110,11 @@ class NumbaBackend(NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, Numba
         activation kernel, else what the NumPy reference binds."""
         return (self._bind_fused_program(op, args, kwargs, out) or self._bind_activation(op, args, kwargs, out)
                 or NumpyBackend.prepare(self, op, args, kwargs, out))
+
+    def link(self, steps: list[tuple[Callable[[], Any], Any]]) -> tuple[Callable[[], Any], ...]:
+        """A compiled plan's bound steps, (Python call, ``native`` form or None) each, as
+        the calls its replay makes: runs of native forms as one jitted call each
+        (``native_plan.py``)."""
+        from . import native_plan
+
+        return native_plan.link(steps)

@@ -151,11 +151,11 @@ def source(program: tuple, layout: str) -> str:
 def kernels(program: tuple, layout: str) -> tuple[Callable, Callable]:
     """(serial, parallel) compiled kernels of ``program`` for a loop ``layout`` (``source``)."""
     text = source(program, layout)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    digest = _digest(text)
     if settings.debug_level >= 2:
         print(f"[tensorcore] generated fused kernel {digest}\n{text}")
-    module = _load(kernel_cache.fused_dir() / f"fused_{digest}.py",
-                   text.replace("{cache}", "True"), digest)
+    module = load_module(kernel_cache.fused_dir() / f"fused_{digest}.py", text.replace("{cache}", "True"),
+                         f"tensorcore_fused_{digest}")
     if module is None:
         namespace: dict[str, Any] = {}
         exec(compile(text.replace("{cache}", "False"), f"<fused {digest}>", "exec"), namespace)  # noqa: S102
@@ -163,10 +163,15 @@ def kernels(program: tuple, layout: str) -> tuple[Callable, Callable]:
     return module.serial, module.parallel
 
 
-def _load(path: Path, text: str, digest: str) -> Any:
-    """A module running ``text`` as if imported from ``path``, so Numba's cache lives
-    beside it (the file is written atomically when missing or different; what runs
-    is ``text`` itself, never the file's content), or None when ``path`` cannot be used."""
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def load_module(path: Path, text: str, name: str, namespace: dict[str, Any] | None = None) -> Any:
+    """A module ``name`` running ``text`` as if imported from ``path``, so Numba's cache
+    lives beside it (the file is written atomically when missing or different; what runs
+    is ``text`` itself, never the file's content), or None when ``path`` cannot be used.
+    ``namespace``: globals the text uses, set before it runs."""
     try:
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,18 +179,19 @@ def _load(path: Path, text: str, digest: str) -> Any:
     except OSError as exc:
         log.debug("fused kernel compiled in memory (%s)", exc)
         return None
-    module = types.ModuleType(f"tensorcore_fused_{digest}")
+    module = types.ModuleType(name)
+    module.__dict__.update(namespace or {})
     module.__file__ = str(path)
     sys.modules[module.__name__] = module
     exec(compile(text, str(path), "exec"), module.__dict__)  # noqa: S102  (generated from op names and numbers)
     return module
 
 
-def bind(program: tuple, inputs: Sequence[Array], out: Array) -> Callable[[], Any]:
-    """A call running ``program`` on ``inputs`` into the C-contiguous ``out``, every
-    view and check made once."""
-    if out.size == 0:
-        return lambda: None
+def loop_call(program: tuple, inputs: Sequence[Array], out: Array) -> tuple[str, Any, tuple, bool]:
+    """How ``bind`` runs ``program`` on ``inputs`` into the C-contiguous, non-empty ``out``:
+    (the kernel's name, "fused_<digest>_serial" or "_parallel", the kernel, its
+    arguments, whether it is the parallel one, to be sized as ``threads.SizedKernel``
+    sizes it), every view and check made once."""
     broadcast = [np.broadcast_to(a, out.shape) for a in inputs]
     dims, strides = fused_program.collapse(out.shape, [out.strides] + [a.strides for a in broadcast])
     args: list[Any] = [as_strided(out, dims, strides[0])]
@@ -201,10 +207,21 @@ def bind(program: tuple, inputs: Sequence[Array], out: Array) -> Callable[[], An
         else:
             layout += "g"
             args.append(view)
-    serial, parallel = kernels(program, "o" * (len(dims) - 1) + ":" + layout)
+    layout = "o" * (len(dims) - 1) + ":" + layout
+    serial, parallel = kernels(program, layout)
+    digest = _digest(source(program, layout))[:16]
     if out.size < threads.SERIAL_BELOW:
-        return functools.partial(serial, 0, dims[0], 0, *args)
-    return functools.partial(threads.SizedKernel(parallel), 0, dims[0], 0, *args)
+        return f"fused_{digest}_serial", serial, (0, dims[0], 0, *args), False
+    return f"fused_{digest}_parallel", parallel, (0, dims[0], 0, *args), True
+
+
+def bind(program: tuple, inputs: Sequence[Array], out: Array) -> Callable[[], Any]:
+    """A call running ``program`` on ``inputs`` into the C-contiguous ``out``, every
+    view and check made once."""
+    if out.size == 0:
+        return lambda: None
+    _, kernel, args, sized = loop_call(program, inputs, out)
+    return functools.partial(threads.SizedKernel(kernel) if sized else kernel, *args)
 
 
 class NumbaFusedKernels:

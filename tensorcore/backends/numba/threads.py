@@ -128,7 +128,7 @@ class SizedKernel:
         """The kernel bound to ``args``, sized once: a compiled plan's replay calls it
         with no per-call size count."""
         configure()
-        serial, dispatcher = _work(args) < SERIAL_BELOW, self.dispatcher
+        serial, dispatcher = runs_serially(args), self.dispatcher
 
         def call() -> Any:
             _use_threads(1 if serial else _pools.num_threads)
@@ -143,6 +143,18 @@ class SizedKernel:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dispatcher, name)
+
+
+def runs_serially(args: tuple) -> bool:
+    """Whether a ``SizedKernel`` called with ``args`` runs on one thread (compiled plans
+    that call the kernel from jitted code decide once, by the same rule)."""
+    return _work(args) < SERIAL_BELOW
+
+
+def forget_thread_count() -> None:
+    """Jitted code set Numba's thread count of the calling thread itself (a native plan
+    stopped part-way): the next kernel call sets it again."""
+    _calling_thread.threads = None
 
 
 def _work(args: tuple) -> int:

@@ -17,6 +17,11 @@ It takes the external buffers as live root arrays (``roots``, by storage) and th
 opaque objects (random generators) by position, so a plan loaded from disk binds the
 same way as a freshly traced one.  The plan is read through its own methods and fields
 (``Plan`` in ``tensorcore/compile/plan.py``); nothing here imports the compiler.
+
+A backend that can run steps as native code (Numba: ``native`` gives a bound step's
+jitted form, ``link`` turns runs of those into one jitted call each, see
+``numba/native_plan.py``) gets every step with its native form, and its replay is
+the loop over what ``link`` returns.
 """
 
 from __future__ import annotations
@@ -84,7 +89,13 @@ class CpuReplay:
         self.copy_, self.copy = own_method(backend, "copy_"), own_method(backend, "copy")
         for position in plan.init:
             self._step(plan, backend, graph.nodes[position])()
-        self.steps = tuple(self._step(plan, backend, graph.nodes[position]) for position in plan.steps)
+        steps = [self._step(plan, backend, graph.nodes[position]) for position in plan.steps]
+        if hasattr(type(backend), "link"):
+            native = own_method(backend, "native")
+            forms = [self._native_form(plan, native, graph.nodes[position]) for position in plan.steps]
+            self.steps = own_method(backend, "link")(list(zip(steps, forms)))
+        else:
+            self.steps = tuple(steps)
         self.inputs = [self.values[v] for v in graph.inputs]
         self.outputs = [self.values[r.value] for r in graph.output_refs()]
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
@@ -121,6 +132,20 @@ class CpuReplay:
             for path, dest in dests:
                 copy_(dest, pick(result, path))
         return step
+
+    def _native_form(self, plan: Any, native: Callable, node: Any) -> Any:
+        """The backend's native form of ``node``'s call, writing its one result (if
+        any) into the planned buffer: ``native(op, args, kwargs, out)``; [] for an
+        allocation (nothing to run), None where there is none."""
+        if node.op == "empty":
+            return []
+        if node.op == "constant":
+            return None
+        made = plan.made_results(node)
+        if len(made) > 1 or (made and made[0][0] != ()):
+            return None
+        args, kwargs = plan.call_arguments(node, self.values.__getitem__, self.objects.__getitem__)
+        return native(node.op, args, kwargs, self.values[made[0][1]] if made else None)
 
     @staticmethod
     def _out_form(cls: type, name: str, args: tuple, dest: Any) -> bool:

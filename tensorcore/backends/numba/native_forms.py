@@ -1,0 +1,226 @@
+"""The native forms of the Numba backend's calls, for native plans (``native_plan.py``).
+
+``native(op, args, kwargs, out)`` answers, for one bound step of a compiled plan, the
+jitted calls the eager method runs for those arguments -- the same kernels with the
+same arguments, on as many threads -- writing the step's result into ``out`` (its
+planned buffer; None for in-place ops), or None when the step has no native form and
+stays a Python call.  Native forms, by op:
+
+* ``matmul``: NumPy's own ``cblas_?gemm`` call (``blas.py``), 2-D float operands;
+* ``matmul_bias_act``: that product, then the in-place bias + activation kernel;
+* ``unary`` of an activation, ``activation_grad``: the activation kernels;
+* ``unary`` / ``binary`` of the ops the fused loops compute bit for bit as NumPy
+  (``NumbaFusedKernels.fused_unary`` / ``fused_binary``), ``add_``, ``copy_``,
+  ``fused_elementwise``: a generated fused loop (``fused.py``) of one op or the program;
+* ``reduce`` (sum) of a C-contiguous array over all its axes or its leading ones:
+  NumPy's order of additions (``numpy_sums.py``), or the channel-sums kernel where the
+  eager method takes it;
+* ``concatenate`` into ``out=``: one copy per input;
+* ``adam_update_`` / ``sgd_update_``: the optimizer kernels.
+
+Every form applies the conditions under which the eager method takes that path (float32
+or float64 arrays of one dtype, contiguous where the kernel reshapes); other calls --
+convolutions, norms, other reductions, anything else -- have none.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import fused_program
+from ..numpy.act import check_activation
+from .kernels import fast_path
+from .native_plan import Literal, NativeCall, copy_call, gemm_call, kernel_call
+from .nn import _FUSED_UNARY
+from .optim import _flat
+
+Array = Any
+Calls = list[NativeCall] | None
+
+
+def _contiguous(*arrays: Array) -> bool:
+    return all(a.flags.c_contiguous for a in arrays)
+
+
+def _code(act: str) -> Literal:
+    from .kernels import activations as K
+
+    return Literal(int(K.ACT_CODES[act]))
+
+
+class NumbaNativeForms:
+    """``native``: a bound step's calls as jitted code (see the module docstring)."""
+
+    def native(self, op: str, args: tuple, kwargs: dict, out: Array | None) -> Calls:
+        """The jitted calls of ``getattr(self, op)(*args, **kwargs)`` writing into ``out``, or None."""
+        form: Callable[..., Calls] | None = _FORMS.get(op)
+        if form is None or (out is not None and not (isinstance(out, np.ndarray) and out.flags.c_contiguous)):
+            return None
+        try:
+            return form(self, out, *args, **kwargs)
+        except (TypeError, ValueError):  # arguments the eager call rejects: it raises them on replay
+            return None
+
+    def _native_matmul(self, out: Array, a: Array, b: Array) -> Calls:
+        if out is None or not fast_path(a, b, out):
+            return None
+        call = gemm_call(a, b, out)
+        return None if call is None else [call]
+
+    def _native_matmul_bias_act(self, out: Array, a: Array, b: Array, bias: Array | None, act: str) -> Calls:
+        from .kernels import activations as K
+
+        check_activation("matmul_bias_act", act)
+        if out is None or bias is None or not fast_path(a, b, bias, out):
+            return None
+        product = gemm_call(a, b, out)
+        if product is None:
+            return None
+        self._bias_layout("matmul_bias_act", out, bias, -1)
+        return [product, kernel_call(K.bias_act_rows_, out.reshape(-1, out.shape[-1]), bias, _code(act))]
+
+    def _native_unary(self, out: Array, op: str, a: Array) -> Calls:
+        if out is None:
+            return None
+        if op in _FUSED_UNARY:
+            from .kernels import activations as K
+
+            if not fast_path(a, out) or not _contiguous(a) or a.shape != out.shape:
+                return None
+            return [kernel_call(K.act_forward_flat, a.reshape(-1), _code(op), into=out.reshape(-1))]
+        if op not in self.fused_unary or not isinstance(a, np.ndarray):
+            return None
+        return self._one_op_loop(out, ("unary", op), [a])
+
+    def _native_binary(self, out: Array, op: str, a: Any, b: Any) -> Calls:
+        if out is None or op not in self.fused_binary:
+            return None
+        return self._one_op_loop(out, ("binary", op), [a, b])
+
+    def _native_add_(self, out: None, dst: Array, src: Any) -> Calls:
+        return self._one_op_loop(dst, ("binary", "add"), [dst, src])
+
+    def _native_copy_(self, out: None, dst: Array, src: Array) -> Calls:
+        if not (isinstance(src, np.ndarray) and src.dtype == dst.dtype and src.shape == dst.shape):
+            return None
+        return [copy_call(dst, src)]
+
+    def _one_op_loop(self, out: Array, instruction: tuple, operands: list[Any]) -> Calls:
+        """``out`` = one unary or binary op of ``operands`` (arrays of ``out``'s float dtype,
+        numbers) as a fused loop: what NumPy's ufunc computes, a Python number taking the
+        array's dtype as NumPy 2's promotion gives it."""
+        if not (isinstance(out, np.ndarray) and out.flags.c_contiguous and out.size) \
+                or out.dtype.name not in fused_program.FLOATS:
+            return None
+        dtype = out.dtype.name
+        inputs, registers, code = [], [], []
+        for x in operands:
+            if isinstance(x, np.ndarray) and x.dtype == out.dtype:
+                registers.append(("input", len(inputs)))
+                inputs.append(x)
+            elif type(x) is float or (type(x) is int and abs(x) < 2 ** 24):  # exact in float32 too
+                registers.append(("const", x))
+            else:
+                return None
+        if not inputs or np.broadcast_shapes(*[x.shape for x in inputs]) != out.shape:
+            return None
+        numbers = []
+        for kind, value in registers:
+            if kind == "const":
+                code.append(("const", dtype, float(value)))
+                numbers.append(len(inputs) + len(code) - 1)
+            else:
+                numbers.append(value)
+        code.append((*instruction, *numbers))
+        program = ((dtype,) * len(inputs), tuple(code))
+        if fused_program.check(program)[-1] != dtype:
+            return None
+        return self._native_fused_elementwise(out, program, inputs)
+
+    def _native_fused_elementwise(self, out: Array, program: tuple, inputs: Any) -> Calls:
+        from . import fused
+
+        if out is None or not out.size:
+            return None
+        fused_program.check(program, [a.dtype.name for a in inputs])
+        name, kernel, arguments, sized = fused.loop_call(program, inputs, out)
+        if not sized:
+            return [NativeCall(name, kernel, arguments)]
+        from . import threads
+
+        return [NativeCall(name, kernel, arguments, parallel=not threads.runs_serially(arguments))]
+
+    def _native_reduce(self, out: Array, op: str, a: Array, axes: Any, keepdims: bool) -> Calls:
+        """The channel-sums kernel where ``reduce`` takes it, else NumPy's own order of
+        additions (``numpy_sums.py``) for a sum of a C-contiguous array over all its axes
+        or its leading ones."""
+        from . import numpy_sums
+        from .nn import SMALL_SUM
+
+        if out is None or op != "sum" or not fast_path(a, out) or not a.flags.c_contiguous or not a.size:
+            return None
+        summed = set(range(a.ndim)) if axes is None else {ax % a.ndim for ax in axes}
+        if axes is not None and len(summed) != len(axes):
+            return None
+        kept = [ax for ax in range(a.ndim) if ax not in summed]
+        if axes is not None and a.ndim >= 2 and a.size >= SMALL_SUM and len(kept) == 1:
+            inner = int(np.prod(a.shape[kept[0] + 1:]))
+            if inner >= 16:  # NumbaNNKernels.reduce's channel sums
+                from .kernels.reductions import channel_sums
+
+                return [kernel_call(channel_sums, a.reshape(-1, a.shape[kept[0]], inner), into=out.reshape(-1))]
+        if isinstance(axes, tuple) and len(axes) > 1 and min(axes) == 0 and a.ndim > 2:
+            return None  # the reference adds slabs first (NumpyBackend.reduce)
+        width = int(np.prod([a.shape[ax] for ax in kept]))
+        if width == 1:
+            return [NativeCall("numpy_sums_full_sum", numpy_sums.full_sum, (a.reshape(-1), out.reshape(1)))]
+        if summed != set(range(len(summed))):
+            return None
+        return [NativeCall("numpy_sums_leading_sum", numpy_sums.leading_sum, (a.reshape(-1, width), out.reshape(-1)))]
+
+    def _native_activation_grad(self, out: Array, act: str, x: Array, grad: Array) -> Calls:
+        from .kernels import activations as K
+
+        check_activation("activation_grad", act)
+        if out is None or not fast_path(x, grad, out) or x.shape != grad.shape or not _contiguous(x, grad):
+            return None
+        return [kernel_call(K.act_backward_flat, x.reshape(-1), grad.reshape(-1), _code(act), into=out.reshape(-1))]
+
+    def _native_concatenate(self, dest: None, arrays: Any, axis: int, out: Array | None = None) -> Calls:
+        if out is None or not all(isinstance(a, np.ndarray) and a.dtype == out.dtype for a in arrays):
+            return None
+        axis %= out.ndim
+        calls, start = [], 0
+        for a in arrays:
+            stop = start + a.shape[axis]
+            part = out[(slice(None),) * axis + (slice(start, stop),)]
+            if part.shape != a.shape:
+                return None
+            calls.append(copy_call(part, a))
+            start = stop
+        return calls if start == out.shape[axis] else None
+
+    def _native_adam_update_(self, out: None, p: Array, g: Array, m: Array, v: Array, vmax: Array | None,
+                             lr: Array, step: Array, beta1: float, beta2: float, eps: float,
+                             weight_decay: float, decoupled: bool) -> Calls:
+        from .kernels import optim as K
+
+        if not _flat(p, g, m, v, vmax):
+            return None
+        return [kernel_call(K.adam, p, g, m, v, vmax, lr, step, float(beta1), float(beta2), float(eps),
+                            float(weight_decay), bool(decoupled))]
+
+    def _native_sgd_update_(self, out: None, p: Array, g: Array, buf: Array | None, lr: Array, momentum: float,
+                            dampening: float, nesterov: bool, weight_decay: float, first_step: Array) -> Calls:
+        from .kernels import optim as K
+
+        if not _flat(p, g, buf):
+            return None
+        return [kernel_call(K.sgd, p, g, buf if momentum != 0 else None, lr, float(momentum), float(dampening),
+                            bool(nesterov), float(weight_decay), first_step)]
+
+
+_FORMS: dict[str, Callable[..., Calls]] = {name[len("_native_"):]: method for name, method in vars(NumbaNativeForms).items()
+                                           if name.startswith("_native_")}
