@@ -8,6 +8,9 @@
 ``TENSORCORE_CACHE_DIR`` where ``tc.compile`` keeps plans and generated Numba kernels on disk
                          (default ~/.cache/tensorcore); read when a compiled callable is
                          created or a kernel generated
+``TENSORCORE_NATIVE_PLANS`` 0: compiled plans on the Numba backend replay step by step in
+                         Python instead of as generated jitted segments
+                         (``backends/numba/native_plan.py``); read when a plan is bound
 ``TENSORCORE_CACHE_KEY_FILE`` the key that signs the compile cache's plan files (default
                          ``$XDG_CONFIG_HOME/tensorcore/cache.key``, else
                          ``~/.config/tensorcore/cache.key``); made on first use, mode 0600
@@ -32,6 +35,11 @@ matmul_precision = "highest"
 def cache_dir() -> str:
     """The disk cache directory: ``TENSORCORE_CACHE_DIR`` or ``~/.cache/tensorcore``."""
     return os.environ.get("TENSORCORE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tensorcore")
+
+
+def native_plans() -> bool:
+    """Whether the Numba backend binds compiled plans as native segments (TENSORCORE_NATIVE_PLANS)."""
+    return os.environ.get("TENSORCORE_NATIVE_PLANS", "1") != "0"
 
 
 def cache_key_file() -> str:

@@ -124,8 +124,12 @@ def test_a_small_conv_net_trains_as_eager_with_python_steps_between_segments():
 
         run = tc.compile(step, cache_dir=False) if compiled else step
         rng = np.random.default_rng(0)
-        losses = [run(tc.tensor(rng.standard_normal((2, 3, 8, 8)).astype(np.float32)),
-                      tc.tensor(rng.integers(0, 5, 2))).numpy() for _ in range(5)]
+        losses = []
+        for i in range(5):
+            if i == 3:
+                native_plan.wait()
+            losses.append(run(tc.tensor(rng.standard_normal((2, 3, 8, 8)).astype(np.float32)),
+                              tc.tensor(rng.integers(0, 5, 2))).numpy())
         results.append((losses, [p.numpy().copy() for p in model.parameters()]))
         if compiled:
             steps = _entry(run).executor.steps
@@ -147,12 +151,14 @@ def test_the_digits_training_step_equals_eager_bit_for_bit():
     for mode in (False, True):
         tc.manual_seed(0)
         unet = UNet2D(**unet_config(8, (32, 64), 1, 1)).train()
-        trainer = ddpm_trainer(unet, DDPMScheduler(beta_schedule="squaredcos_cap_v2"), data, steps=5, batch_size=8,
+        trainer = ddpm_trainer(unet, DDPMScheduler(beta_schedule="squaredcos_cap_v2"), data, steps=6, batch_size=8,
                                grad_clip=1.0, ema_decay=0.999, checkpoint_every=None, progress=False, compile=mode)
-        for _ in range(5):
+        for i in range(6):
+            if i == 3:
+                native_plan.wait()  # the segments compiled in the background replay from here on
             trainer.train_step()
         if mode:
-            assert trainer.compile_info.hits >= 2
+            assert trainer.compile_info.hits >= 3
             assert _segments(trainer._compiled_step)
         params.append([p.numpy().copy() for p in unet.parameters()])
     assert [_bits(a) for a in params[0]] == [_bits(a) for a in params[1]]
@@ -267,10 +273,7 @@ with tc.no_grad():
     want = model(x).numpy()
 (entry,) = compiled._plans.values()
 segments = [s for s in entry.executor.steps if isinstance(s, native_plan.Segment)]
-stats = [s.function.stats for s in segments]
-print(json.dumps({"equal": got.tobytes() == want.tobytes(), "segments": len(segments),
-                  "hits": sum(sum(s.cache_hits.values()) for s in stats),
-                  "misses": sum(sum(s.cache_misses.values()) for s in stats),
+print(json.dumps({"equal": got.tobytes() == want.tobytes(), "origins": [s.origin for s in segments],
                   "disk_loads": compiled.cache_info().disk_loads}))
 """
 
@@ -285,8 +288,7 @@ def test_a_second_process_loads_the_segment_from_the_disk_cache(tmp_path):
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     first, second = runs
     assert first["equal"] and second["equal"]
-    assert first["segments"] == second["segments"] == 1
-    assert first["misses"] == 1 and first["disk_loads"] == 0
+    assert first["origins"] == ["compiled"] and first["disk_loads"] == 0
     assert second["disk_loads"] == 1  # the plan came from the plan cache, and binds its segment the same way
-    assert second["hits"] == 1 and second["misses"] == 0  # machine code loaded, not compiled
+    assert second["origins"] == ["disk"]  # machine code loaded, not compiled
     assert list((tmp_path / "cache").rglob("native_*.py"))

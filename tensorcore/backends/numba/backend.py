@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy
 
 from . import kernel_cache, memory, threads
+from ... import settings
 from .fused import NumbaFusedKernels
 from .lora import NumbaLoraKernels
 from .native_forms import NumbaNativeForms
@@ -111,10 +112,13 @@ class NumbaBackend(NumbaNativeForms, NumbaFusedKernels, NumbaNNKernels, NumbaSpa
         return (self._bind_fused_program(op, args, kwargs, out) or self._bind_activation(op, args, kwargs, out)
                 or NumpyBackend.prepare(self, op, args, kwargs, out))
 
-    def link(self, steps: list[tuple[Callable[[], Any], Any]]) -> tuple[Callable[[], Any], ...]:
-        """A compiled plan's bound steps, (Python call, ``native`` form or None) each, as
-        the calls its replay makes: runs of native forms as one jitted call each
-        (``native_plan.py``)."""
+    def link(self, steps: list[tuple[Callable[[], Any], Any]],
+             install: Callable[[tuple[Callable[[], Any], ...]], None]) -> None:
+        """``install`` the calls a compiled plan's replay makes, given its bound steps
+        ((Python call, ``native`` form or None) each): runs of native forms as one jitted
+        call each, now or once compiled (``native_plan.link``); nothing to install while
+        TENSORCORE_NATIVE_PLANS=0 (the Python steps run)."""
         from . import native_plan
 
-        return native_plan.link(steps)
+        if settings.native_plans():
+            native_plan.link(steps, install)

@@ -19,6 +19,13 @@ count it found).  Numbers reach the kernels as parameters, never as constants in
 source, so the compiler cannot fold them into the kernels' arithmetic; only the
 activation codes (compile-time constants in eager mode too) and ``None`` are written in.
 
+Compile time: a segment compiles in a tenth of a second or so, the plan of a UNet's
+train step has a few hundred.  ``link`` loads the segments the disk cache holds; when
+at most ``SYNC_COMPILES`` are missing it compiles them before the plan's first replay,
+else the plan replays its Python steps while a background thread compiles them, and
+the segments take over from the next replay once all are ready (``wait`` waits for
+that).  So a first run in a fresh environment starts as fast as without native plans.
+
 Cache: a segment's source names every function it calls (fused loops by the digest of
 their source) and the Numba / NumPy versions; it is written to
 ``<TENSORCORE_CACHE_DIR>/kernels/numba/<fingerprint of the kernel sources>/native/
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -46,6 +54,7 @@ from .fused import load_module
 
 log = logging.getLogger("tensorcore.compile")
 
+SYNC_COMPILES = 4  # segments missing from the disk cache that a bind compiles itself
 _HELPERS = tuple(Path(__file__).with_name(name) for name in ("native_plan.py", "blas.py", "numpy_sums.py"))  # what a segment inlines outside kernels/
 
 
@@ -190,13 +199,39 @@ def compiled(text: str, functions: dict[str, Any]) -> Any:
 
 
 class Segment:
-    """A run of steps as one call of its generated function."""
+    """A run of steps as one call of its generated function (compiled on first call,
+    or by ``load`` / ``compile``; ``origin`` says which: "disk" or "compiled")."""
 
     def __init__(self, calls: Sequence[NativeCall]) -> None:
         self.text, params, functions = source(calls)
         self.function = compiled(self.text, functions)
         self.params = tuple(params)
         self.calls = len(calls)
+        self.origin: str | None = None
+
+    def _signature(self) -> tuple:
+        typeof = self.function.typeof_pyval
+        return tuple(typeof(a) for a in (threads.get_num_threads(), *self.params))
+
+    def load(self) -> bool:
+        """Load the machine code from the disk cache; whether it was there."""
+        signature = self._signature()
+        if signature in self.function.overloads:
+            self.origin = self.origin or "compiled"
+            return True
+        try:
+            found = self.function._cache.load_overload(signature, self.function.targetctx)
+        except AttributeError:  # a Numba without this cache interface: compile instead
+            return False
+        if found is None:
+            return False
+        self.function.add_overload(found)
+        self.origin = "disk"
+        return True
+
+    def compile(self) -> None:
+        self.function.compile(self._signature())
+        self.origin = "compiled"
 
     def __call__(self) -> None:
         try:
@@ -206,9 +241,12 @@ class Segment:
             raise
 
 
-def link(steps: Sequence[tuple[Callable[[], Any], list[NativeCall] | None]]) -> tuple[Callable[[], Any], ...]:
-    """The replay's calls for ``steps`` ((Python call, native form or None) in plan
-    order): each run of steps with a native form as one ``Segment``, the others as they are."""
+def link(steps: Sequence[tuple[Callable[[], Any], list[NativeCall] | None]],
+         install: Callable[[tuple[Callable[[], Any], ...]], None]) -> None:
+    """``install`` the replay's calls for ``steps`` ((Python call, native form or None)
+    in plan order): each run of steps with a native form as one ``Segment``, the others
+    as they are -- now, or from a background thread once the segments missing from the
+    disk cache are compiled (see the module docstring)."""
     out: list[Callable[[], Any]] = []
     run: list[NativeCall] = []
     for step, calls in steps:
@@ -221,4 +259,43 @@ def link(steps: Sequence[tuple[Callable[[], Any], list[NativeCall] | None]]) -> 
             run.extend(calls)
     if run:
         out.append(Segment(run))
-    return tuple(out)
+    missing = [s for s in out if isinstance(s, Segment) and not s.load()]
+    if len(missing) <= SYNC_COMPILES:
+        for segment in missing:
+            segment.compile()
+        install(tuple(out))
+        return
+    log.debug("native plan: compiling %d segments in the background", len(missing))
+    worker = threading.Thread(target=_compile_then_install, args=(missing, tuple(out), install),
+                              name="tensorcore-native-plan", daemon=True)
+    with _workers_lock:
+        _workers.append(worker)
+    worker.start()
+
+
+_workers: list[threading.Thread] = []
+_workers_lock = threading.Lock()
+
+
+def _compile_then_install(missing: list[Segment], calls: tuple, install: Callable[[tuple], None]) -> None:
+    try:
+        for segment in missing:
+            segment.compile()
+        install(calls)
+    except Exception as exc:  # noqa: BLE001  (the plan keeps replaying its Python steps)
+        log.warning("native plan: a segment failed to compile, the plan stays a Python loop (%s: %s)",
+                    type(exc).__name__, exc)
+    finally:
+        with _workers_lock:
+            _workers.remove(threading.current_thread())
+
+
+def wait() -> None:
+    """Wait until every background compile of segments has finished (and installed them)."""
+    while True:
+        with _workers_lock:
+            pending = list(_workers)
+        if not pending:
+            return
+        for worker in pending:
+            worker.join()

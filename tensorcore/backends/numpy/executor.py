@@ -20,14 +20,16 @@ same way as a freshly traced one.  The plan is read through its own methods and 
 
 A backend that can run steps as native code (Numba: ``native`` gives a bound step's
 jitted form, ``link`` turns runs of those into one jitted call each, see
-``numba/native_plan.py``) gets every step with its native form, and its replay is
-the loop over what ``link`` returns.
+``numba/native_plan.py``) gets every step with its native form, and installs the calls
+the replay loops over -- at once, or the Python steps first and the native ones once
+they are compiled (``python_steps`` stay the one call per plan step).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -89,13 +91,13 @@ class CpuReplay:
         self.copy_, self.copy = own_method(backend, "copy_"), own_method(backend, "copy")
         for position in plan.init:
             self._step(plan, backend, graph.nodes[position])()
-        steps = [self._step(plan, backend, graph.nodes[position]) for position in plan.steps]
+        self.python_steps = tuple(self._step(plan, backend, graph.nodes[position]) for position in plan.steps)
+        self.steps = self.python_steps
+        self._installing = threading.Lock()
         if hasattr(type(backend), "link"):
             native = own_method(backend, "native")
             forms = [self._native_form(plan, native, graph.nodes[position]) for position in plan.steps]
-            self.steps = own_method(backend, "link")(list(zip(steps, forms)))
-        else:
-            self.steps = tuple(steps)
+            own_method(backend, "link")(list(zip(self.python_steps, forms)), self._install)
         self.inputs = [self.values[v] for v in graph.inputs]
         self.outputs = [self.values[r.value] for r in graph.output_refs()]
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
@@ -133,6 +135,12 @@ class CpuReplay:
                 copy_(dest, pick(result, path))
         return step
 
+    def _install(self, steps: tuple[Callable[[], Any], ...]) -> None:
+        """Replay ``steps`` from the next run on (a run in progress keeps its own)."""
+        with self._installing:
+            if self.memory is not None:
+                self.steps = steps
+
     def _native_form(self, plan: Any, native: Callable, node: Any) -> Any:
         """The backend's native form of ``node``'s call, writing its one result (if
         any) into the planned buffer: ``native(op, args, kwargs, out)``; [] for an
@@ -169,4 +177,7 @@ class CpuReplay:
         return [self.copy(a) for a in self.outputs] if fresh else self.outputs
 
     def release(self) -> None:
-        self.steps, self.values, self.inputs, self.outputs, self.memory = (), [], [], [], None
+        with self._installing:
+            self.memory = None
+            self.steps = self.python_steps = ()
+        self.values, self.inputs, self.outputs = [], [], []
