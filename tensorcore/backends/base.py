@@ -258,9 +258,11 @@ class Backend(Protocol):
         where masked) and broadcasts to [B, H, Lq, Lk].  Returns (out, probs)."""
     def attention_backward(self, grad: Array, q: Array, k: Array, v: Array,
                            probs: Array, scale: float) -> tuple[Array, Array, Array]: ...
-    def gated_activation(self, x: Array, act: str) -> Array:
+    def gated_activation(self, x: Array, act: str, bias: Array | None = None) -> Array:
         """``x[..., :N] * act(x[..., N:])`` for x [..., 2N] (GEGLU's gate with "gelu"), for calls
-        that need no gradient: a backend may make it one pass over x."""
+        that need no gradient: a backend may make it one pass over x.  With ``bias`` [2N],
+        the gate of ``x + bias`` (rounded to x's dtype, as the bias add alone would round
+        it): the projection's bias, added in the same pass."""
     def attention_output(self, q: Array, k: Array, v: Array, mask: Array | None,
                          causal: bool, scale: float) -> Array:
         """``attention``'s output alone, for calls that need no gradient: a backend may

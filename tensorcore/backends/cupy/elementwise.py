@@ -61,16 +61,19 @@ class CupyElementwiseKernels:
                (a, out, a.size, UNARY_OPS[op], int(vec)))
         return out
 
-    def gated_activation(self, x, act: str):
-        if act not in ACT_CODES or act == "none" or not has_kernels(x) or x.shape[-1] % 2:
-            return super().gated_activation(x, act)
+    def gated_activation(self, x, act: str, bias=None):
+        if act not in ACT_CODES or act == "none" or x.shape[-1] % 2 \
+                or not has_kernels(x, *(() if bias is None else (bias,))) \
+                or (bias is not None and (bias.shape != x.shape[-1:] or bias.dtype != x.dtype)):
+            return super().gated_activation(x, act, bias)
         x = contiguous(x)
+        bias = None if bias is None else contiguous(bias)
         half = x.shape[-1] // 2
         out = cupy.empty(x.shape[:-1] + (half,), dtype=x.dtype)
-        vec = half % pack_width(x.dtype) == 0 and aligned(x, out)
+        vec = half % pack_width(x.dtype) == 0 and aligned(x, out, *(() if bias is None else (bias,)))
         rows = out.size // half if half else 0
         work = out.size // pack_width(x.dtype) if vec else out.size
-        launch(EW, "glu_kernel", x.dtype, work, (x, out, rows, half, ACT_CODES[act], int(vec)))
+        launch(EW, "glu_kernel", x.dtype, work, (x, ptr(bias), out, rows, half, ACT_CODES[act], int(vec)))
         return out
 
     def binary(self, op: str, a, b):

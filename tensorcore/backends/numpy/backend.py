@@ -123,7 +123,9 @@ class NumpyPrimitives:
         self.xp.add(dst, src, out=dst, casting="unsafe")
 
     # ----- elementwise -------------------------------------------------------------
-    def gated_activation(self, x, act: str):
+    def gated_activation(self, x, act: str, bias=None):
+        if bias is not None:
+            x = self.binary("add", x, bias)
         half = x.shape[-1] // 2
         return self.binary("mul", x[..., :half], self.unary(act, x[..., half:]))
 

@@ -16,6 +16,7 @@ from .dce import dead_code_elimination
 from .fuse_attention import fuse_attention
 from .fuse_elementwise import fuse_elementwise
 from .fuse_epilogue import fuse_epilogue
+from .fuse_gate_bias import fuse_gate_bias
 from .fuse_norm import fuse_norm
 from .fuse_norm_conv import fuse_norm_conv
 from .group_linear import group_linear
@@ -26,18 +27,20 @@ Pass = Callable[[Graph], Graph]
 
 PASSES: dict[str, Pass] = {"dce": dead_code_elimination, "cse": common_subexpression_elimination,
                            "fuse_attention": fuse_attention, "lora": lora, "fuse_epilogue": fuse_epilogue,
+                           "fuse_gate_bias": fuse_gate_bias,
                            "fuse_norm": fuse_norm, "fuse_norm_conv": fuse_norm_conv,
                            "group_linear": group_linear, "fuse_elementwise": fuse_elementwise,
                            "place_concat": place_concat}
 # Pattern rewrites first (the LoRA pattern needs the base's matmul and bias add as they
-# were traced), then epilogue and norm fusion, then a norm folded whole into the conv
+# were traced), then epilogue fusion, a gate taking its projection's bias (which epilogue
+# fusion put in the product), norm fusion, then a norm folded whole into the conv
 # after it (with the conv's epilogue and the norm's activation and shift already in),
 # then the few-row products of one input grouped into one call (after epilogue fusion
 # has made them), then elementwise fusion, which would otherwise take the adds and
 # scalings the others fold; last, concatenations placed in memory (which changes the
 # "block of its own" the others look for).
-DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_attention", "lora", "fuse_epilogue", "fuse_norm", "fuse_norm_conv",
-                            "group_linear", "fuse_elementwise", "place_concat")
+DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_attention", "lora", "fuse_epilogue", "fuse_gate_bias", "fuse_norm",
+                            "fuse_norm_conv", "group_linear", "fuse_elementwise", "place_concat")
 
 
 def resolve(passes: Iterable[str | Pass] | Mapping[str, bool] | None) -> tuple[Pass, ...]:

@@ -73,10 +73,17 @@ __global__ void unary_kernel(const T* __restrict__ x, T* __restrict__ y, long lo
 }
 
 // y [rows, n] = x[:, :n] * act(x[:, n:]) for x [rows, 2n] (GEGLU's gate): one pass over x.
-// With vec, n is a multiple of the pack width and both arrays are 16-byte aligned.
+// bias [2n] (or null) is added to each row of x first, the sum rounded to T as a separate
+// bias add would store it.  With vec, n is a multiple of the pack width and the arrays
+// are 16-byte aligned.
 template <typename T>
-__global__ void glu_kernel(const T* __restrict__ x, T* __restrict__ y, long long rows, long long n,
-                           long long act, long long vec) {
+__device__ __forceinline__ float glu_input(T x, const T* bias, long long col) {
+    return bias ? load_acc(store_as<T>(load_acc(x) + load_acc(bias[col]))) : load_acc(x);
+}
+
+template <typename T>
+__global__ void glu_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
+                           long long rows, long long n, long long act, long long vec) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     if (vec) {
         const long long np = n / Pack<T>::N;
@@ -87,8 +94,10 @@ __global__ void glu_kernel(const T* __restrict__ x, T* __restrict__ y, long long
             const Pack<T> a = xp[row * 2 * np + col], g = xp[row * 2 * np + np + col];
             Pack<T> out;
 #pragma unroll
-            for (int k = 0; k < Pack<T>::N; ++k)
-                out.v[k] = store_as<T>(load_acc(a.v[k]) * act_fwd((int)act, load_acc(g.v[k])));
+            for (int k = 0; k < Pack<T>::N; ++k) {
+                const long long c = col * Pack<T>::N + k;
+                out.v[k] = store_as<T>(glu_input(a.v[k], bias, c) * act_fwd((int)act, glu_input(g.v[k], bias, n + c)));
+            }
             yp[i] = out;
         }
         return;
@@ -96,7 +105,7 @@ __global__ void glu_kernel(const T* __restrict__ x, T* __restrict__ y, long long
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < rows * n; i += stride) {
         const long long row = i / n, col = i - row * n;
         const T* in = x + row * 2 * n;
-        y[i] = store_as<T>(load_acc(in[col]) * act_fwd((int)act, load_acc(in[n + col])));
+        y[i] = store_as<T>(glu_input(in[col], bias, col) * act_fwd((int)act, glu_input(in[n + col], bias, n + col)));
     }
 }
 
