@@ -10,6 +10,7 @@ pipeline folder) and ``samples.png`` (one row per digit).  ``train-vae`` writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import time
@@ -28,7 +29,7 @@ from ..pipelines.pretrained import INDEX_NAME, SCHEDULERS, read_index
 from ..schedulers import DDIMScheduler, DDPMScheduler
 from ..training import latent_scaling_factor, latest_checkpoint, load_checkpoint, train_ddpm, train_vae
 from ..training.loop import compile_enabled
-from . import parallel
+from . import parallel, train_kernels
 from .args import UsageError
 from .digits import NULL_CLASS_LABEL, unet_config, vae_config
 from .runs import (RUNS, check_not_another_run, check_outputs, planned_out, recorded_options, restore_options,
@@ -262,10 +263,12 @@ def train(args: argparse.Namespace) -> None:
               f"parameters) on {len(images)} digits at {image_size}x{image_size}, {_engine(unet, args)}; "
               f"output in {out}")
     start = time.perf_counter()
-    result = train_ddpm(unet, scheduler, (images, labels), label_dropout=args.label_dropout,
-                        null_class_label=NULL_CLASS_LABEL,
-                        run_info={"vae": args.vae, "image_size": image_size, "cli": recorded_options(args)},
-                        **_training_options(args, out))
+    kernels = train_kernels.shaping_options(args, image_size, latent=vae is not None)
+    with train_kernels.background_compiles(kernels) if rank == 0 else contextlib.nullcontext():
+        result = train_ddpm(unet, scheduler, (images, labels), label_dropout=args.label_dropout,
+                            null_class_label=NULL_CLASS_LABEL,
+                            run_info={"vae": args.vae, "image_size": image_size, "cli": recorded_options(args)},
+                            **_training_options(args, out))
     if rank != 0:
         return
     result.ema.copy_to(unet.parameters())

@@ -35,6 +35,7 @@ from ... import settings
 from ...atomic import write_atomic
 
 KERNELS_DIR = Path(__file__).with_name("kernels")
+KERNELS_PACKAGE = __package__ + ".kernels"
 OPCODES = Path(__file__).parent.parent / "opcodes.py"
 STAMP = "tensorcore-kernels.fingerprint"
 COMPILE_NOTICE = ("tensorcore: compiling CPU kernels, once (1-2 s each; a model's first training step may take "
@@ -101,6 +102,12 @@ def refresh(dirs: list[Path] | None = None, current: str | None = None) -> list[
     return cleared
 
 
+def is_tensorcore_kernel(dispatcher: object) -> bool:
+    """Whether a Numba dispatcher compiles one of tensorcore's kernels (``kernels/`` and the
+    generated fused ones), not a function of Numba's own or of another library."""
+    return dispatcher.py_func.__module__.startswith("tensorcore")
+
+
 _announcer_lock = threading.Lock()
 _announcer = None  # the Numba event listener, once registered
 
@@ -120,7 +127,7 @@ def announce_compiles() -> None:
             announced = False
 
             def on_start(self, ev: event.Event) -> None:
-                if not self.announced and ev.data["dispatcher"].py_func.__module__.startswith("tensorcore"):
+                if not self.announced and is_tensorcore_kernel(ev.data["dispatcher"]):
                     self.announced = True
                     print(COMPILE_NOTICE, file=sys.stderr, flush=True)
 

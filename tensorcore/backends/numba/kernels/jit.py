@@ -17,20 +17,32 @@ exactly rounded (approximate reciprocals would spoil the tails of sigmoid and ta
 ``error_model="numpy"`` drops the per-division zero check that would otherwise
 block vectorisation; ``cache=True`` stores compiled code next to the sources, so
 only the first process pays the compile time.
+
+Kernels parallelise their explicit ``prange`` loops only (``PRANGE_ONLY``): Numba's
+other conversions would turn each ``np.zeros``, array expression or whole-array
+reduction in a kernel body into a parallel loop of its own, each compiled as one more
+function (a few tenths of a second apiece, a sixth of a cold cache's compile time)
+for work that is a memset or a short serial loop next to the kernel's own.
 """
 
 from __future__ import annotations
 
 from numba import njit, types
+from numba.core.cpu_options import ParallelOptions
 from numba.extending import intrinsic
 
 from tensorcore.backends.numba import threads
 
 JIT_OPTIONS = {"fastmath": {"reassoc", "contract", "nsz"}, "error_model": "numpy"}
 
+# an options object, not a dict: Numba empties a dict of options as it reads it, at the
+# first compile, and later compiles would get every conversion again
+PRANGE_ONLY = ParallelOptions({"prange": True, "comprehension": False, "reduction": False, "inplace_binop": False,
+                               "setitem": False, "numpy": False, "stencil": False, "fusion": False})
+
 helper = njit(cache=True, **JIT_OPTIONS)
 inlined = njit(inline="always", cache=True, **JIT_OPTIONS)
-_parallel = njit(parallel=True, cache=True, **JIT_OPTIONS)
+_parallel = njit(parallel=PRANGE_ONLY, cache=True, **JIT_OPTIONS)
 
 
 def kernel(fn):

@@ -1,0 +1,212 @@
+"""Compiling a known list of kernels in a second process, while the first one runs.
+
+On a cold cache a model's first step compiles its kernels one after another: Numba
+holds one lock per process around every compile, so a process compiles on one core
+whatever the machine has.  A second process can compile other kernels at the same time
+into the same on-disk cache (``cache=True``), and a kernel it has finished loads from
+there when the first process reaches it instead of compiling again.
+
+* ``record()`` lists the kernels a block of code compiles, in order, each with the
+  argument types it was compiled for (``encode`` turns them into JSON data).
+* ``compile_kernels`` compiles such a list (``python -m tensorcore.backends.numba.warmup``
+  runs it in a process of its own, the list as JSON on its standard input).
+* ``BackgroundCompiles`` starts that process when the first kernel compiles in this
+  one (a warm cache starts nothing), compiling the list from its last entry back while
+  this process compiles from the first: they meet in the middle, and whichever comes
+  second to a kernel loads it from the cache.
+
+Only the kernels of the ``kernels`` modules are listed (the functions Python calls;
+the helpers they call compile with them); generated kernels (``numba/fused.py``) are
+not, and compile where they are used.  A listed kernel that no longer exists, or that a
+run does not use, costs the second process its compile time and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from . import kernel_cache
+
+# The kernels' argument types as JSON data: a scalar type's name ("int64", "float64",
+# "bool", "none"), {"literal": 4} for a compile-time constant (an activation code), or
+# {"array": "float32", "ndim": 4, "layout": "C", "readonly": false}.
+Entry = dict[str, Any]  # {"module": ..., "name": ..., "args": [...]}
+
+
+def encode(arg: Any) -> Any:
+    """One argument's Numba type as JSON data (the format above)."""
+    from numba.core import types
+
+    if isinstance(arg, types.IntegerLiteral):
+        return {"literal": arg.literal_value}
+    if isinstance(arg, types.Array) and arg.aligned:
+        return {"array": str(arg.dtype), "ndim": arg.ndim, "layout": arg.layout, "readonly": not arg.mutable}
+    if isinstance(arg, types.NoneType):
+        return "none"
+    if isinstance(arg, types.Boolean):
+        return "bool"
+    if isinstance(arg, (types.Integer, types.Float)):
+        return str(arg)
+    raise TypeError(f"warmup.encode: cannot write the argument type {arg} as JSON data")
+
+
+def decode(arg: Any) -> Any:
+    """The Numba type that ``encode`` wrote as ``arg``."""
+    from numba.core import types
+    from numba.np.numpy_support import from_dtype
+
+    if isinstance(arg, dict) and "literal" in arg:
+        return types.literal(arg["literal"])
+    if isinstance(arg, dict) and "array" in arg:
+        return types.Array(from_dtype(np.dtype(arg["array"])), arg["ndim"], arg["layout"],
+                           readonly=arg["readonly"])
+    if arg == "none":
+        return types.none
+    if arg == "bool":
+        return types.boolean
+    if isinstance(arg, str) and isinstance(getattr(types, arg, None), (types.Integer, types.Float)):
+        return getattr(types, arg)
+    raise ValueError(f"warmup.decode: {arg!r} is not an argument type that encode writes")
+
+
+def dispatcher_of(module: str, name: str) -> Any:
+    """The Numba dispatcher of the kernel ``module.name`` (a parallel kernel's own)."""
+    kernel = getattr(importlib.import_module(module), name)
+    return getattr(kernel, "dispatcher", kernel)
+
+
+def _listed(dispatcher: Any) -> tuple[str, str] | None:
+    """(module, name) of a dispatcher that a module of ``kernels`` holds under that name."""
+    func = dispatcher.py_func
+    if not func.__module__.startswith(kernel_cache.KERNELS_PACKAGE):
+        return None
+    try:
+        found = dispatcher_of(func.__module__, func.__qualname__)
+    except (ImportError, AttributeError):
+        return None
+    return (func.__module__, func.__qualname__) if found is dispatcher else None
+
+
+@contextlib.contextmanager
+def record() -> Iterator[list[Entry]]:
+    """The kernels compiled inside the block (not loaded from the cache), in the order
+    their compiles started, each once per argument types; a kernel compiled while
+    another one compiles (a helper) is left out."""
+    from numba.core import event
+
+    compiled: list[Entry] = []
+
+    class Recorder(event.Listener):
+        depth = 0
+
+        def on_start(self, ev: event.Event) -> None:
+            self.depth += 1
+            named = _listed(ev.data["dispatcher"]) if self.depth == 1 else None
+            if named is not None:
+                compiled.append({"module": named[0], "name": named[1],
+                                 "args": [encode(arg) for arg in ev.data["args"]]})
+
+        def on_end(self, ev: event.Event) -> None:
+            self.depth -= 1
+
+    recorder = Recorder()
+    event.register("numba:compile", recorder)
+    _recording.add(recorder)
+    try:
+        yield compiled
+    finally:
+        _recording.discard(recorder)
+        event.unregister("numba:compile", recorder)
+
+
+_recording: set = set()  # the recorders active in this process: no second process then
+
+
+def compile_kernels(entries: list[Entry]) -> list[str]:
+    """Compile every entry (or load it from the cache, where another process has put it);
+    returns one line per entry that could not be compiled, naming it and why."""
+    failed = []
+    for entry in entries:
+        try:
+            dispatcher_of(entry["module"], entry["name"]).compile(tuple(decode(a) for a in entry["args"]))
+        except Exception as exc:  # a list made by another version: the run compiles what it needs itself
+            failed.append(f"{entry.get('module')}.{entry.get('name')}: {exc}")
+    return failed
+
+
+class BackgroundCompiles:
+    """Inside ``with BackgroundCompiles(entries):``, the first compile of a tensorcore kernel
+    in this process starts a process that compiles ``entries`` from the last back; on
+    leaving the block, that process is stopped if it still runs."""
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self.entries = entries
+        self.process: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> BackgroundCompiles:
+        from numba.core import event
+
+        owner = self
+
+        class Starter(event.Listener):
+            def on_start(self, ev: event.Event) -> None:
+                if kernel_cache.is_tensorcore_kernel(ev.data["dispatcher"]):
+                    owner.start()
+
+            def on_end(self, ev: event.Event) -> None:
+                pass
+
+        self._listener = Starter()
+        event.register("numba:compile", self._listener)
+        return self
+
+    def start(self) -> None:
+        """Start the compiling process, once (not while ``record()`` lists this process's
+        compiles: they would be made elsewhere)."""
+        with self._lock:
+            if self.process is not None or _recording:
+                return
+            # the numpy backend: the process needs the kernels only, not the backend's
+            # thread pools or its compile notice
+            env = {**os.environ, "TENSORCORE_BACKEND": "numpy"}
+            self.process = subprocess.Popen([sys.executable, "-m", __name__, "--reverse"], env=env,
+                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+            self.process.stdin.write(json.dumps(self.entries))  # a few kB: the pipe takes it at once
+            self.process.stdin.close()
+
+    def __exit__(self, *exc: Any) -> None:
+        from numba.core import event
+
+        event.unregister("numba:compile", self._listener)
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # Numba writes each cache file whole, so stopping is safe
+            self.process.wait()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tensorcore.backends.numba.warmup [--reverse] < LIST.json``: compile the
+    list (from its last entry back with ``--reverse``) into Numba's cache."""
+    if argv not in ([], ["--reverse"]):
+        print("usage: python -m tensorcore.backends.numba.warmup [--reverse] < LIST.json", file=sys.stderr)
+        return 2
+    entries = json.load(sys.stdin)
+    failed = compile_kernels(entries[::-1] if argv else entries)
+    if failed:
+        print(f"tensorcore: {len(failed)} of {len(entries)} listed kernels did not compile in the background "
+              f"(the run compiles what it needs itself), the first: {failed[0]}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
