@@ -352,14 +352,23 @@ def assert_winograd_close(fast, ref, dtype):
 @pytest.mark.parametrize("xs, cout, padding", [((2, 3, 8, 8), 4, (1, 1)), ((1, 2, 7, 9), 3, (0, 2)),
                                                ((3, 1, 5, 3), 2, (2, 1)), ((1, 2, 3, 4), 1, (0, 0)),
                                                ((2, 2, 1, 2), 2, (1, 2))])
-def test_winograd_matches_direct_convolution(xs, cout, padding, dtype):
+@pytest.mark.parametrize("batch", [False, True])  # the tiles in winograd / winograd_batch order
+def test_winograd_matches_direct_convolution(xs, cout, padding, dtype, batch):
+    from tensorcore.backends.numba.kernels.activations import ACT_CODES
+    from tensorcore.backends.numba.kernels.winograd import weight_tiles
+
     x, w = rand(xs, dtype, 1), rand((cout, xs[1], 3, 3), dtype, 2, 0.3)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     geo = ((1, 1), padding, (1, 1), 1)
     ref = NP.conv2d(x64, w64, *geo)
-    assert_winograd_close(spatial._winograd_conv(NB.scratch, x, w, padding, ref.shape[2:]), ref, dtype)
+    if batch:
+        y = spatial._winograd_batch_conv(NB.scratch, x, weight_tiles(w), padding, ref.shape[2:],
+                                         np.zeros(cout, dtype), ACT_CODES["none"])
+    else:
+        y = spatial._winograd_conv(NB.scratch, x, weight_tiles(w), padding, ref.shape[2:])
+    assert_winograd_close(y, ref, dtype)
     g = rand(ref.shape, dtype, 3)
-    assert_winograd_close(spatial._winograd_weight_grad(NB.scratch, g, x, padding),
+    assert_winograd_close(spatial._winograd_weight_grad(NB.scratch, g, x, padding, batch),
                           NP.conv2d_grad_weight(g.astype(np.float64), x64, w.shape, *geo), dtype)
 
 

@@ -1,10 +1,11 @@
 """Numba versions of convolution, pooling and upsampling (NCHW).
 
 Convolution is parallel im2col / col2im plus one BLAS GEMM per group (NumPy's
-``matmul`` on the column matrix); large 3x3 stride-1 convolutions run all three
-passes through Winograd F(4x4, 3x3) tile transforms and 36 batched GEMMs instead
-(``kernels/winograd.py``), and thin convolutions (few output channels per group)
-run direct loops without a column matrix (``kernels/conv_direct.py``).  Shapes are
+``matmul`` on the column matrix); 3x3 stride-1 convolutions with enough channels run
+all three passes through Winograd F(4x4, 3x3) tile transforms and 36 batched GEMMs
+instead (``kernels/winograd.py`` for large planes, ``kernels/winograd_batch.py`` for
+batches of small ones), and thin convolutions (few output channels per group) run
+direct loops without a column matrix (``kernels/conv_direct.py``).  Shapes are
 validated by the reference's checks before any kernel runs; other dtypes defer to
 the NumPy reference.
 """
@@ -28,10 +29,13 @@ Shape = tuple[int, ...]
 
 
 # ----- which algorithm a convolution pass runs -------------------------------------------
-WINOGRAD, DIRECT, FEW_OUT, IM2COL = "winograd", "direct", "few_out", "im2col"
+WINOGRAD, WINOGRAD_BATCH, POINTWISE = "winograd", "winograd_batch", "pointwise"
+DIRECT, FEW_OUT, IM2COL = "direct", "few_out", "im2col"
 SMALL_K = 16  # contractions (C/groups * kh * kw) up to this length skip BLAS
 FEW_OUT_MAX = 4  # output channels per group up to which stride-1 kernels larger than
 #                  1x1 run direct loops (1x1 and strided ones: with one output channel)
+BATCH_MIN_IMAGES = 16  # WINOGRAD_BATCH: images its vector loops run across (at least)
+BATCH_MIN_CHANNELS = 16  # and channels on each side
 
 
 def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
@@ -50,6 +54,13 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     * WINOGRAD, F(4x4, 3x3), for 3x3 stride-1 undilated ungrouped convolutions whose 36
       batched [Cout, C] @ [C, tiles] products run at BLAS speed: 64+ channels on both
       sides, planes of 64+ tiles, 1024+ tiles in all (and padding <= 2 for "grad_input");
+    * WINOGRAD_BATCH, the same with the transforms vectorised across the images, for
+      such convolutions on smaller planes: BATCH_MIN_IMAGES+ images, BATCH_MIN_CHANNELS+
+      channels on both sides;
+    * POINTWISE, for the forward and the input gradient of 1x1 stride-1 unpadded
+      convolutions: one BLAS GEMM per image on the NCHW arrays as they are, no column
+      matrix, no layout swap (their weight gradient is IM2COL, whose column matrix
+      is then the input in channel-major order);
     * DIRECT, a loop without BLAS, for short contractions (forward and weight gradient);
     * IM2COL, parallel im2col / col2im and a BLAS GEMM per group, otherwise.
 
@@ -58,15 +69,27 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     if per_group == 1 or (per_group <= FEW_OUT_MAX and tuple(stride) == (1, 1)
                           and w_shape[2] * w_shape[3] > 1):
         return FEW_OUT
-    tiles = math.prod(_tile_grid(plane_hw))
-    winograd = (tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1)
-                and tuple(dilation) == (1, 1) and groups == 1
-                and min(w_shape[0], w_shape[1]) >= 64 and tiles >= 64 and n * tiles >= 1024)
+    if (tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
+            and groups == 1 and (pass_name != "grad_input" or max(padding) <= 2)):
+        tiles = math.prod(_tile_grid(plane_hw))
+        channels = min(w_shape[0], w_shape[1])
+        if channels >= 64 and tiles >= 64 and n * tiles >= 1024:
+            return WINOGRAD
+        if channels >= BATCH_MIN_CHANNELS and n >= BATCH_MIN_IMAGES and tiles < 64:
+            return WINOGRAD_BATCH
+    small_k = w_shape[1] * w_shape[2] * w_shape[3] <= SMALL_K
+    if _pointwise(w_shape, stride, padding) and pass_name != "grad_weight" and not (
+            small_k and pass_name == "forward"):
+        return POINTWISE
     if pass_name == "grad_input":
-        return WINOGRAD if winograd and max(padding) <= 2 else IM2COL
-    if winograd:
-        return WINOGRAD
-    return DIRECT if w_shape[1] * w_shape[2] * w_shape[3] <= SMALL_K else IM2COL
+        return IM2COL
+    return DIRECT if small_k else IM2COL
+
+
+def _pointwise(w_shape: Shape, stride: Pair, padding: Pair) -> bool:
+    """A 1x1 kernel at stride 1 without padding: every output pixel is a product of the
+    weight matrix with the input pixel's channels."""
+    return tuple(w_shape[2:]) == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0)
 
 
 def _small_same_plane(x_shape: Shape, stride: Pair, out_hw: Pair) -> bool:
@@ -120,39 +143,65 @@ def _tile_grid(out_hw: Pair) -> Pair:
     return -(-out_hw[0] // TILE), -(-out_hw[1] // TILE)
 
 
-def _winograd_input(scratch: Scratch, x: Array, padding: Pair, out_hw: Pair) -> tuple[Array, Pair]:
-    """V [36, C, tiles] of x (in this thread's scratch slot 1) and the tile grid."""
-    from .kernels import winograd as K
+def _winograd_input(scratch: Scratch, x: Array, padding: Pair, out_hw: Pair,
+                    batch: bool) -> tuple[Array, Pair]:
+    """V [36, C, tiles] of x (in this thread's scratch slot 1) and the tile grid; ``batch``:
+    the tiles in ``winograd_batch`` order, else in ``winograd`` order."""
+    from .kernels import conv, winograd, winograd_batch
 
     n, c = x.shape[:2]
     tiles = _tile_grid(out_hw)
     v = scratch.take(36 * c * n * tiles[0] * tiles[1], x.dtype, 1).reshape(36, c, -1)
-    K.input_tiles_(v, np.ascontiguousarray(x), *padding, *tiles)
+    x = np.ascontiguousarray(x)
+    if batch:
+        winograd_batch.input_tiles_(v, conv.swap_leading_axes(x), *padding, *tiles)
+    else:
+        winograd.input_tiles_(v, x, *padding, *tiles)
     return v, tiles
 
 
-def _winograd_conv(scratch: Scratch, x: Array, w: Array, padding: Pair, out_hw: Pair) -> Array:
-    """Stride-1 3x3 convolution of x [N, C, H, W] with w [Cout, C, 3, 3] by Winograd
-    F(4x4, 3x3): transform, 36 batched GEMMs, inverse transform."""
-    from .kernels import winograd as K
-
-    v, tiles = _winograd_input(scratch, x, padding, out_hw)
-    u = K.weight_tiles(np.ascontiguousarray(w))
-    m = scratch.take(36 * u.shape[1] * v.shape[2], x.dtype, 2).reshape(36, u.shape[1], -1)
-    np.matmul(u, v, out=m)
-    return K.output_tiles(m, x.shape[0], *out_hw, *tiles)
+def _tile_products(scratch: Scratch, u: Array, v: Array) -> Array:
+    """M [36, Cout, tiles] = U @ V, 36 GEMMs (in this thread's scratch slot 2)."""
+    m = scratch.take(36 * u.shape[1] * v.shape[2], v.dtype, 2).reshape(36, u.shape[1], -1)
+    return np.matmul(u, v, out=m)
 
 
-def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair) -> Array:
+def _winograd_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, out_hw: Pair) -> Array:
+    """Stride-1 3x3 convolution of x [N, C, H, W] with the transformed kernel u
+    [36, Cout, C] by Winograd F(4x4, 3x3): transform, 36 batched GEMMs, inverse transform."""
+    from .kernels import winograd
+
+    v, tiles = _winograd_input(scratch, x, padding, out_hw, batch=False)
+    return winograd.output_tiles(_tile_products(scratch, u, v), x.shape[0], *out_hw, *tiles)
+
+
+def _winograd_batch_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, out_hw: Pair,
+                         shift: Array, code: int) -> Array:
+    """``_winograd_conv`` with the transforms vectorised across the images, and
+    act(y + shift) applied as the result goes from channel-major to NCHW order."""
+    from .kernels import conv, winograd_batch
+
+    v, tiles = _winograd_input(scratch, x, padding, out_hw, batch=True)
+    y_cm = winograd_batch.output_tiles(_tile_products(scratch, u, v), *out_hw, *tiles)
+    n, cout = x.shape[0], u.shape[1]
+    return conv.unswap_bias_act(y_cm.reshape(cout, n, -1), shift, code).reshape(n, cout, *out_hw)
+
+
+def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair,
+                          batch: bool) -> Array:
     """dL/dw [Cout, C, 3, 3] of a Winograd-shaped convolution: G^T (dM @ V^T) G with
     dM = A dY A^T per tile."""
-    from .kernels import winograd as K
+    from .kernels import conv, winograd, winograd_batch
 
-    v, tiles = _winograd_input(scratch, x, padding, grad.shape[2:])
+    v, tiles = _winograd_input(scratch, x, padding, grad.shape[2:], batch)
     cout = grad.shape[1]
     mg = scratch.take(36 * cout * v.shape[2], grad.dtype, 2).reshape(36, cout, -1)
-    K.grad_tiles_(mg, np.ascontiguousarray(grad), *tiles)
-    return K.weight_grad(np.matmul(mg, v.transpose(0, 2, 1)))
+    grad = np.ascontiguousarray(grad)
+    if batch:
+        winograd_batch.grad_tiles_(mg, conv.swap_leading_axes(grad), *tiles)
+    else:
+        winograd.grad_tiles_(mg, grad, *tiles)
+    return winograd.weight_grad(np.matmul(mg, v.transpose(0, 2, 1)))
 
 
 class NumbaSpatialKernels:
@@ -168,9 +217,11 @@ class NumbaSpatialKernels:
         from .kernels import conv as K
 
         n, c = x.shape[:2]
+        x = np.ascontiguousarray(x)
+        if _pointwise((0, 0) + tuple(kernel), stride, padding):  # the columns are x, channel-major
+            return K.swap_leading_axes(x).reshape(groups, -1, n * out_hw[0] * out_hw[1])
         shape = (c, kernel[0], kernel[1], n, out_hw[0] * out_hw[1])
         cols = self.scratch.take(math.prod(shape), x.dtype).reshape(shape)
-        x = np.ascontiguousarray(x)
         if _small_same_plane(x.shape, stride, out_hw):
             K.im2col_same_(cols, K.swap_leading_axes(x), *padding, *dilation)
         else:
@@ -210,14 +261,23 @@ class NumbaSpatialKernels:
         from .kernels import conv as K
         from .kernels.activations import ACT_CODES
 
+        from .kernels.winograd import weight_tiles
+
         ho, wo = out_hw
         algorithm = conv_algorithm("forward", w.shape, stride, padding, dilation, groups,
                                    x.shape[0], (ho, wo))
         if algorithm == WINOGRAD:
-            y = _winograd_conv(self.scratch, x, w, padding, (ho, wo))
+            y = _winograd_conv(self.scratch, x, weight_tiles(w), padding, (ho, wo))
             return y if bias is None and act == "none" else self.bias_act(y, bias, act, 1)
         n, cout, kh, kw = x.shape[0], w.shape[0], w.shape[2], w.shape[3]
         shift = np.zeros(cout, x.dtype) if bias is None else np.ascontiguousarray(bias)
+        if algorithm == WINOGRAD_BATCH:
+            return _winograd_batch_conv(self.scratch, x, weight_tiles(w), padding, (ho, wo), shift,
+                                        ACT_CODES[act])
+        if algorithm == POINTWISE:
+            y = np.matmul(np.ascontiguousarray(w).reshape(groups, cout // groups, -1),
+                          x.reshape(n, groups, -1, ho * wo)).reshape(n, cout, ho, wo)
+            return y if bias is None and act == "none" else self.bias_act(y, bias, act, 1)
         if algorithm == FEW_OUT:
             from .kernels import conv_direct as D
 
@@ -254,13 +314,21 @@ class NumbaSpatialKernels:
             D.grad_input_(dx, np.ascontiguousarray(grad), np.ascontiguousarray(w), *stride,
                           *padding, *dilation)
             return dx
-        if algorithm == WINOGRAD:
+        if algorithm in (WINOGRAD, WINOGRAD_BATCH):
+            from .kernels.activations import ACT_CODES
+            from .kernels.winograd import weight_tiles
+
             # a stride-1 convolution's input gradient is the "full" convolution of the
             # output gradient with the flipped, transposed kernel
-            w_flip = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
-            return _winograd_conv(self.scratch, grad, w_flip, (2 - padding[0], 2 - padding[1]),
-                                  (h, wd))
+            u, full = weight_tiles(w, flipped=True), (2 - padding[0], 2 - padding[1])
+            if algorithm == WINOGRAD:
+                return _winograd_conv(self.scratch, grad, u, full, (h, wd))
+            return _winograd_batch_conv(self.scratch, grad, u, full, (h, wd), np.zeros(c, w.dtype),
+                                        ACT_CODES["none"])
         w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
+        if algorithm == POINTWISE:
+            return np.matmul(w_rows.transpose(0, 2, 1),
+                             grad.reshape(n, groups, cout // groups, h * wd)).reshape(x_shape)
         shape = (c, kh, kw, n, ho * wo)
         cols = self.scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
         # cols = w^T grad, computed as its transpose grad^T w written through a transposed
@@ -279,8 +347,9 @@ class NumbaSpatialKernels:
                                           padding, dilation, groups)
         algorithm = conv_algorithm("grad_weight", w_shape, stride, padding, dilation, groups,
                                    x.shape[0], (ho, wo))
-        if algorithm == WINOGRAD:
-            return _winograd_weight_grad(self.scratch, grad, x, padding)
+        if algorithm in (WINOGRAD, WINOGRAD_BATCH):
+            return _winograd_weight_grad(self.scratch, grad, x, padding,
+                                         batch=algorithm == WINOGRAD_BATCH)
         if algorithm == FEW_OUT:
             from .kernels import conv_direct as D
 

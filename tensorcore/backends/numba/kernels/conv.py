@@ -216,13 +216,16 @@ def swap_leading_axes(x):
 @kernel
 def unswap_bias_act(y, bias, code):
     """act(y + bias) for a GEMM's product y [Cout, N, S], written in NCHW order
-    [N, Cout, S]: the layout swap with the convolution's epilogue on the way."""
+    [N, Cout, S]: the layout swap with the convolution's epilogue on the way.  One
+    output channel per task (small planes make short rows: a task per row would
+    spend more on its index arithmetic than on the row)."""
     t = y.dtype.type
     cout, n, s = y.shape
     out = np.empty((n, cout, s), dtype=y.dtype)
-    for task in prange(n * cout):
-        i, co = task // cout, task % cout
-        act_row(code, y[co, i], t(1.0), bias[co], out[i, co])
+    for co in prange(cout):
+        shift = bias[co]
+        for i in range(n):
+            act_row(code, y[co, i], t(1.0), shift, out[i, co])
     return out
 
 

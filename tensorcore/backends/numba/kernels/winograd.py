@@ -18,7 +18,12 @@ to ~1e-14).
 Layouts: V [36, C, N*th*tw] and M [36, Cout, N*th*tw], tile t = (image, tile row,
 tile column), th x tw tiles per output plane.  Every kernel runs one (channel,
 image) plane per task; a row of tiles is transformed along the plane's columns with
-contiguous vector loops, then along each tile's columns.
+contiguous vector loops, then along each tile's columns.  (``winograd_batch.py`` has
+the same transforms for small planes, vectorised across the images instead.)
+
+The kernel transforms U = G g G^T and its adjoint are linear maps of the 9 taps of
+every (output channel, input channel) pair, so each is one BLAS product with the
+Kronecker matrix G (x) G for all pairs at once.
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .jit import helper, kernel
+from .jit import helper, inlined, kernel
 
 TILE = 4  # output tile side; an input tile is TILE + 2 = 6 wide
 
 
-@helper
+@inlined
 def _b_transform(t, d0, d1, d2, d3, d4, d5):
     """The six entries of B^T d for one column d0..d5 of an input tile."""
     two, four, five = t(2.0), t(4.0), t(5.0)
@@ -43,7 +48,7 @@ def _b_transform(t, d0, d1, d2, d3, d4, d5):
             four * d1 - five * d3 + d5)
 
 
-@helper
+@inlined
 def _a_transform(t, m0, m1, m2, m3, m4, m5):
     """The four entries of A^T m for one column m0..m5 of a transformed tile."""
     two, four, eight = t(2.0), t(4.0), t(8.0)
@@ -51,34 +56,13 @@ def _a_transform(t, m0, m1, m2, m3, m4, m5):
     return (m0 + p12 + p34, d12 + two * d34, p12 + four * p34, d12 + eight * d34 + m5)
 
 
-@helper
+@inlined
 def _a_adjoint(t, y0, y1, y2, y3):
     """The six entries of A y for one column y0..y3 of an output-gradient tile."""
     two, four, eight = t(2.0), t(4.0), t(8.0)
     e02, e13 = y0 + y2, y1 + y3
     f02, f13 = y0 + four * y2, two * y1 + eight * y3
     return (y0, e02 + e13, e02 - e13, f02 + f13, f02 - f13, y3)
-
-
-@helper
-def _g_transform(t, g0, g1, g2):
-    """The six entries of G g for one column g0..g2 of a 3x3 kernel."""
-    half, sixth, twelfth = t(0.5), t(1.0 / 6.0), t(1.0 / 12.0)
-    return (g0 * half * half,
-            -(g0 + g1 + g2) * sixth,
-            (g1 - g0 - g2) * sixth,
-            (g0 * half + g1 + g2 + g2) * twelfth,
-            (g0 * half - g1 + g2 + g2) * twelfth,
-            g2)
-
-
-@helper
-def _g_adjoint(t, u0, u1, u2, u3, u4, u5):
-    """The three entries of G^T u for one column u0..u5 of a transformed kernel."""
-    quarter, sixth, twelfth = t(0.25), t(1.0 / 6.0), t(1.0 / 12.0)
-    return (u0 * quarter - (u1 + u2) * sixth + (u3 + u4) * (twelfth * t(0.5)),
-            (u2 - u1) * sixth + (u3 - u4) * twelfth,
-            (u3 + u4 - u1 - u2) * sixth + u5)
 
 
 @helper
@@ -198,44 +182,29 @@ def grad_tiles_(mg, g, th, tw):
                 _put6(dst, f, _a_adjoint(t, e[s], e[s + 1], e[s + 2], e[s + 3]))
 
 
-@kernel
-def weight_tiles(w):
-    """U [36, Cout, C] with U[6*k + l, co, ci] = (G g G^T)[k, l] for g = w[co, ci]."""
+# G (x) G, [36, 9]: row 6*k + l, column 3*a + b holds G[k, a] * G[l, b], so that
+# (G g G^T)[k, l] = sum over (a, b) of (G (x) G)[6*k + l, 3*a + b] * g[a, b].  Its columns
+# reversed map a kernel flipped in both axes, g[2 - a, 2 - b], the same way.
+_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+               [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
+_KRON_G = {(np.dtype(dtype), flipped): np.ascontiguousarray(np.kron(_G, _G)[:, ::-1] if flipped
+                                                            else np.kron(_G, _G), dtype=dtype)
+           for dtype in (np.float32, np.float64) for flipped in (False, True)}
+
+
+def weight_tiles(w: np.ndarray, flipped: bool = False) -> np.ndarray:
+    """U [36, Cout, C] with U[6*k + l, co, ci] = (G g G^T)[k, l] for g = w[co, ci], as one
+    BLAS product (G (x) G) @ w over all kernels.  ``flipped``: U of the kernel flipped in
+    both axes with its channels swapped, [36, C, Cout] (a transposed view), which the
+    input gradient convolves with."""
     cout, c = w.shape[:2]
-    t = w.dtype.type
-    u = np.empty((36, cout, c), dtype=w.dtype)
-    for co in prange(cout):
-        for ci in range(c):
-            g = w[co, ci]
-            gg = (_g_transform(t, g[0, 0], g[1, 0], g[2, 0]),
-                  _g_transform(t, g[0, 1], g[1, 1], g[2, 1]),
-                  _g_transform(t, g[0, 2], g[1, 2], g[2, 2]))
-            for k in range(6):
-                row = _g_transform(t, gg[0][k], gg[1][k], gg[2][k])
-                for col in range(6):
-                    u[6 * k + col, co, ci] = row[col]
-    return u
+    kernels = np.ascontiguousarray(w).reshape(cout * c, 9)
+    u = np.matmul(_KRON_G[w.dtype, flipped], kernels.T).reshape(36, cout, c)
+    return u.transpose(0, 2, 1) if flipped else u
 
 
-@kernel
-def weight_grad(du):
+def weight_grad(du: np.ndarray) -> np.ndarray:
     """dw [Cout, C, 3, 3] = G^T dU G from du [36, Cout, C] (the adjoint of
-    ``weight_tiles``)."""
+    ``weight_tiles``), as one BLAS product."""
     cout, c = du.shape[1:]
-    t = du.dtype.type
-    dw = np.empty((cout, c, 3, 3), dtype=du.dtype)
-    for co in prange(cout):
-        for ci in range(c):
-            q = du[:, co, ci]
-            rows = (_g_adjoint(t, q[0], q[1], q[2], q[3], q[4], q[5]),
-                    _g_adjoint(t, q[6], q[7], q[8], q[9], q[10], q[11]),
-                    _g_adjoint(t, q[12], q[13], q[14], q[15], q[16], q[17]),
-                    _g_adjoint(t, q[18], q[19], q[20], q[21], q[22], q[23]),
-                    _g_adjoint(t, q[24], q[25], q[26], q[27], q[28], q[29]),
-                    _g_adjoint(t, q[30], q[31], q[32], q[33], q[34], q[35]))
-            for b in range(3):
-                col = _g_adjoint(t, rows[0][b], rows[1][b], rows[2][b], rows[3][b],
-                                 rows[4][b], rows[5][b])
-                for a in range(3):
-                    dw[co, ci, a, b] = col[a]
-    return dw
+    return np.matmul(du.reshape(36, cout * c).T, _KRON_G[du.dtype, False]).reshape(cout, c, 3, 3)
