@@ -1,9 +1,17 @@
 """A first run on a cold Numba kernel cache: one training step of a tiny model in a fresh
 process compiles its kernels, saying so once on stderr; a second process on the same
-cache loads them and prints nothing (``backends/numba/kernel_cache.announce_compiles``)."""
+cache loads them and prints nothing (``backends/numba/kernel_cache.announce_compiles``).
+
+Kernels compiled in a second process (``backends/numba/warmup.py``) load in the first
+without compiling; ``record`` lists what a block compiles; the list of a default
+``python -m diffusion train`` (``diffusion/cli/train_kernel_list.py``) is what such a run
+compiles, and a run that compiles half of it in a second process trains as one alone.
+"""
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +19,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from numba.core import types
 
+from diffusion.cli import train_kernel_list, train_kernels
+from tensorcore.backends.numba import warmup
 from tensorcore.backends.numba.kernel_cache import COMPILE_NOTICE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,11 +56,17 @@ STEP = textwrap.dedent("""
 """)
 
 
-def run_step(cache: Path) -> subprocess.CompletedProcess:
+def cold_env(cache: Path) -> dict[str, str]:
+    """The environment of a process on the Numba kernel cache under ``cache`` (empty at first)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(cache / "numba"),
            "TENSORCORE_CACHE_DIR": str(cache / "tensorcore")}
     env.pop("TENSORCORE_BACKEND", None)  # the default: numba
-    return subprocess.run([sys.executable, "-c", STEP], env=env, capture_output=True, text=True, timeout=300)
+    return env
+
+
+def run_step(cache: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", STEP], env=cold_env(cache), capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.mark.slow
@@ -64,3 +81,112 @@ def test_a_cold_cache_is_announced_once_and_a_warm_one_not_at_all(tmp_path) -> N
     assert warm.returncode == 0, warm.stderr
     assert warm.stdout == cold.stdout
     assert COMPILE_NOTICE not in warm.stderr, warm.stderr
+
+
+@pytest.mark.parametrize("numba_type", [
+    types.Array(types.float32, 4, "C"), types.Array(types.float64, 2, "A", readonly=True),
+    types.Array(types.int64, 1, "C"), types.literal(4), types.none, types.boolean, types.int64, types.float64,
+])
+def test_an_argument_type_is_written_as_json_and_read_back(numba_type) -> None:
+    data = json.loads(json.dumps(warmup.encode(numba_type)))
+    assert warmup.decode(data) == numba_type
+
+
+def test_an_argument_type_it_cannot_write_is_refused() -> None:
+    with pytest.raises(TypeError, match="UniTuple|int64 x 2"):
+        warmup.encode(types.UniTuple(types.int64, 2))
+    with pytest.raises(ValueError, match="not an argument type"):
+        warmup.decode("complex128")
+
+
+# Two kernels (one per activation code for the second), compiled alone or under
+# BackgroundCompiles; prints what the process compiled itself and whether a second
+# process was started.
+KERNELS = [
+    {"module": "tensorcore.backends.numba.kernels.reductions", "name": "channel_sums",
+     "args": [{"array": "float32", "ndim": 3, "layout": "C", "readonly": False}]},
+    {"module": "tensorcore.backends.numba.kernels.activations", "name": "act_forward_flat",
+     "args": [{"array": "float32", "ndim": 1, "layout": "C", "readonly": False}, {"literal": 4}]},
+]
+CALLS = textwrap.dedent("""
+    import contextlib, json, sys
+    import numpy as np
+    from tensorcore.backends.numba import warmup
+    from tensorcore.backends.numba.kernels import activations, reductions
+
+    entries, listing = json.loads(sys.argv[1]), warmup.record() if sys.argv[2] == "record" else contextlib.nullcontext()
+    with warmup.BackgroundCompiles(entries) as background, listing as compiled:
+        sums = reductions.channel_sums(np.ones((2, 3, 4), np.float32))
+        silu = activations.act_forward_flat(np.zeros(5, np.float32), activations.ACT_CODES["silu"])
+    print(json.dumps({"compiled": compiled, "started": background.process is not None,
+                      "sums": sums.tolist(), "silu": silu.tolist()}))
+""")
+
+
+def run_calls(cache: Path, entries: list, record: bool = True) -> dict:
+    done = subprocess.run([sys.executable, "-c", CALLS, json.dumps(entries), "record" if record else "-"],
+                          env=cold_env(cache),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_kernels_compiled_by_a_second_process_load_without_compiling(tmp_path) -> None:
+    alone = run_calls(tmp_path / "alone", [])
+    assert alone["compiled"] == KERNELS  # in order, the helpers they call left out
+    assert not alone["started"]  # recording: no second process
+    assert alone["sums"] == [8.0, 8.0, 8.0] and alone["silu"] == [0.0] * 5
+
+    worker = subprocess.run([sys.executable, "-m", "tensorcore.backends.numba.warmup", "--reverse"],
+                            input=json.dumps(KERNELS), env=cold_env(tmp_path / "shared"), capture_output=True,
+                            text=True, timeout=300)
+    assert worker.returncode == 0 and worker.stderr == "", worker.stderr
+    loaded = run_calls(tmp_path / "shared", KERNELS)
+    assert loaded["compiled"] == [] and not loaded["started"]  # a warm cache starts nothing
+    assert (loaded["sums"], loaded["silu"]) == (alone["sums"], alone["silu"])
+
+    background = run_calls(tmp_path / "cold", KERNELS, record=False)
+    assert background["started"]  # the first compile on a cold cache starts the second process
+    assert (background["sums"], background["silu"]) == (alone["sums"], alone["silu"])
+
+
+def test_a_listed_kernel_that_does_not_compile_is_reported_not_fatal(tmp_path) -> None:
+    entries = [{"module": "tensorcore.backends.numba.kernels.reductions", "name": "no_such_kernel", "args": []}]
+    worker = subprocess.run([sys.executable, "-m", "tensorcore.backends.numba.warmup"], input=json.dumps(entries),
+                            env=cold_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert worker.returncode == 0
+    assert "1 of 1 listed kernels did not compile" in worker.stderr and "no_such_kernel" in worker.stderr
+
+
+def losses(run_folder: Path) -> list[dict]:
+    """metrics.csv of a train run without its timing column."""
+    with open(run_folder / "metrics.csv") as f:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory) -> tuple[dict, Path]:
+    """The default train command's first step on empty caches, compiling alone: what it
+    compiled and its run folder."""
+    workdir = tmp_path_factory.mktemp("recorded")
+    return train_kernels.record(workdir), workdir / "run"
+
+
+@pytest.mark.slow
+def test_the_train_kernel_list_is_what_a_default_run_compiles(recorded_run) -> None:
+    recorded, _ = recorded_run
+    assert recorded["options"] == train_kernel_list.OPTIONS
+    assert recorded["kernels"] == train_kernel_list.KERNELS, (
+        "diffusion/cli/train_kernel_list.py is out of date: run python -m diffusion.cli.train_kernels")
+
+
+@pytest.mark.slow
+def test_a_run_compiling_in_two_processes_trains_as_one_alone(recorded_run, tmp_path) -> None:
+    _, alone = recorded_run
+    argv = [*train_kernels.RECORDED_COMMAND, "--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-m", "diffusion", *argv], env=cold_env(tmp_path), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count(COMPILE_NOTICE) == 1 and "did not compile" not in done.stderr, done.stderr
+    assert losses(tmp_path / "run") == losses(alone)
