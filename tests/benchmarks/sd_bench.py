@@ -57,6 +57,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile rows (slow to build)")
     parser.add_argument("--iters", type=int, default=20, help="timed calls per row")
+    parser.add_argument("--dtypes", nargs="+", choices=("float16", "bfloat16"), default=["float16", "bfloat16"],
+                        help="the SD-1.5 UNet's dtypes")
     parser.add_argument("--steps", type=int, default=50, help="txt2img steps")
     return bench_report.parse(parser)
 
@@ -197,7 +199,7 @@ def unet_table(args: argparse.Namespace, which: str) -> None:
     rng = np.random.default_rng(0)
     sample = rng.standard_normal((2, 4, size, size)).astype(np.float32)
     states = rng.standard_normal((2, 77, text)).astype(np.float32)
-    dtypes = ("float16", "bfloat16") if which == "unet" else ("float16",)
+    dtypes = args.dtypes if which == "unet" else ("float16",)
     for dtype_name in dtypes:
         ours, theirs = unet_twins(config, dtype_name)
         tdtype, odtype = getattr(torch, dtype_name), getattr(tc, dtype_name)
