@@ -145,29 +145,32 @@ def _tile_grid(out_hw: Pair) -> Pair:
 
 def _winograd_input(scratch: Scratch, x: Array, padding: Pair, out_hw: Pair,
                     batch: bool) -> tuple[Array, Pair]:
-    """V [36, C, tiles] of x (in this thread's scratch slot 1) and the tile grid; ``batch``:
-    the tiles in ``winograd_batch`` order, else in ``winograd`` order."""
-    from .kernels import conv, winograd, winograd_batch
+    """The transformed input V (in this thread's scratch slot 1) and the tile grid:
+    [36, C, tiles] in ``winograd``'s layout, [36, tiles, C] with ``batch`` in
+    ``winograd_batch``'s."""
+    from .kernels import winograd, winograd_batch
 
     n, c = x.shape[:2]
     tiles = _tile_grid(out_hw)
-    v = scratch.take(36 * c * n * tiles[0] * tiles[1], x.dtype, 1).reshape(36, c, -1)
+    size = 36 * c * n * tiles[0] * tiles[1]
     x = np.ascontiguousarray(x)
     if batch:
-        winograd_batch.input_tiles_(v, conv.swap_leading_axes(x), *padding, *tiles)
+        v = scratch.take(size, x.dtype, 1).reshape(36, -1, c)
+        winograd_batch.input_tiles_(v, x, *padding, *tiles)
     else:
+        v = scratch.take(size, x.dtype, 1).reshape(36, c, -1)
         winograd.input_tiles_(v, x, *padding, *tiles)
     return v, tiles
 
 
-def _tile_products(scratch: Scratch, u: Array, v: Array) -> Array:
-    """M [36, Cout, tiles] = U @ V, 36 GEMMs (in this thread's scratch slot 2)."""
-    m = scratch.take(36 * u.shape[1] * v.shape[2], v.dtype, 2).reshape(36, u.shape[1], -1)
-    return np.matmul(u, v, out=m)
+def _tile_products(scratch: Scratch, a: Array, b: Array) -> Array:
+    """The 36 GEMMs a[k] @ b[k] (in this thread's scratch slot 2)."""
+    m = scratch.take(36 * a.shape[1] * b.shape[2], b.dtype, 2).reshape(36, a.shape[1], b.shape[2])
+    return np.matmul(a, b, out=m)
 
 
 def _winograd_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, out_hw: Pair) -> Array:
-    """Stride-1 3x3 convolution of x [N, C, H, W] with the transformed kernel u
+    """Stride-1 3x3 convolution of x [N, C, H, W] with the transformed kernels u
     [36, Cout, C] by Winograd F(4x4, 3x3): transform, 36 batched GEMMs, inverse transform."""
     from .kernels import winograd
 
@@ -177,31 +180,33 @@ def _winograd_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, out_hw: 
 
 def _winograd_batch_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, out_hw: Pair,
                          shift: Array, code: int) -> Array:
-    """``_winograd_conv`` with the transforms vectorised across the images, and
-    act(y + shift) applied as the result goes from channel-major to NCHW order."""
-    from .kernels import conv, winograd_batch
+    """``_winograd_conv`` in ``winograd_batch``'s layout, the kernels u [36, C, Cout]:
+    act(y + shift) with the epilogue applied as the output transform writes y."""
+    from .kernels import winograd_batch
 
     v, tiles = _winograd_input(scratch, x, padding, out_hw, batch=True)
-    y_cm = winograd_batch.output_tiles(_tile_products(scratch, u, v), *out_hw, *tiles)
-    n, cout = x.shape[0], u.shape[1]
-    return conv.unswap_bias_act(y_cm.reshape(cout, n, -1), shift, code).reshape(n, cout, *out_hw)
+    return winograd_batch.output_tiles(_tile_products(scratch, v, u), *out_hw, *tiles, shift, code)
 
 
 def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair,
                           batch: bool) -> Array:
     """dL/dw [Cout, C, 3, 3] of a Winograd-shaped convolution: G^T (dM @ V^T) G with
     dM = A dY A^T per tile."""
-    from .kernels import conv, winograd, winograd_batch
+    from .kernels import winograd, winograd_batch
 
     v, tiles = _winograd_input(scratch, x, padding, grad.shape[2:], batch)
     cout = grad.shape[1]
-    mg = scratch.take(36 * cout * v.shape[2], grad.dtype, 2).reshape(36, cout, -1)
+    size = 36 * cout * grad.shape[0] * tiles[0] * tiles[1]
     grad = np.ascontiguousarray(grad)
     if batch:
-        winograd_batch.grad_tiles_(mg, conv.swap_leading_axes(grad), *tiles)
+        mg = scratch.take(size, grad.dtype, 2).reshape(36, -1, cout)
+        winograd_batch.grad_tiles_(mg, grad, *tiles)
+        du = np.matmul(mg.transpose(0, 2, 1), v)
     else:
+        mg = scratch.take(size, grad.dtype, 2).reshape(36, cout, -1)
         winograd.grad_tiles_(mg, grad, *tiles)
-    return winograd.weight_grad(np.matmul(mg, v.transpose(0, 2, 1)))
+        du = np.matmul(mg, v.transpose(0, 2, 1))
+    return winograd.weight_grad(du)
 
 
 class NumbaSpatialKernels:
@@ -272,8 +277,8 @@ class NumbaSpatialKernels:
         n, cout, kh, kw = x.shape[0], w.shape[0], w.shape[2], w.shape[3]
         shift = np.zeros(cout, x.dtype) if bias is None else np.ascontiguousarray(bias)
         if algorithm == WINOGRAD_BATCH:
-            return _winograd_batch_conv(self.scratch, x, weight_tiles(w), padding, (ho, wo), shift,
-                                        ACT_CODES[act])
+            return _winograd_batch_conv(self.scratch, x, weight_tiles(w.transpose(1, 0, 2, 3)),
+                                        padding, (ho, wo), shift, ACT_CODES[act])
         if algorithm == POINTWISE:
             y = np.matmul(np.ascontiguousarray(w).reshape(groups, cout // groups, -1),
                           x.reshape(n, groups, -1, ho * wo)).reshape(n, cout, ho, wo)
@@ -320,11 +325,12 @@ class NumbaSpatialKernels:
 
             # a stride-1 convolution's input gradient is the "full" convolution of the
             # output gradient with the flipped, transposed kernel
-            u, full = weight_tiles(w, flipped=True), (2 - padding[0], 2 - padding[1])
+            full = (2 - padding[0], 2 - padding[1])
             if algorithm == WINOGRAD:
+                u = weight_tiles(w.transpose(1, 0, 2, 3), flipped=True)
                 return _winograd_conv(self.scratch, grad, u, full, (h, wd))
-            return _winograd_batch_conv(self.scratch, grad, u, full, (h, wd), np.zeros(c, w.dtype),
-                                        ACT_CODES["none"])
+            return _winograd_batch_conv(self.scratch, grad, weight_tiles(w, flipped=True), full,
+                                        (h, wd), np.zeros(c, w.dtype), ACT_CODES["none"])
         w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
         if algorithm == POINTWISE:
             return np.matmul(w_rows.transpose(0, 2, 1),

@@ -193,14 +193,12 @@ _KRON_G = {(np.dtype(dtype), flipped): np.ascontiguousarray(np.kron(_G, _G)[:, :
 
 
 def weight_tiles(w: np.ndarray, flipped: bool = False) -> np.ndarray:
-    """U [36, Cout, C] with U[6*k + l, co, ci] = (G g G^T)[k, l] for g = w[co, ci], as one
-    BLAS product (G (x) G) @ w over all kernels.  ``flipped``: U of the kernel flipped in
-    both axes with its channels swapped, [36, C, Cout] (a transposed view), which the
-    input gradient convolves with."""
-    cout, c = w.shape[:2]
-    kernels = np.ascontiguousarray(w).reshape(cout * c, 9)
-    u = np.matmul(_KRON_G[w.dtype, flipped], kernels.T).reshape(36, cout, c)
-    return u.transpose(0, 2, 1) if flipped else u
+    """U [36, A, B] for kernels w [A, B, 3, 3]: U[6*k + l, a, b] = (G g G^T)[k, l] for
+    g = w[a, b] (flipped in both axes with ``flipped``, as the input gradient convolves
+    with them), as one BLAS product (G (x) G) @ w over all kernels."""
+    a, b = w.shape[:2]
+    kernels = np.ascontiguousarray(w).reshape(a * b, 9)
+    return np.matmul(_KRON_G[w.dtype, flipped], kernels.T).reshape(36, a, b)
 
 
 def weight_grad(du: np.ndarray) -> np.ndarray:
