@@ -14,7 +14,6 @@ CUDA-event-timed calls; TFLOP/s counts 4·B·H·Lq·Lk·d.  Nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import bench_report  # tests/benchmarks/bench_report.py
 
@@ -28,23 +27,6 @@ SHAPES = [  # (label, query tokens, key tokens, head dim)
 BATCH, HEADS = 2, 8
 
 
-def event_ms(fn, iters: int = 50) -> float:
-    """Median CUDA-event time of one call on the current (legacy default) stream."""
-    import cupy as cp
-
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
@@ -52,6 +34,7 @@ def main() -> None:
     import cupy as cp
     import torch
     import torch.nn.functional as TF
+    from gpu_timing import event_ms  # tests/benchmarks/gpu_timing.py
 
     from tensorcore.backends.cupy import flash_attention
 
