@@ -1,6 +1,7 @@
 """The Numba backend's convolution routes for batches of small planes against the NumPy
 reference in float64: Winograd with the transforms vectorised across the images
-(WINOGRAD_BATCH), 1x1 convolutions as one GEMM per image (POINTWISE), and the
+(WINOGRAD_BATCH), stride 2 through it (SUBSAMPLED), 1x1 convolutions as one GEMM per
+image (POINTWISE), and the
 Kronecker-product weight transforms both Winograd routes share.  Gradients are also
 checked as what they are, derivatives of <conv2d(x, w), g>, by central differences.
 """
@@ -123,6 +124,41 @@ def test_winograd_batch_gradients_by_central_differences(xs, cout, padding):
     assert spatial.conv_algorithm("grad_weight", (cout, xs[1], 3, 3), *geo, xs[0],
                                   out_plane(xs[2:], padding, 3)) == spatial.WINOGRAD_BATCH
     check_central_differences(xs, (cout, xs[1], 3, 3), geo)
+
+
+# ----- stride 2 as the stride-1 convolution read at every other output ------------------
+def strided_plane(hw, padding):
+    return tuple((hw[i] + 2 * padding[i] - 3) // 2 + 1 for i in range(2))
+
+
+@given(n=st.integers(spatial.BATCH_MIN_IMAGES, spatial.BATCH_MIN_IMAGES + 2),
+       c=st.integers(spatial.BATCH_MIN_CHANNELS, spatial.BATCH_MIN_CHANNELS + 3),
+       cout=st.integers(spatial.BATCH_MIN_CHANNELS, spatial.BATCH_MIN_CHANNELS + 3),
+       hw=st.tuples(st.integers(1, 8), st.integers(1, 8)),
+       padding=st.tuples(st.integers(0, 2), st.integers(0, 2)), dtype=st.sampled_from(DTYPES))
+def test_subsampled_matches_reference(n, c, cout, hw, padding, dtype):
+    """Stride-2 3x3 convolutions on planes up to 8x8: all three passes, odd sizes (the
+    stride-1 plane one longer than twice the strided one) included."""
+    ho, wo = strided_plane(hw, padding)
+    if min(ho, wo) < 1:
+        return
+    xs, ws, geo = (n, c) + hw, (cout, c, 3, 3), ((2, 2), padding, (1, 1), 1)
+    dense_tiles = -(-(hw[0] + 2 * padding[0] - 2) // 4) * -(-(hw[1] + 2 * padding[1] - 2) // 4)
+    expected = spatial.SUBSAMPLED if dense_tiles <= spatial.SUBSAMPLED_MAX_TILES else spatial.IM2COL
+    assert spatial.conv_algorithm("grad_input", ws, *geo, n, hw) == expected
+    check_passes(xs, ws, geo, dtype, bias=True, act="relu", float32_atol=2e-5)
+
+
+def test_subsampled_takes_the_digits_unet_downsampler():
+    xs, ws, geo = (64, 32, 8, 8), (32, 32, 3, 3), ((2, 2), (1, 1), (1, 1), 1)
+    for pass_name, plane in (("forward", (4, 4)), ("grad_input", (8, 8)), ("grad_weight", (4, 4))):
+        assert spatial.conv_algorithm(pass_name, ws, *geo, 64, plane) == spatial.SUBSAMPLED
+    assert spatial.conv_algorithm("forward", ws, *geo, 64, (8, 8)) == spatial.IM2COL  # 16x16 at stride 1
+    check_passes(xs, ws, geo, np.float32, bias=True, float32_atol=2e-5)
+
+
+def test_subsampled_gradients_by_central_differences():
+    check_central_differences((16, 16, 7, 6), (18, 16, 3, 3), ((2, 2), (1, 2), (1, 1), 1))
 
 
 # ----- 1x1 convolutions as one GEMM per image -------------------------------------------

@@ -29,13 +29,15 @@ Shape = tuple[int, ...]
 
 
 # ----- which algorithm a convolution pass runs -------------------------------------------
-WINOGRAD, WINOGRAD_BATCH, POINTWISE = "winograd", "winograd_batch", "pointwise"
+WINOGRAD, WINOGRAD_BATCH, SUBSAMPLED = "winograd", "winograd_batch", "subsampled"
+POINTWISE = "pointwise"
 DIRECT, FEW_OUT, IM2COL = "direct", "few_out", "im2col"
 SMALL_K = 16  # contractions (C/groups * kh * kw) up to this length skip BLAS
 FEW_OUT_MAX = 4  # output channels per group up to which stride-1 kernels larger than
 #                  1x1 run direct loops (1x1 and strided ones: with one output channel)
 BATCH_MIN_IMAGES = 16  # WINOGRAD_BATCH: images its vector loops run across (at least)
 BATCH_MIN_CHANNELS = 16  # and channels on each side
+SUBSAMPLED_MAX_TILES = 4  # SUBSAMPLED: Winograd tiles of the stride-1 output plane (at most)
 
 
 def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
@@ -57,6 +59,11 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     * WINOGRAD_BATCH, the same with the transforms vectorised across the images, for
       such convolutions on smaller planes: BATCH_MIN_IMAGES+ images, BATCH_MIN_CHANNELS+
       channels on both sides;
+    * SUBSAMPLED, a stride-2 3x3 convolution as the stride-1 one (WINOGRAD_BATCH) read at
+      every other output (its gradients: the stride-1 ones of the output gradient with
+      zeros between its values), for planes whose stride-1 output holds up to
+      SUBSAMPLED_MAX_TILES tiles (8x8): 4x the outputs at a quarter of the products
+      each, and no strided im2col, whose rows are then a few values long;
     * POINTWISE, for the forward and the input gradient of 1x1 stride-1 unpadded
       convolutions: one BLAS GEMM per image on the NCHW arrays as they are, no column
       matrix, no layout swap (their weight gradient is IM2COL, whose column matrix
@@ -69,14 +76,20 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     if per_group == 1 or (per_group <= FEW_OUT_MAX and tuple(stride) == (1, 1)
                           and w_shape[2] * w_shape[3] > 1):
         return FEW_OUT
-    if (tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
-            and groups == 1 and (pass_name != "grad_input" or max(padding) <= 2)):
-        tiles = math.prod(_tile_grid(plane_hw))
+    if (tuple(w_shape[2:]) == (3, 3) and tuple(dilation) == (1, 1) and groups == 1
+            and (pass_name != "grad_input" or max(padding) <= 2)):
         channels = min(w_shape[0], w_shape[1])
-        if channels >= 64 and tiles >= 64 and n * tiles >= 1024:
-            return WINOGRAD
-        if channels >= BATCH_MIN_CHANNELS and n >= BATCH_MIN_IMAGES and tiles < 64:
-            return WINOGRAD_BATCH
+        batch = channels >= BATCH_MIN_CHANNELS and n >= BATCH_MIN_IMAGES
+        if tuple(stride) == (1, 1):
+            tiles = math.prod(_tile_grid(plane_hw))
+            if channels >= 64 and tiles >= 64 and n * tiles >= 1024:
+                return WINOGRAD
+            if batch and tiles < 64:
+                return WINOGRAD_BATCH
+        elif tuple(stride) == (2, 2) and batch:
+            dense = _dense_plane(pass_name, plane_hw, padding)
+            if math.prod(_tile_grid(dense)) <= SUBSAMPLED_MAX_TILES:
+                return SUBSAMPLED
     small_k = w_shape[1] * w_shape[2] * w_shape[3] <= SMALL_K
     if _pointwise(w_shape, stride, padding) and pass_name != "grad_weight" and not (
             small_k and pass_name == "forward"):
@@ -84,6 +97,23 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     if pass_name == "grad_input":
         return IM2COL
     return DIRECT if small_k else IM2COL
+
+
+def _dense_plane(pass_name: str, plane_hw: Pair, padding: Pair) -> Pair:
+    """The output plane of a stride-2 3x3 convolution run at stride 1, from the plane
+    ``conv_algorithm`` is given (for the output planes: its largest size)."""
+    if pass_name == "grad_input":
+        return plane_hw[0] + 2 * padding[0] - 2, plane_hw[1] + 2 * padding[1] - 2
+    return 2 * plane_hw[0], 2 * plane_hw[1]
+
+
+def _zeros_between(grad: Array, stride: Pair, dense_hw: Pair) -> Array:
+    """The output gradient of a strided convolution placed at every stride-th value of
+    the stride-1 convolution's output plane ``dense_hw``, zeros elsewhere."""
+    n, cout, ho, wo = grad.shape
+    dense = np.zeros((n, cout) + tuple(dense_hw), dtype=grad.dtype)
+    dense[:, :, :ho * stride[0]:stride[0], :wo * stride[1]:stride[1]] = grad
+    return dense
 
 
 def _pointwise(w_shape: Shape, stride: Pair, padding: Pair) -> bool:
@@ -279,6 +309,10 @@ class NumbaSpatialKernels:
         if algorithm == WINOGRAD_BATCH:
             return _winograd_batch_conv(self.scratch, x, weight_tiles(w.transpose(1, 0, 2, 3)),
                                         padding, (ho, wo), shift, ACT_CODES[act])
+        if algorithm == SUBSAMPLED:
+            dense_hw = (x.shape[2] + 2 * padding[0] - 2, x.shape[3] + 2 * padding[1] - 2)
+            y = self._conv2d_plain(x, w, (1, 1), padding, dilation, groups, dense_hw, bias, act)
+            return np.ascontiguousarray(y[:, :, :ho * stride[0]:stride[0], :wo * stride[1]:stride[1]])
         if algorithm == POINTWISE:
             y = np.matmul(np.ascontiguousarray(w).reshape(groups, cout // groups, -1),
                           x.reshape(n, groups, -1, ho * wo)).reshape(n, cout, ho, wo)
@@ -312,6 +346,9 @@ class NumbaSpatialKernels:
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         algorithm = conv_algorithm("grad_input", w.shape, stride, padding, dilation, groups, n,
                                    (h, wd))
+        if algorithm == SUBSAMPLED:
+            dense = _zeros_between(grad, stride, (h + 2 * padding[0] - 2, wd + 2 * padding[1] - 2))
+            return self.conv2d_grad_input(dense, w, x_shape, (1, 1), padding, dilation, groups)
         if algorithm == FEW_OUT:
             from .kernels import conv_direct as D
 
@@ -353,6 +390,10 @@ class NumbaSpatialKernels:
                                           padding, dilation, groups)
         algorithm = conv_algorithm("grad_weight", w_shape, stride, padding, dilation, groups,
                                    x.shape[0], (ho, wo))
+        if algorithm == SUBSAMPLED:
+            dense_hw = (x.shape[2] + 2 * padding[0] - 2, x.shape[3] + 2 * padding[1] - 2)
+            return self.conv2d_grad_weight(_zeros_between(grad, stride, dense_hw), x, w_shape, (1, 1),
+                                           padding, dilation, groups)
         if algorithm in (WINOGRAD, WINOGRAD_BATCH):
             return _winograd_weight_grad(self.scratch, grad, x, padding,
                                          batch=algorithm == WINOGRAD_BATCH)
