@@ -15,7 +15,9 @@ stays a Python call.  Native forms, by op:
 * ``reduce`` (sum) of a C-contiguous array over all its axes or its leading ones:
   NumPy's order of additions (``numpy_sums.py``), or the channel-sums kernel where the
   eager method takes it;
-* ``concatenate`` into ``out=``: one copy per input;
+* ``concatenate``: one copy per input; ``copy_``, ``setitem_`` of a whole array and a
+  ``reshape`` that copies: a copy;
+* ``group_norm`` / ``group_norm_backward``: the norm kernels;
 * ``adam_update_`` / ``sgd_update_``: the optimizer kernels.
 
 Every form applies the conditions under which the eager method takes that path (float32
@@ -34,7 +36,7 @@ from ..numpy.act import check_activation
 from .kernels import fast_path
 from .native_plan import Literal, NativeCall, copy_call, gemm_call, kernel_call
 from .nn import _FUSED_UNARY
-from .optim import _flat
+from .optim import _flat as _flat_buffers
 
 Array = Any
 Calls = list[NativeCall] | None
@@ -42,6 +44,11 @@ Calls = list[NativeCall] | None
 
 def _contiguous(*arrays: Array) -> bool:
     return all(a.flags.c_contiguous for a in arrays)
+
+
+def _flat(buffers: tuple) -> tuple:
+    """Each planned buffer as a 1-D view (results are copied into them in C order)."""
+    return tuple(None if b is None else b.reshape(-1) for b in buffers)
 
 
 def _code(act: str) -> Literal:
@@ -56,7 +63,8 @@ class NumbaNativeForms:
     def native(self, op: str, args: tuple, kwargs: dict, out: Array | None) -> Calls:
         """The jitted calls of ``getattr(self, op)(*args, **kwargs)`` writing into ``out``, or None."""
         form: Callable[..., Calls] | None = _FORMS.get(op)
-        if form is None or (out is not None and not (isinstance(out, np.ndarray) and out.flags.c_contiguous)):
+        buffers = out if isinstance(out, tuple) else (out,)
+        if form is None or not all(b is None or (isinstance(b, np.ndarray) and b.flags.c_contiguous) for b in buffers):
             return None
         try:
             return form(self, out, *args, **kwargs)
@@ -106,6 +114,17 @@ class NumbaNativeForms:
         if not (isinstance(src, np.ndarray) and src.dtype == dst.dtype and src.shape == dst.shape):
             return None
         return [copy_call(dst, src)]
+
+    def _native_setitem_(self, out: None, a: Array, index: Any, value: Any) -> Calls:
+        if index is not Ellipsis and index != (Ellipsis,):
+            return None
+        return self._native_copy_(None, a, value)
+
+    def _native_reshape(self, out: Array, a: Array, shape: Any) -> Calls:
+        """A reshape that copies (of a non-contiguous view): the values in C order."""
+        if out is None or not isinstance(a, np.ndarray) or a.dtype != out.dtype or a.size != out.size:
+            return None
+        return [copy_call(out.reshape(a.shape), a)]
 
     def _one_op_loop(self, out: Array, instruction: tuple, operands: list[Any]) -> Calls:
         """``out`` = one unary or binary op of ``operands`` (arrays of ``out``'s float dtype,
@@ -188,8 +207,10 @@ class NumbaNativeForms:
             return None
         return [kernel_call(K.act_backward_flat, x.reshape(-1), grad.reshape(-1), _code(act), into=out.reshape(-1))]
 
-    def _native_concatenate(self, dest: None, arrays: Any, axis: int, out: Array | None = None) -> Calls:
-        if out is None or not all(isinstance(a, np.ndarray) and a.dtype == out.dtype for a in arrays):
+    def _native_concatenate(self, made: Array | None, arrays: Any, axis: int, out: Array | None = None) -> Calls:
+        out = made if out is None else out
+        if not isinstance(out, np.ndarray) or not all(isinstance(a, np.ndarray) and a.dtype == out.dtype
+                                                      for a in arrays):
             return None
         axis %= out.ndim
         calls, start = [], 0
@@ -202,12 +223,45 @@ class NumbaNativeForms:
             start = stop
         return calls if start == out.shape[axis] else None
 
+    def _native_group_norm(self, out: Any, x: Array, weight: Array | None, bias: Array | None, groups: int,
+                           eps: float, act: str = "none", shift: Array | None = None) -> Calls:
+        from .kernels import norms as K
+
+        check_activation("group_norm", act)
+        if not isinstance(out, tuple) or not fast_path(x, weight, bias, shift) or not x.size or not _contiguous(x):
+            return None
+        blocks = self._group_blocks("group_norm", x, groups)
+        for name, p in (("weight", weight), ("bias", bias)):
+            self._check_param("group_norm", name, p, x.shape[1:2])
+        if shift is not None:
+            shift = self._shift_planes("group_norm", x, shift)
+            if not _contiguous(shift):
+                return None
+            shift = shift.reshape(x.shape[:2])
+        w, b = self._affine_params(weight, bias, x.shape[1], x.dtype)
+        return [kernel_call(K.group_norm_groups, blocks, w, b, float(eps), _code(act), shift, into=_flat(out))]
+
+    def _native_group_norm_backward(self, out: Any, grad: Array, x: Array, weight: Array | None,
+                                    bias: Array | None, mean: Array, rstd: Array, groups: int,
+                                    act: str = "none") -> Calls:
+        from .kernels import norms as K
+
+        check_activation("group_norm_backward", act)
+        if (not isinstance(out, tuple) or not fast_path(grad, x, weight, bias, mean, rstd) or not x.size
+                or grad.shape != x.shape or not _contiguous(grad, x, mean, rstd)):
+            return None
+        blocks = self._group_blocks("group_norm_backward", x, groups)
+        w, b = self._affine_params(weight, bias, x.shape[1], x.dtype)
+        return [kernel_call(K.group_norm_groups_backward, grad.reshape(blocks.shape), blocks, w, b,
+                            mean.reshape(blocks.shape[:2]), rstd.reshape(blocks.shape[:2]), _code(act),
+                            into=_flat(out))]
+
     def _native_adam_update_(self, out: None, p: Array, g: Array, m: Array, v: Array, vmax: Array | None,
                              lr: Array, step: Array, beta1: float, beta2: float, eps: float,
                              weight_decay: float, decoupled: bool) -> Calls:
         from .kernels import optim as K
 
-        if not _flat(p, g, m, v, vmax):
+        if not _flat_buffers(p, g, m, v, vmax):
             return None
         return [kernel_call(K.adam, p, g, m, v, vmax, lr, step, float(beta1), float(beta2), float(eps),
                             float(weight_decay), bool(decoupled))]
@@ -216,7 +270,7 @@ class NumbaNativeForms:
                             dampening: float, nesterov: bool, weight_decay: float, first_step: Array) -> Calls:
         from .kernels import optim as K
 
-        if not _flat(p, g, buf):
+        if not _flat_buffers(p, g, buf):
             return None
         return [kernel_call(K.sgd, p, g, buf if momentum != 0 else None, lr, float(momentum), float(dampening),
                             bool(nesterov), float(weight_decay), first_step)]

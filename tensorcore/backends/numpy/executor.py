@@ -142,18 +142,29 @@ class CpuReplay:
                 self.steps = steps
 
     def _native_form(self, plan: Any, native: Callable, node: Any) -> Any:
-        """The backend's native form of ``node``'s call, writing its one result (if
-        any) into the planned buffer: ``native(op, args, kwargs, out)``; [] for an
-        allocation (nothing to run), None where there is none."""
+        """The backend's native form of ``node``'s call writing its results into their
+        planned buffers: ``native(op, args, kwargs, out)``, ``out`` the buffer of a
+        result, a tuple of them (None for an item the call did not allocate) for a tuple
+        result, None for an in-place call; [] for an allocation (nothing to run), None
+        where there is none."""
         if node.op == "empty":
             return []
         if node.op == "constant":
             return None
         made = plan.made_results(node)
-        if len(made) > 1 or (made and made[0][0] != ()):
+        if not made:
+            out = None
+        elif len(made) == 1 and made[0][0] == ():
+            out = self.values[made[0][1]]
+        elif all(len(path) == 1 for path, _ in made):  # items of a tuple result
+            out = [None] * (1 + max(path[0] for path, _ in made))
+            for (i,), v in made:
+                out[i] = self.values[v]
+            out = tuple(out)
+        else:
             return None
         args, kwargs = plan.call_arguments(node, self.values.__getitem__, self.objects.__getitem__)
-        return native(node.op, args, kwargs, self.values[made[0][1]] if made else None)
+        return native(node.op, args, kwargs, out)
 
     @staticmethod
     def _out_form(cls: type, name: str, args: tuple, dest: Any) -> bool:
