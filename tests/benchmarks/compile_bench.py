@@ -114,6 +114,10 @@ def digits_train_row(backend: str, rounds: int = 8, per_round: int = 5, warmup: 
     for trainer in trainers:
         for _ in range(warmup):
             trainer.train_step()
+    if backend == "numba":
+        from tensorcore.backends.numba import native_plan
+
+        native_plan.wait()  # a plan's native segments compile in the background on a cold cache
     runs = [trainer.train_step for trainer in trainers] + [convolution_steps(trainers[1])]
     times: list[list[tuple[float, float]]] = [[] for _ in runs]
     for _ in range(rounds):
@@ -134,7 +138,7 @@ def convolution_steps(trainer: Any) -> Callable[[], None]:
     plan's own buffers (what its last step left there)."""
     (entry,) = trainer._compiled_step._plans.values()
     nodes, executor = entry.plan.graph.nodes, entry.executor
-    steps = [step for position, step in zip(entry.plan.steps, executor.steps)
+    steps = [step for position, step in zip(entry.plan.steps, executor.python_steps)
              if nodes[position].op.startswith("conv2d")]
 
     def run() -> None:
