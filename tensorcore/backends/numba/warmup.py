@@ -97,6 +97,9 @@ def _listed(dispatcher: Any) -> tuple[str, str] | None:
     return (func.__module__, func.__qualname__) if found is dispatcher else None
 
 
+_recording: set = set()  # the recorders active in this process: no second process then
+
+
 @contextlib.contextmanager
 def record() -> Iterator[list[Entry]]:
     """The kernels compiled inside the block (not loaded from the cache), in the order
@@ -127,9 +130,6 @@ def record() -> Iterator[list[Entry]]:
     finally:
         _recording.discard(recorder)
         event.unregister("numba:compile", recorder)
-
-
-_recording: set = set()  # the recorders active in this process: no second process then
 
 
 def compile_kernels(entries: list[Entry]) -> list[str]:
@@ -182,7 +182,7 @@ class BackgroundCompiles:
             env = {**os.environ, "TENSORCORE_BACKEND": "numpy"}
             self.process = subprocess.Popen([sys.executable, "-m", __name__, "--reverse"], env=env,
                                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-            self.process.stdin.write(json.dumps(self.entries))  # a few kB: the pipe takes it at once
+            self.process.stdin.write(json.dumps(self.entries))  # read by the process as it starts
             self.process.stdin.close()
 
     def __exit__(self, *exc: Any) -> None:
