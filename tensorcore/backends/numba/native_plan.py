@@ -194,8 +194,21 @@ def _versions() -> str:
     return f"numba {numba.__version__}, numpy {np.__version__}, helpers {helpers}"
 
 
+_segments: dict[str, Any] = {}  # source -> its jitted function: segments of one text share it
+_segments_lock = threading.Lock()
+
+
 def compiled(text: str, functions: dict[str, Any]) -> Any:
-    """The jitted ``segment`` of ``text``, cached on disk by the hash of ``text``."""
+    """The jitted ``segment`` of ``text``, cached on disk by the hash of ``text`` and in
+    this process by ``text`` (the names in a text fix the functions it calls)."""
+    with _segments_lock:
+        found = _segments.get(text)
+        if found is None:
+            found = _segments[text] = _compiled(text, functions)
+        return found
+
+
+def _compiled(text: str, functions: dict[str, Any]) -> Any:
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
     path = kernel_cache.fused_dir() / "native" / f"native_{digest}.py"
     module = load_module(path, text.replace("{cache}", "True"), f"tensorcore_native_{digest}", functions)
