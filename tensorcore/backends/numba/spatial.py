@@ -103,8 +103,13 @@ def _dense_plane(pass_name: str, plane_hw: Pair, padding: Pair) -> Pair:
     """The output plane of a stride-2 3x3 convolution run at stride 1, from the plane
     ``conv_algorithm`` is given (for the output planes: its largest size)."""
     if pass_name == "grad_input":
-        return plane_hw[0] + 2 * padding[0] - 2, plane_hw[1] + 2 * padding[1] - 2
+        return _stride_one_plane(plane_hw, padding)
     return 2 * plane_hw[0], 2 * plane_hw[1]
+
+
+def _stride_one_plane(x_hw: Pair, padding: Pair) -> Pair:
+    """The output plane of a 3x3 stride-1 convolution of an ``x_hw`` plane."""
+    return x_hw[0] + 2 * padding[0] - 2, x_hw[1] + 2 * padding[1] - 2
 
 
 def _zeros_between(grad: Array, stride: Pair, dense_hw: Pair) -> Array:
@@ -295,7 +300,6 @@ class NumbaSpatialKernels:
         over it."""
         from .kernels import conv as K
         from .kernels.activations import ACT_CODES
-
         from .kernels.winograd import weight_tiles
 
         ho, wo = out_hw
@@ -310,7 +314,7 @@ class NumbaSpatialKernels:
             return _winograd_batch_conv(self.scratch, x, weight_tiles(w.transpose(1, 0, 2, 3)),
                                         padding, (ho, wo), shift, ACT_CODES[act])
         if algorithm == SUBSAMPLED:
-            dense_hw = (x.shape[2] + 2 * padding[0] - 2, x.shape[3] + 2 * padding[1] - 2)
+            dense_hw = _stride_one_plane(x.shape[2:], padding)
             y = self._conv2d_plain(x, w, (1, 1), padding, dilation, groups, dense_hw, bias, act)
             return np.ascontiguousarray(y[:, :, :ho * stride[0]:stride[0], :wo * stride[1]:stride[1]])
         if algorithm == POINTWISE:
@@ -347,7 +351,7 @@ class NumbaSpatialKernels:
         algorithm = conv_algorithm("grad_input", w.shape, stride, padding, dilation, groups, n,
                                    (h, wd))
         if algorithm == SUBSAMPLED:
-            dense = _zeros_between(grad, stride, (h + 2 * padding[0] - 2, wd + 2 * padding[1] - 2))
+            dense = _zeros_between(grad, stride, _stride_one_plane((h, wd), padding))
             return self.conv2d_grad_input(dense, w, x_shape, (1, 1), padding, dilation, groups)
         if algorithm == FEW_OUT:
             from .kernels import conv_direct as D
@@ -391,9 +395,8 @@ class NumbaSpatialKernels:
         algorithm = conv_algorithm("grad_weight", w_shape, stride, padding, dilation, groups,
                                    x.shape[0], (ho, wo))
         if algorithm == SUBSAMPLED:
-            dense_hw = (x.shape[2] + 2 * padding[0] - 2, x.shape[3] + 2 * padding[1] - 2)
-            return self.conv2d_grad_weight(_zeros_between(grad, stride, dense_hw), x, w_shape, (1, 1),
-                                           padding, dilation, groups)
+            dense = _zeros_between(grad, stride, _stride_one_plane(x.shape[2:], padding))
+            return self.conv2d_grad_weight(dense, x, w_shape, (1, 1), padding, dilation, groups)
         if algorithm in (WINOGRAD, WINOGRAD_BATCH):
             return _winograd_weight_grad(self.scratch, grad, x, padding,
                                          batch=algorithm == WINOGRAD_BATCH)
