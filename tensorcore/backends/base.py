@@ -134,10 +134,13 @@ class Backend(Protocol):
     # ----- linear algebra ----------------------------------------------------------
     def matmul(self, a: Array, b: Array) -> Array:
         """Batched, broadcasting matrix product (NumPy ``@`` semantics)."""
-    def matmul_bias_act(self, a: Array, b: Array, bias: Array | None, act: str) -> Array:
+    def matmul_bias_act(self, a: Array, b: Array, bias: Array | None, act: str,
+                        residual: Array | None = None) -> Array:
         """``bias_act(matmul(a, b), bias, act, axis=-1)`` in one call, bit for bit as
         those two calls: the GEMM epilogue ``tc.compile``'s epilogue fusion rewrites a
-        product followed by a bias + activation into (never called by eager code)."""
+        product followed by a bias + activation into (never called by eager code).  With
+        ``residual`` (of the result's shape and dtype), that result plus it, as a
+        following ``binary("add", y, residual)`` computes it (a transformer's skip)."""
     def matmul_bias_act_group(self, a: Array, products: Sequence[tuple[Array, Array | None, str]]
                               ) -> tuple[Array, ...]:
         """``matmul_bias_act(a, b, bias, act)`` for each (b, bias, act) of ``products``,

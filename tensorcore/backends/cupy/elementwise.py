@@ -157,17 +157,19 @@ class CupyElementwiseKernels:
             return self.bias_act(y, bias, act, axis)
         return self._affine_act_into("affine_act", contiguous(x), scale, bias, act, axis, None)
 
-    def _affine_act_into(self, op: str, x, scale, bias, act: str, axis: int, out):
+    def _affine_act_into(self, op: str, x, scale, bias, act: str, axis: int, out, residual=None):
         """affine_act_kernel on C-contiguous x, into ``out`` (a new array when None; x
-        itself is fine: each element is read before it is written, by the same thread);
-        ``op`` names the caller in errors."""
+        itself is fine: each element is read before it is written, by the same thread),
+        plus a C-contiguous ``residual`` of x's shape and dtype when given; ``op`` names
+        the caller in errors."""
         scale = None if scale is None else contiguous(scale)
         bias = None if bias is None else contiguous(bias)
         out = empty_as(x) if out is None else out
         channel = scale if scale is not None else bias
-        C, inner, vec = self._channel_view(op, x, (x, out), channel, axis)
+        dense = (x, out) if residual is None else (x, out, residual)
+        C, inner, vec = self._channel_view(op, x, dense, channel, axis)
         launch(EW, "affine_act_kernel", x.dtype, _packed_work(x.size, vec, x.dtype),
-               (x, ptr(scale), ptr(bias), out, x.size, C, inner, ACT_CODES[act], int(vec)))
+               (x, ptr(scale), ptr(bias), ptr(residual), out, x.size, C, inner, ACT_CODES[act], int(vec)))
         return out
 
     def bias_act(self, x, bias, act: str, axis: int):

@@ -151,18 +151,23 @@ class CupyLinalgKernels:
             out = out[..., 0]
         return out
 
-    def matmul_bias_act(self, a, b, bias, act: str):
+    def matmul_bias_act(self, a, b, bias, act: str, residual=None):
         """A product of few rows (``_few_rows``) in one kernel with the bias and the
         activation; otherwise the cuBLAS product, then ``bias_act``'s kernel run in place
-        on the product's buffer.  Either way the two eager calls' arithmetic without the
-        second array."""
+        on the product's buffer, adding the residual in the same pass.  Either way the
+        eager calls' arithmetic without their intermediate arrays."""
         check_activation("matmul_bias_act", act)
         if _rows_kernel_takes(a, b, bias):
-            return _linear_rows(a, b, bias, act)
+            y = _linear_rows(a, b, bias, act)
+            return y if residual is None else self.binary("add", y, residual)
         y = self.matmul(a, b)
-        if y.ndim == 0 or not has_kernels(y, *(() if bias is None else (bias,))) or not y.flags.c_contiguous:
-            return self.bias_act(y, bias, act, -1)
-        return self._affine_act_into("matmul_bias_act", y, None, bias, act, -1, y)
+        arrays = [x for x in (bias, residual) if x is not None]
+        if y.ndim == 0 or not has_kernels(y, *arrays) or not y.flags.c_contiguous \
+                or (residual is not None and (residual.shape != y.shape or residual.dtype != y.dtype)):
+            y = self.bias_act(y, bias, act, -1)
+            return y if residual is None else self.binary("add", y, residual)
+        residual = None if residual is None else contiguous(residual)
+        return self._affine_act_into("matmul_bias_act", y, None, bias, act, -1, y, residual)
 
     def matmul_bias_act_group(self, a, products):
         """Every product linear_rows.cu takes in one launch per GROUP_MAX of them (each

@@ -77,7 +77,8 @@ class NumbaNativeForms:
         call = gemm_call(a, b, out)
         return None if call is None else [call]
 
-    def _native_matmul_bias_act(self, out: Array, a: Array, b: Array, bias: Array | None, act: str) -> Calls:
+    def _native_matmul_bias_act(self, out: Array, a: Array, b: Array, bias: Array | None, act: str,
+                                residual: Array | None = None) -> Calls:
         from .kernels import activations as K
 
         check_activation("matmul_bias_act", act)
@@ -87,7 +88,11 @@ class NumbaNativeForms:
         if product is None:
             return None
         self._bias_layout("matmul_bias_act", out, bias, -1)
-        return [product, kernel_call(K.bias_act_rows_, out.reshape(-1, out.shape[-1]), bias, _code(act))]
+        calls = [product, kernel_call(K.bias_act_rows_, out.reshape(-1, out.shape[-1]), bias, _code(act))]
+        if residual is None:
+            return calls
+        skip = self._native_binary(out, "add", out, residual)  # as the eager add after the product
+        return None if skip is None else calls + skip
 
     def _native_unary(self, out: Array, op: str, a: Array) -> Calls:
         if out is None:

@@ -90,10 +90,17 @@ class NumbaNNKernels:
         return K.bias_act_planes(xc.reshape(outer * channels, inner), bias, code).reshape(x.shape)
 
     def matmul_bias_act(self, a: Array, b: Array, bias: Array | None, act: str,
-                        out: Array | None = None) -> Array:
+                        residual: Array | None = None, out: Array | None = None) -> Array:
         """The BLAS product, then the bias + activation kernel of ``bias_act`` run in
-        place on it (into ``out`` when given): no array besides the product."""
+        place on it (into ``out`` when given), then the residual added in place: no
+        array besides the product."""
         check_activation("matmul_bias_act", act)
+        if residual is not None:
+            total = self.binary("add", self.matmul_bias_act(a, b, bias, act, out=out), residual)
+            if out is None:
+                return total
+            out[...] = total
+            return out
         if bias is None or not fast_path(a, b, bias) or a.ndim < 2 or b.ndim < 2:
             y = super().matmul_bias_act(a, b, bias, act)
             if out is None:

@@ -247,10 +247,12 @@ class NumpyPrimitives:
     def matmul(self, a, b, out=None):
         return self.xp.matmul(a, b, out=out)
 
-    def matmul_bias_act(self, a, b, bias, act: str):
-        """``bias_act(matmul(a, b), bias, act, -1)`` as those two calls of this backend."""
+    def matmul_bias_act(self, a, b, bias, act: str, residual=None):
+        """``bias_act(matmul(a, b), bias, act, -1)`` as those two calls of this backend,
+        then ``binary("add", ..., residual)`` when a residual is given."""
         check_activation("matmul_bias_act", act)
-        return self.bias_act(self.matmul(a, b), bias, act, -1)
+        y = self.bias_act(self.matmul(a, b), bias, act, -1)
+        return y if residual is None else self.binary("add", y, residual)
 
     def matmul_bias_act_group(self, a, products):
         """``matmul_bias_act(a, b, bias, act)`` for each (b, bias, act) of ``products``."""

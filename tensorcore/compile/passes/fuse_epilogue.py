@@ -17,7 +17,9 @@ value; ``uses.Uses``), takes in, in that order and each at most once:
 
 A ``matmul(a, b)`` whose result only ``bias_act(y, bias, act, axis=-1)`` reads becomes
 one ``matmul_bias_act(a, b, bias, act)`` call, which takes in a following
-``unary(act, y)`` as well when bias_act had no activation (a Linear, then SiLU).
+``unary(act, y)`` as well when bias_act had no activation (a Linear, then SiLU), or a
+following ``binary('add', y, r)`` as ``residual=r`` (a transformer block's skip around
+its output projection), after which nothing more folds.
 
 When both operands of an add are open convolutions, a 1x1 one is tried last (see
 ``_pointwise``).  The fused call takes the place of the last call it absorbed, so the
@@ -151,6 +153,11 @@ def _fold(graph: Graph, call: Node, node: Node, v: int, values: list[Value], num
             return None
         return Node(node.index, "matmul_bias_act", (*call.args, node.args[1], node.args[2]), {}, node.out)
     if call.op == "matmul_bias_act":
+        if call.kwargs:  # the residual is added last: nothing folds after it
+            return None
+        residual = _residual(node, v, y, values)
+        if residual is not None:
+            return Node(node.index, "matmul_bias_act", call.args, {"residual": residual}, node.out)
         if node.op != "unary" or node.args[1:] != (Ref(v),) or node.args[0] not in ACTS or call.args[3] != "none":
             return None
         return Node(node.index, "matmul_bias_act", (*call.args[:3], node.args[0]), {}, node.out)
@@ -174,11 +181,8 @@ def _conv_epilogue(kwargs: dict, node: Node, v: int, y: Value, values: list[Valu
         return None
     op, a, b = args
     if op == "add" and "residual" not in kwargs:
-        other = b if a == Ref(v) else a if b == Ref(v) else None
-        if type(other) is Ref and other != Ref(v) and values[other.value].shape == y.shape \
-                and values[other.value].dtype == y.dtype:
-            return {**kwargs, "residual": other}
-        return None
+        residual = _residual(node, v, y, values)
+        return None if residual is None else {**kwargs, "residual": residual}
     if op == "mul":
         scalar = b if a == Ref(v) else a if b == Ref(v) else None
         scale = _scalar(numbers.value(scalar, y.dtype), y.dtype)
@@ -187,6 +191,19 @@ def _conv_epilogue(kwargs: dict, node: Node, v: int, y: Value, values: list[Valu
     else:
         return None
     return None if scale is None else {**kwargs, "residual_scale": scale}
+
+
+def _residual(node: Node, v: int, y: Value, values: list[Value]) -> Ref | None:
+    """The other operand of ``node`` when it is ``binary('add', y, r)`` or ``('add', r, y)``
+    with ``r`` another array of y's shape and dtype, else None."""
+    if node.op != "binary" or len(node.args) != 3 or node.args[0] != "add":
+        return None
+    _, a, b = node.args
+    other = b if a == Ref(v) else a if b == Ref(v) else None
+    if type(other) is Ref and other != Ref(v) and values[other.value].shape == y.shape \
+            and values[other.value].dtype == y.dtype:
+        return other
+    return None
 
 
 def _along(args: tuple, y: Value, axis: int, values: list[Value]) -> bool:

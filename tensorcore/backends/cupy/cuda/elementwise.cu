@@ -203,29 +203,35 @@ __global__ void binary_channel_kernel(const T* __restrict__ x, const T* __restri
 }
 
 // y = act(x * scale[c] + bias[c]) with x viewed as [outer, C, inner]; scale / bias may
-// be null (1 / 0).
+// be null (1 / 0).  With a residual r (same shape as x, or null), y = that + r, the first
+// result rounded to T as it would be stored before a separate add.
 template <typename T>
 __global__ void affine_act_kernel(const T* __restrict__ x, const T* __restrict__ scale,
-                                  const T* __restrict__ bias, T* __restrict__ y,
-                                  long long n, long long C, long long inner, long long act,
-                                  long long vec) {
+                                  const T* __restrict__ bias, const T* __restrict__ residual,
+                                  T* __restrict__ y, long long n, long long C, long long inner,
+                                  long long act, long long vec) {
     typedef acc_t<T> A;
     const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+    const Pack<T>* rp = reinterpret_cast<const Pack<T>*>(residual);
     Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
     auto scale_of = [&](unsigned int c) { return scale ? load_acc(scale[c]) : (A)1; };
     auto bias_of = [&](unsigned int c) { return bias ? load_acc(bias[c]) : (A)0; };
+    auto plus = [&](T v, const T* r) { return r ? store_as<T>(load_acc(v) + load_acc(*r)) : v; };
     grid_channel_items<T>(
         n, C, inner, vec != 0,
         [&](long long i, unsigned int c) {
             const A s = scale_of(c), b = bias_of(c);
             Pack<T> p = xp[i];
+            Pack<T> r;
+            if (residual) r = rp[i];
 #pragma unroll
             for (int k = 0; k < Pack<T>::N; ++k)
-                p.v[k] = store_as<T>(act_fwd((int)act, load_acc(p.v[k]) * s + b));
+                p.v[k] = plus(store_as<T>(act_fwd((int)act, load_acc(p.v[k]) * s + b)), residual ? &r.v[k] : nullptr);
             yp[i] = p;
         },
         [&](long long i, unsigned int c) {
-            y[i] = store_as<T>(act_fwd((int)act, load_acc(x[i]) * scale_of(c) + bias_of(c)));
+            y[i] = plus(store_as<T>(act_fwd((int)act, load_acc(x[i]) * scale_of(c) + bias_of(c))),
+                        residual ? residual + i : nullptr);
         });
 }
 
