@@ -1,6 +1,6 @@
 """The Numba backend's convolution routes for batches of small planes against the NumPy
-reference in float64: Winograd with the transforms vectorised across the images
-(WINOGRAD_BATCH), stride 2 through it (SUBSAMPLED), 1x1 convolutions as one GEMM per
+reference in float64: Winograd with one image per task and the transforms vectorised
+across the channels (WINOGRAD_BATCH), stride 2 through it (SUBSAMPLED), 1x1 convolutions as one GEMM per
 image (POINTWISE), and the
 Kronecker-product weight transforms both Winograd routes share.  Gradients are also
 checked as what they are, derivatives of <conv2d(x, w), g>, by central differences.
@@ -72,7 +72,7 @@ def check_central_differences(xs, ws, geo):
     np.testing.assert_allclose(np.sum(NB.conv2d_grad_weight(g, x, ws, *geo) * dw_dir), along_w, rtol=1e-8)
 
 
-# ----- Winograd, the transforms vectorised across the images ----------------------------
+# ----- Winograd, one image per task, the transforms vectorised across the channels -----
 @given(n=st.integers(spatial.BATCH_MIN_IMAGES, spatial.BATCH_MIN_IMAGES + 3),
        c=st.integers(spatial.BATCH_MIN_CHANNELS, spatial.BATCH_MIN_CHANNELS + 5),
        cout=st.integers(spatial.BATCH_MIN_CHANNELS, spatial.BATCH_MIN_CHANNELS + 5),

@@ -352,7 +352,7 @@ def assert_winograd_close(fast, ref, dtype):
 @pytest.mark.parametrize("xs, cout, padding", [((2, 3, 8, 8), 4, (1, 1)), ((1, 2, 7, 9), 3, (0, 2)),
                                                ((3, 1, 5, 3), 2, (2, 1)), ((1, 2, 3, 4), 1, (0, 0)),
                                                ((2, 2, 1, 2), 2, (1, 2))])
-@pytest.mark.parametrize("batch", [False, True])  # the tiles in winograd / winograd_batch order
+@pytest.mark.parametrize("batch", [False, True])  # winograd's / winograd_batch's layout
 def test_winograd_matches_direct_convolution(xs, cout, padding, dtype, batch):
     from tensorcore.backends.numba.kernels.activations import ACT_CODES
     from tensorcore.backends.numba.kernels.winograd import weight_tiles

@@ -35,7 +35,7 @@ DIRECT, FEW_OUT, IM2COL = "direct", "few_out", "im2col"
 SMALL_K = 16  # contractions (C/groups * kh * kw) up to this length skip BLAS
 FEW_OUT_MAX = 4  # output channels per group up to which stride-1 kernels larger than
 #                  1x1 run direct loops (1x1 and strided ones: with one output channel)
-BATCH_MIN_IMAGES = 16  # WINOGRAD_BATCH: images its vector loops run across (at least)
+BATCH_MIN_IMAGES = 16  # WINOGRAD_BATCH: images (one task each, 1+ GEMM rows each) at least
 BATCH_MIN_CHANNELS = 16  # and channels on each side
 SUBSAMPLED_MAX_TILES = 4  # SUBSAMPLED: Winograd tiles of the stride-1 output plane (at most)
 
@@ -56,8 +56,8 @@ def conv_algorithm(pass_name: str, w_shape: Shape, stride: Pair, padding: Pair,
     * WINOGRAD, F(4x4, 3x3), for 3x3 stride-1 undilated ungrouped convolutions whose 36
       batched [Cout, C] @ [C, tiles] products run at BLAS speed: 64+ channels on both
       sides, planes of 64+ tiles, 1024+ tiles in all (and padding <= 2 for "grad_input");
-    * WINOGRAD_BATCH, the same with the transforms vectorised across the images, for
-      such convolutions on smaller planes: BATCH_MIN_IMAGES+ images, BATCH_MIN_CHANNELS+
+    * WINOGRAD_BATCH, the same with one image per task and the transforms vectorised
+      across the channels, for such convolutions on smaller planes: BATCH_MIN_IMAGES+ images, BATCH_MIN_CHANNELS+
       channels on both sides;
     * SUBSAMPLED, a stride-2 3x3 convolution as the stride-1 one (WINOGRAD_BATCH) read at
       every other output (its gradients: the stride-1 ones of the output gradient with

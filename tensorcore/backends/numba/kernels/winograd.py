@@ -19,7 +19,8 @@ Layouts: V [36, C, N*th*tw] and M [36, Cout, N*th*tw], tile t = (image, tile row
 tile column), th x tw tiles per output plane.  Every kernel runs one (channel,
 image) plane per task; a row of tiles is transformed along the plane's columns with
 contiguous vector loops, then along each tile's columns.  (``winograd_batch.py`` has
-the same transforms for small planes, vectorised across the images instead.)
+the same transforms for batches of small planes: one image per task, vectorised
+across the channels.)
 
 The kernel transforms U = G g G^T and its adjoint are linear maps of the 9 taps of
 every (output channel, input channel) pair, so each is one BLAS product with the
