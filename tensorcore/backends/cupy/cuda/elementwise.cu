@@ -77,7 +77,7 @@ __global__ void unary_kernel(const T* __restrict__ x, T* __restrict__ y, long lo
 // bias add would store it.  With vec, n is a multiple of the pack width and the arrays
 // are 16-byte aligned.
 template <typename T>
-__device__ __forceinline__ float glu_input(T x, const T* bias, long long col) {
+__device__ __forceinline__ acc_t<T> glu_input(T x, const T* bias, long long col) {
     return bias ? load_acc(store_as<T>(load_acc(x) + load_acc(bias[col]))) : load_acc(x);
 }
 
