@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -302,6 +303,7 @@ def _compile_then_install(missing: list[Segment], calls: tuple, install: Callabl
     try:
         for segment in missing:
             segment.compile()
+            time.sleep(0.005)  # Numba's compile lock is not fair: let a replay that needs it take it
         install(calls)
     except Exception as exc:  # noqa: BLE001  (the plan keeps replaying its Python steps)
         log.warning("native plan: a segment failed to compile, the plan stays a Python loop (%s: %s)",
