@@ -1,7 +1,8 @@
 """Native plans on the Numba backend: runs of plan steps as one generated jitted call.
 
 A compiled plan replays bit for bit as eager mode runs: the tiny MLP forward and Adam
-step, a small conv net, the digits training step of the command line.  The generated
+step, a small conv net; the digits training step of the command line, too large to
+compile on a cold cache, stays a Python loop, equal to eager as well.  The generated
 segments call the steps' functions in plan order, and dropping or swapping one changes
 the result (so the equality checks can fail).  NumPy's sums and matrix products, as
 the segments run them, equal NumPy's bit for bit.  A second process loads a segment
@@ -140,7 +141,10 @@ def test_a_small_conv_net_trains_as_eager_with_python_steps_between_segments():
     assert [_bits(a) for a in params] == [_bits(a) for a in eager_params]
 
 
-def test_the_digits_training_step_equals_eager_bit_for_bit():
+def test_the_digits_training_step_stays_a_python_loop_equal_to_eager(tmp_path, monkeypatch):
+    """Its plan misses far more segments than ``BACKGROUND_COMPILES`` on a cold cache, so
+    it replays its Python steps (minutes of compiling would slow the steps meanwhile)."""
+    monkeypatch.setenv("TENSORCORE_CACHE_DIR", str(tmp_path))  # a cold cache of segments
     from diffusion import DDPMScheduler, UNet2D
     from diffusion.cli.digits import unet_config
     from diffusion.datasets import digit_images
@@ -153,13 +157,12 @@ def test_the_digits_training_step_equals_eager_bit_for_bit():
         unet = UNet2D(**unet_config(8, (32, 64), 1, 1)).train()
         trainer = ddpm_trainer(unet, DDPMScheduler(beta_schedule="squaredcos_cap_v2"), data, steps=6, batch_size=8,
                                grad_clip=1.0, ema_decay=0.999, checkpoint_every=None, progress=False, compile=mode)
-        for i in range(6):
-            if i == 3:
-                native_plan.wait()  # the segments compiled in the background replay from here on
+        for _ in range(6):
             trainer.train_step()
         if mode:
+            native_plan.wait()
             assert trainer.compile_info.hits >= 3
-            assert _segments(trainer._compiled_step)
+            assert not _segments(trainer._compiled_step)
         params.append([p.numpy().copy() for p in unet.parameters()])
     assert [_bits(a) for a in params[0]] == [_bits(a) for a in params[1]]
 

@@ -19,12 +19,15 @@ count it found).  Numbers reach the kernels as parameters, never as constants in
 source, so the compiler cannot fold them into the kernels' arithmetic; only the
 activation codes (compile-time constants in eager mode too) and ``None`` are written in.
 
-Compile time: a segment compiles in a tenth of a second or so, the plan of a UNet's
-train step has a few hundred.  ``link`` loads the segments the disk cache holds; when
-at most ``SYNC_COMPILES`` are missing it compiles them before the plan's first replay,
-else the plan replays its Python steps while a background thread compiles them, and
-the segments take over from the next replay once all are ready (``wait`` waits for
-that).  So a first run in a fresh environment starts as fast as without native plans.
+Compile time: a segment compiles in a second or so; the plan of a UNet's train step
+has a few hundred.  ``link`` loads the segments the disk cache holds; when at most
+``SYNC_COMPILES`` are missing it compiles them before the plan's first replay; up to
+``BACKGROUND_COMPILES`` the plan replays its Python steps while a background thread
+compiles them, and the segments take over from the next replay once all are ready
+(``wait`` waits for that).  A plan missing more stays a Python loop: its steps are
+large enough that Python is a small share of them (the digits train step: ~215
+segments, minutes of compiling that slow the steps meanwhile, for ~6 ms of Python in a
+~100 ms step), while the plans native code is for -- small calls -- have few.
 
 Cache: a segment's source names every function it calls (fused loops by the digest of
 their source) and the Numba / NumPy versions; it is written to
@@ -47,6 +50,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core.compiler_lock import global_compiler_lock
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -56,6 +60,7 @@ from .fused import load_module
 log = logging.getLogger("tensorcore.compile")
 
 SYNC_COMPILES = 4  # segments missing from the disk cache that a bind compiles itself
+BACKGROUND_COMPILES = 32  # more missing than this: the plan stays a Python loop (see above)
 _HELPERS = tuple(Path(__file__).with_name(name) for name in ("native_plan.py", "blas.py", "numpy_sums.py"))  # what a segment inlines outside kernels/
 
 
@@ -236,18 +241,21 @@ class Segment:
         return tuple(typeof(a) for a in (threads.get_num_threads(), *self.params))
 
     def load(self) -> bool:
-        """Load the machine code from the disk cache; whether it was there."""
+        """Load the machine code from the disk cache; whether it was there.  Under Numba's
+        compile lock, as its own dispatchers load: plans bound on several threads at once
+        would otherwise read one cache index together."""
         signature = self._signature()
-        if signature in self.function.overloads:
-            self.origin = self.origin or "compiled"
-            return True
-        try:
-            found = self.function._cache.load_overload(signature, self.function.targetctx)
-        except AttributeError:  # a Numba without this cache interface: compile instead
-            return False
-        if found is None:
-            return False
-        self.function.add_overload(found)
+        with global_compiler_lock:
+            if signature in self.function.overloads:
+                self.origin = self.origin or "compiled"
+                return True
+            try:
+                found = self.function._cache.load_overload(signature, self.function.targetctx)
+            except AttributeError:  # a Numba without this cache interface: compile instead
+                return False
+            if found is None:
+                return False
+            self.function.add_overload(found)
         self.origin = "disk"
         return True
 
@@ -282,6 +290,10 @@ def link(steps: Sequence[tuple[Callable[[], Any], list[NativeCall] | None]],
     if run:
         out.append(Segment(run))
     missing = [s for s in out if isinstance(s, Segment) and not s.load()]
+    if len(missing) > BACKGROUND_COMPILES:
+        log.debug("native plan: %d segments missing from the disk cache, the plan stays a Python loop",
+                  len(missing))
+        return
     if len(missing) <= SYNC_COMPILES:
         for segment in missing:
             segment.compile()
