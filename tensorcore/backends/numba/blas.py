@@ -70,22 +70,24 @@ def gemm_arguments(a: Any, b: Any, out: Any) -> tuple[int, int, int, int, int, i
     if min(m, n, p) <= 1 or out.shape != (m, p) or not _blasable(*out.strides, m, p, size):
         return None
     (a_m, a_n), (b_n, b_p) = a.strides, b.strides
-    if _blasable(a_m, a_n, m, n, size):
-        trans_a, lda = NO_TRANS, a_m // size
-    elif _blasable(a_n, a_m, n, m, size):
-        trans_a, lda = TRANS, a_n // size
-    else:
+    op_a, op_b = _operand(a_m, a_n, m, n, size), _operand(b_n, b_p, n, p, size)
+    if op_a is None or op_b is None:
         return None
-    if _blasable(b_n, b_p, n, p, size):
-        trans_b, ldb = NO_TRANS, b_n // size
-    elif _blasable(b_p, b_n, p, n, size):
-        trans_b, ldb = TRANS, b_p // size
-    else:
-        return None
+    (trans_a, lda), (trans_b, ldb) = op_a, op_b
     same_memory = a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
     if same_memory and m == p and a_m == b_p and a_n == b_n and trans_a != trans_b:
         return None  # NumPy takes syrk for a @ a.T
     return trans_a, trans_b, m, p, n, lda, ldb, out.strides[0] // size
+
+
+def _operand(row: int, col: int, rows: int, cols: int, size: int) -> tuple[int, int] | None:
+    """(transpose flag, leading dimension) of a [rows, cols] operand with byte strides
+    (row, col) as BLAS reads it: stored as it is or transposed; None for neither."""
+    if _blasable(row, col, rows, cols, size):
+        return NO_TRANS, row // size
+    if _blasable(col, row, cols, rows, size):
+        return TRANS, col // size
+    return None
 
 
 @intrinsic
