@@ -19,6 +19,7 @@ from numba.np.numpy_support import as_dtype
 
 from ... import opcodes
 from .jit import JIT_OPTIONS, kernel
+from .lanes import SUM, lane_sum
 from .mathfn import fexp, fnormcdf, ftanh
 from .reductions import column_sums
 
@@ -290,8 +291,5 @@ def bias_act_planes_backward(x, bias, grad, code):
     for p in prange(x.shape[0]):
         res = out[p]
         act_grad_row(code, x[p], t(1.0), bias[p % channels], grad[p], res)
-        acc = t(0.0)
-        for s in range(res.size):
-            acc += res[s]
-        plane_sums[p] = acc
+        plane_sums[p] = lane_sum(SUM, res, res, t(0.0))
     return out, plane_sums

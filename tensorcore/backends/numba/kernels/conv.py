@@ -30,6 +30,7 @@ from numba import prange
 
 from .activations import act_row
 from .jit import helper, kernel
+from .lanes import DOT, lane_sum
 
 
 @helper
@@ -296,10 +297,7 @@ def small_k_weight_grad(grad, cols):
                     part[p] = plane[p]
             for kk in range(k):
                 src = flat[g, kk, lo:lo + size]
-                s = t(0.0)
-                for p in range(size):
-                    s += block[p] * src[p]
-                sums[kk] += s
+                sums[kk] += lane_sum(DOT, block[:size], src, t(0.0))
         for kk in range(k):
             dw[g, cj, kk] = sums[kk]
     return dw

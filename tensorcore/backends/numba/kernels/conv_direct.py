@@ -24,6 +24,7 @@ from numba import prange
 
 from .activations import act_row
 from .jit import helper, inlined, kernel
+from .lanes import DOT, lane_sum
 
 BLOCK = 2048  # padded values per block of planes: long loops, still in L1
 
@@ -91,10 +92,7 @@ def _tap_dot(grad, src, offset, count, sh, sw, pitch, plane, ho, wo):
     total = t(0.0)
     if sh == 1 and sw == 1:
         span = (count - 1) * plane + (ho - 1) * pitch + wo
-        g, inp = grad[:span], src[offset:offset + span]
-        for q in range(span):
-            total += g[q] * inp[q]
-        return total
+        return lane_sum(DOT, grad[:span], src[offset:offset + span], t(0.0))
     for k in range(count):
         for oh in range(ho):
             o, s = k * plane + oh * pitch, k * plane + oh * sh * pitch + offset

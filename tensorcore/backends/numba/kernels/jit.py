@@ -10,13 +10,15 @@
 * ``wide_vectors()``: called first thing in a parallel loop body, lets LLVM use
   512-bit vectors in that body (see its docstring).
 
-Fast-math is limited to ``reassoc`` / ``contract`` / ``nsz``: enough for LLVM to
-vectorise float reductions and fuse multiply-adds, while inf and NaN keep their IEEE
-meaning (softmax masks with -inf, max pooling propagates NaN) and divisions stay
-exactly rounded (approximate reciprocals would spoil the tails of sigmoid and tanh).
-``error_model="numpy"`` drops the per-division zero check that would otherwise
-block vectorisation; ``cache=True`` stores compiled code next to the sources, so
-only the first process pays the compile time.
+No fast-math: every kernel computes the same bits wherever its code ends up.  LLVM
+compiles a function again in each module that links it (a kernel calling a helper, a
+native plan calling a kernel), and with ``reassoc`` or ``contract`` each copy may sum in
+another order or fuse other multiply-adds, so a kernel compiled in this process and the
+same kernel loaded from the disk cache gave different last bits.  Reductions that need
+vector speed keep several partial sums in a fixed pattern (``lanes.py``), which LLVM
+vectorises without reordering anything.  ``error_model="numpy"`` drops the
+per-division zero check that would otherwise block vectorisation; ``cache=True`` stores
+compiled code next to the sources, so only the first process pays the compile time.
 
 Kernels parallelise their explicit ``prange`` loops only (``PRANGE_ONLY``): Numba's
 other conversions would turn each ``np.zeros``, array expression or whole-array
@@ -33,7 +35,7 @@ from numba.extending import intrinsic
 
 from tensorcore.backends.numba import threads
 
-JIT_OPTIONS = {"fastmath": {"reassoc", "contract", "nsz"}, "error_model": "numpy"}
+JIT_OPTIONS = {"error_model": "numpy"}
 
 # an options object, not a dict: Numba empties a dict of options as it reads it, at the
 # first compile, and later compiles would get every conversion again

@@ -14,6 +14,7 @@ from numba import prange
 
 from .activations import act_grad_row, act_row
 from .jit import helper, kernel, wide_vectors
+from .lanes import DOT_DEVIATION, SUM, lane_sum
 from .reductions import column_sums, moments
 
 
@@ -133,11 +134,8 @@ def group_norm_groups_backward(grad, x, weight, bias, mean, rstd, code):
             src, res = x[i, g, j], dx[i, g, j]
             # d pre-activation, finished below
             act_grad_row(code, src, scale, shift, grad[i, g, j], res)
-            acc_w = t(0.0)
-            acc_b = t(0.0)
-            for p in range(size):
-                acc_w += res[p] * ((src[p] - m) * s)
-                acc_b += res[p]
+            acc_w = lane_sum(DOT_DEVIATION, res, src, m) * s
+            acc_b = lane_sum(SUM, res, res, t(0.0))
             part_w[i, c] = acc_w
             part_b[i, c] = acc_b
             sum_gw += acc_b * weight[c]
@@ -176,13 +174,8 @@ def plane_sums(grad, x, center):
         i, c = nc // channels, nc % channels
         g, src = grad[i, c], x[i, c]
         m = center[c]
-        acc_g = t(0.0)
-        acc_gx = t(0.0)
-        for p in range(size):
-            acc_g += g[p]
-            acc_gx += g[p] * (src[p] - m)
-        sum_g[i, c] = acc_g
-        sum_gx[i, c] = acc_gx
+        sum_g[i, c] = lane_sum(SUM, g, g, t(0.0))
+        sum_gx[i, c] = lane_sum(DOT_DEVIATION, g, src, m)
     return sum_g, sum_gx
 
 

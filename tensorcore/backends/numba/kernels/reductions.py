@@ -9,6 +9,7 @@ import numpy as np
 from numba import prange
 
 from .jit import helper, kernel
+from .lanes import SQUARED_DEVIATION, SUM, lane_sum
 
 
 _LANES = 64  # four AVX-512 registers of float32: one block's max need not wait for the last
@@ -54,15 +55,8 @@ _BLOCK = 4096
 def _block_moments(block):
     """(mean, sum of squared deviations) of a short block, by two exact passes."""
     t = block.dtype.type
-    s = t(0.0)
-    for i in range(block.size):
-        s += block[i]
-    mean = s / t(block.size)
-    m2 = t(0.0)
-    for i in range(block.size):
-        d = block[i] - mean
-        m2 += d * d
-    return mean, m2
+    mean = lane_sum(SUM, block, block, t(0.0)) / t(block.size)
+    return mean, lane_sum(SQUARED_DEVIATION, block, block, mean)
 
 
 @helper
@@ -101,9 +95,6 @@ def channel_sums(x):
         total = 0.0
         for o in range(outer):
             run = x[o, ch]
-            s = t(0.0)
-            for i in range(inner):
-                s += run[i]
-            total += s
+            total += lane_sum(SUM, run, run, t(0.0))
         out[ch] = total
     return out

@@ -19,18 +19,19 @@ import numpy as np
 from numba import prange
 
 from .jit import helper, inlined, kernel, wide_vectors
+from .lanes import DOT, SUM, lane_sum
 from .mathfn import fexp
 from .reductions import row_max
 
 
 @helper
-def _log_sum_exp(row):
-    """max(row) + log(sum(exp(row - max)))."""
+def _log_sum_exp(row, scratch):
+    """max(row) + log(sum(exp(row - max))); ``scratch``, a row as long, is overwritten."""
     t = row.dtype.type
     m = row_max(row)
-    s = t(0.0)
     for c in range(row.size):
-        s += fexp(row[c] - m)
+        scratch[c] = fexp(row[c] - m)
+    s = lane_sum(SUM, scratch, scratch, t(0.0))
     return m + t(math.log(s)) if s < t(np.inf) else t(np.nan)
 
 
@@ -43,11 +44,9 @@ def softmax_rows(x):
         wide_vectors()
         row, res = x[r], out[r]
         m = row_max(row)
-        s = t(0.0)
         for c in range(row.size):
-            e = fexp(row[c] - m)
-            res[c] = e
-            s += e
+            res[c] = fexp(row[c] - m)
+        s = lane_sum(SUM, res, res, t(0.0))
         inv = t(1.0) / s if s < t(np.inf) else t(np.nan)
         for c in range(row.size):
             res[c] *= inv
@@ -61,9 +60,7 @@ def softmax_rows_backward(grad, y):
     out = np.empty_like(y)
     for r in prange(y.shape[0]):
         g, yr, res = grad[r], y[r], out[r]
-        dot = t(0.0)
-        for c in range(yr.size):
-            dot += g[c] * yr[c]
+        dot = lane_sum(DOT, g, yr, t(0.0))
         for c in range(yr.size):
             res[c] = yr[c] * (g[c] - dot)
     return out
@@ -76,7 +73,7 @@ def log_softmax_rows(x):
     for r in prange(x.shape[0]):
         wide_vectors()
         row, res = x[r], out[r]
-        shift = _log_sum_exp(row)
+        shift = _log_sum_exp(row, res)
         for c in range(row.size):
             res[c] = row[c] - shift
     return out
@@ -89,9 +86,7 @@ def log_softmax_rows_backward(grad, y):
     out = np.empty_like(y)
     for r in prange(y.shape[0]):
         g, yr, res = grad[r], y[r], out[r]
-        total = t(0.0)
-        for c in range(yr.size):
-            total += g[c]
+        total = lane_sum(SUM, g, g, t(0.0))
         for c in range(yr.size):
             res[c] = g[c] - fexp(yr[c]) * total
     return out
@@ -102,12 +97,10 @@ def _row_loss(row, res, target, ignore_index, smoothing):
     """Write log_softmax(row) into ``res``; return the row's loss
     ``(1-s) * -logp[target] + s * mean(-logp)`` (0 when ``target`` is ignored)."""
     t = row.dtype.type
-    shift = _log_sum_exp(row)
-    total = t(0.0)
+    shift = _log_sum_exp(row, res)
     for c in range(row.size):
-        v = row[c] - shift
-        res[c] = v
-        total += v
+        res[c] = row[c] - shift
+    total = lane_sum(SUM, res, res, t(0.0))
     if target == ignore_index:
         return t(0.0)
     return -((t(1.0) - t(smoothing)) * res[target] + t(smoothing) * total / t(row.size))

@@ -1,0 +1,216 @@
+"""Sums over a contiguous row in a fixed order, in vector registers, without fast-math.
+
+Kernels compile without fast-math (``jit.py``), so LLVM may not reorder a running sum
+``s += row[i]``: such a loop adds one value at a time.  ``lane_sum`` writes the vector
+loop itself (LLVM IR): four accumulators of ``lanes`` values each (16 float32 or 8
+float64: one AVX-512 register), accumulator ``u`` adding the vector at ``i + u lanes`` of
+every block of ``4 lanes`` values, so four vector additions are in flight.  Then the
+accumulators are added ((0 + 1) + (2 + 3)), the full vectors after the last block are
+added to that, its halves are added until one value is left (lane ``k`` plus lane
+``k + lanes/2``...), and the values past the last full vector are added in order.
+The order of every addition is fixed by this code, not by the optimiser, so every
+compiled copy of a kernel gives the same bits.
+
+``lane_sum(kind, x, y, m)`` sums one term per index ``i`` of the contiguous 1-D arrays
+``x`` and ``y`` (``kind`` a compile-time constant; ``y`` and ``m`` are read only by the
+terms that use them):
+
+* ``SUM``: ``x[i]``;
+* ``DOT``: ``x[i] * y[i]``;
+* ``SQUARED_DEVIATION``: ``(x[i] - m) ** 2``;
+* ``DOT_DEVIATION``: ``x[i] * (y[i] - m)``.
+
+The sum, and ``m``, are in ``x``'s dtype (float32 or float64).  Arrays Numba cannot
+prove contiguous take a scalar loop that adds in the same order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import errors
+from numba.extending import intrinsic, overload
+from numba.np.numpy_support import as_dtype
+
+from .jit import JIT_OPTIONS
+
+SUM, DOT, SQUARED_DEVIATION, DOT_DEVIATION = range(4)
+_READS_Y = (DOT, DOT_DEVIATION)
+_REGISTER_BYTES = 64
+_ACCUMULATORS = 4  # vector adds in flight: an add's latency is ~4 cycles
+
+
+def lane_sum(kind, x, y, m):
+    """The sum over ``i`` of the ``kind`` term (see the module docstring); callable from
+    jitted code only, with ``kind`` a compile-time constant."""
+
+
+def _kind(kind) -> int:
+    if not isinstance(kind, types.IntegerLiteral) or kind.literal_value not in range(4):
+        raise errors.TypingError(f"lane_sum: the term must be a compile-time constant in 0..3, got {kind}")
+    return kind.literal_value
+
+
+def _vector_term(builder, kind: int, vx, vy, vm):
+    if kind == SUM:
+        return vx
+    if kind == DOT:
+        return builder.fmul(vx, vy)
+    if kind == SQUARED_DEVIATION:
+        d = builder.fsub(vx, vm)
+        return builder.fmul(d, d)
+    return builder.fmul(vx, builder.fsub(vy, vm))
+
+
+def _loop(builder, context, scalar, load_term, first, end, accumulators):
+    """Emit ``for i in range(first, end, len(accumulators) * lanes)``, accumulator ``u``
+    adding the term of the vector at ``i + u * lanes``; returns (the index reached, the
+    accumulators after the loop)."""
+    vector = accumulators[0].type
+    lanes, step = vector.count, vector.count * len(accumulators)
+    i64 = ir.IntType(64)
+    before = builder.basic_block
+    loop = builder.append_basic_block("lanes.loop")
+    after = builder.append_basic_block("lanes.after")
+    builder.cbranch(builder.icmp_signed("<=", builder.add(first, i64(step)), end), loop, after)
+
+    builder.position_at_end(loop)
+    index = builder.phi(i64)
+    index.add_incoming(first, before)
+    phis = []
+    for acc in accumulators:
+        phi = builder.phi(vector)
+        phi.add_incoming(acc, before)
+        phis.append(phi)
+    updated = [builder.fadd(phi, load_term(builder.add(index, i64(u * lanes)))) for u, phi in enumerate(phis)]
+    following = builder.add(index, i64(step))
+    index.add_incoming(following, loop)
+    for phi, value in zip(phis, updated):
+        phi.add_incoming(value, loop)
+    builder.cbranch(builder.icmp_signed("<=", builder.add(following, i64(step)), end), loop, after)
+
+    builder.position_at_end(after)
+    reached = builder.phi(i64)
+    reached.add_incoming(first, before)
+    reached.add_incoming(following, loop)
+    results = []
+    for acc, value in zip(accumulators, updated):
+        result = builder.phi(vector)
+        result.add_incoming(acc, before)
+        result.add_incoming(value, loop)
+        results.append(result)
+    return reached, results
+
+
+def _halves(builder, value, width):
+    """``value``'s first ``width`` lanes plus its next ``width``."""
+    def pick(lanes):
+        return builder.shuffle_vector(value, value, ir.Constant(ir.VectorType(ir.IntType(32), width), lanes))
+    return builder.fadd(pick(list(range(width))), pick(list(range(width, 2 * width))))
+
+
+@intrinsic
+def _vector_part(typingctx, kind, x, y, m, body):
+    """The sum of the terms at indices [0, body), ``body`` a multiple of the lane count,
+    in the order of the module docstring."""
+    code = _kind(kind)
+    dtype = x.dtype
+
+    def codegen(context, builder, signature, args):
+        _, xv, yv, mv, count = args
+        scalar = context.get_value_type(dtype)
+        lanes = _REGISTER_BYTES // context.get_abi_sizeof(scalar)
+        vector = ir.VectorType(scalar, lanes)
+        align = context.get_abi_sizeof(scalar)
+        x_data = context.make_array(x)(context, builder, xv).data
+        y_data = context.make_array(y)(context, builder, yv).data if code in _READS_Y else x_data
+        splat = builder.insert_element(ir.Constant(vector, ir.Undefined), mv, ir.Constant(ir.IntType(32), 0))
+        vm = builder.shuffle_vector(splat, ir.Constant(vector, ir.Undefined),
+                                    ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+        def load_term(index):
+            vx = builder.load(builder.bitcast(builder.gep(x_data, [index]), vector.as_pointer()), align=align)
+            vy = vx
+            if code in _READS_Y:
+                vy = builder.load(builder.bitcast(builder.gep(y_data, [index]), vector.as_pointer()), align=align)
+            return _vector_term(builder, code, vx, vy, vm)
+
+        end = context.cast(builder, count, signature.args[4], types.int64)
+        zero = ir.Constant(vector, [0.0] * lanes)
+        reached, accs = _loop(builder, context, scalar, load_term, ir.Constant(ir.IntType(64), 0), end,
+                              [zero] * _ACCUMULATORS)
+        acc = builder.fadd(builder.fadd(accs[0], accs[1]), builder.fadd(accs[2], accs[3]))
+        _, (acc,) = _loop(builder, context, scalar, load_term, reached, end, [acc])
+        width = lanes
+        while width > 1:  # lane k plus lane k + width/2, until one lane is left
+            width //= 2
+            acc = _halves(builder, acc, width)
+        return builder.extract_element(acc, ir.Constant(ir.IntType(32), 0))
+
+    return dtype(kind, x, y, m, body), codegen
+
+
+def _lanes(dtype) -> int:
+    return _REGISTER_BYTES // dtype.bitwidth * 8
+
+
+def _scalar_term(kind, x, y, m, i):
+    """The ``kind`` term at index ``i``; callable from jitted code only."""
+
+
+@overload(_scalar_term, prefer_literal=True, inline="always", jit_options=JIT_OPTIONS)
+def _scalar_term_impl(kind, x, y, m, i):
+    code = _kind(kind)
+    if code == SUM:
+        return lambda kind, x, y, m, i: x[i]
+    if code == DOT:
+        return lambda kind, x, y, m, i: x[i] * y[i]
+    if code == SQUARED_DEVIATION:
+        def squared(kind, x, y, m, i):
+            d = x[i] - m
+            return d * d
+        return squared
+    return lambda kind, x, y, m, i: x[i] * (y[i] - m)
+
+
+@overload(lane_sum, prefer_literal=True, inline="always", jit_options=JIT_OPTIONS)
+def _lane_sum_impl(kind, x, y, m):
+    code = _kind(kind)
+    if not isinstance(x, types.Array) or x.dtype not in (types.float32, types.float64):
+        raise errors.TypingError(f"lane_sum: x must be a float32 or float64 array, got {x}")
+    t = x.dtype
+    contiguous = x.layout == "C" and x.ndim == 1 and (code not in _READS_Y or (y.layout == "C" and y.ndim == 1))
+
+    lanes, np_t = _lanes(t), as_dtype(t)
+    if not contiguous:
+        def same_order(kind, x, y, m):
+            n = x.size
+            blocks = n - n % (_ACCUMULATORS * lanes)
+            body = n - n % lanes
+            part = np.zeros((_ACCUMULATORS, lanes), dtype=np_t)
+            for i in range(blocks):
+                part[(i // lanes) % _ACCUMULATORS, i % lanes] += _scalar_term(kind, x, y, t(m), i)
+            acc = (part[0] + part[1]) + (part[2] + part[3])
+            for i in range(blocks, body):
+                acc[i % lanes] += _scalar_term(kind, x, y, t(m), i)
+            width = lanes
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    acc[k] += acc[k + width]
+            s = acc[0]
+            for i in range(body, n):
+                s += _scalar_term(kind, x, y, t(m), i)
+            return s
+        return same_order
+
+    def impl(kind, x, y, m):
+        n = x.size
+        body = n - n % lanes
+        s = _vector_part(kind, x, y, t(m), body)
+        for i in range(body, n):
+            s += _scalar_term(kind, x, y, t(m), i)
+        return s
+
+    return impl
