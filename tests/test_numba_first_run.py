@@ -5,14 +5,13 @@ trains to the same weights bit for bit (loaded machine code computes what it com
 when compiled).
 
 Kernels compiled in a second process (``backends/numba/warmup.py``) load in the first
-without compiling; ``record`` lists what a block compiles; the list of a default
-``python -m diffusion train`` (``diffusion/cli/train_kernel_list.py``) is what such a run
-compiles, and a run that compiles half of it in a second process trains as one alone.
+without compiling and compute the same bits; ``record`` lists what a block compiles; the
+list of a default ``python -m diffusion train`` (``diffusion/cli/train_kernel_list.py``)
+is what such a run compiles, and that run hands the list to a second process.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -20,10 +19,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from numba.core import types
 
-from diffusion.cli import train_kernel_list, train_kernels
+import tensorcore as tc
+from diffusion.cli import build_parser, train_kernel_list, train_kernels
 from tensorcore.backends.numba import warmup
 from tensorcore.backends.numba.kernel_cache import COMPILE_NOTICE
 
@@ -120,8 +121,9 @@ CALLS = textwrap.dedent("""
 
     entries, listing = json.loads(sys.argv[1]), warmup.record() if sys.argv[2] == "record" else contextlib.nullcontext()
     with warmup.BackgroundCompiles(entries) as background, listing as compiled:
-        sums = reductions.channel_sums(np.ones((2, 3, 4), np.float32))
-        silu = activations.act_forward_flat(np.zeros(5, np.float32), activations.ACT_CODES["silu"])
+        rng = np.random.default_rng(0)
+        sums = reductions.channel_sums(rng.standard_normal((2, 3, 40), dtype=np.float32))
+        silu = activations.act_forward_flat(rng.standard_normal(37, dtype=np.float32), activations.ACT_CODES["silu"])
     print(json.dumps({"compiled": compiled, "started": background.process is not None,
                       "sums": sums.tolist(), "silu": silu.tolist()}))
 """)
@@ -140,7 +142,10 @@ def test_kernels_compiled_by_a_second_process_load_without_compiling(tmp_path) -
     alone = run_calls(tmp_path / "alone", [])
     assert alone["compiled"] == KERNELS  # in order, the helpers they call left out
     assert not alone["started"]  # recording: no second process
-    assert alone["sums"] == [8.0, 8.0, 8.0] and alone["silu"] == [0.0] * 5
+    rng = np.random.default_rng(0)  # the inputs of CALLS
+    x, v = rng.standard_normal((2, 3, 40), dtype=np.float32), rng.standard_normal(37, dtype=np.float32)
+    np.testing.assert_allclose(alone["sums"], x.astype(np.float64).sum(axis=(0, 2)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(alone["silu"], v / (1 + np.exp(-v.astype(np.float64))), rtol=1e-5, atol=1e-6)
 
     worker = subprocess.run([sys.executable, "-m", "tensorcore.backends.numba.warmup", "--reverse"],
                             input=json.dumps(KERNELS), env=cold_env(tmp_path / "shared"), capture_output=True,
@@ -163,34 +168,22 @@ def test_a_listed_kernel_that_does_not_compile_is_reported_not_fatal(tmp_path) -
     assert "1 of 1 listed kernels did not compile" in worker.stderr and "no_such_kernel" in worker.stderr
 
 
-def losses(run_folder: Path) -> list[dict]:
-    """metrics.csv of a train run without its timing column."""
-    with open(run_folder / "metrics.csv") as f:
-        return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
-
-
-@pytest.fixture(scope="module")
-def recorded_run(tmp_path_factory) -> tuple[dict, Path]:
-    """The default train command's first step on empty caches, compiling alone: what it
-    compiled and its run folder."""
-    workdir = tmp_path_factory.mktemp("recorded")
-    return train_kernels.record(workdir), workdir / "run"
-
-
 @pytest.mark.slow
-def test_the_train_kernel_list_is_what_a_default_run_compiles(recorded_run) -> None:
-    recorded, _ = recorded_run
+def test_the_train_kernel_list_is_what_a_default_run_compiles(tmp_path) -> None:
+    recorded = train_kernels.record(tmp_path)  # the first step on empty caches, compiling alone
     assert recorded["options"] == train_kernel_list.OPTIONS
     assert recorded["kernels"] == train_kernel_list.KERNELS, (
         "diffusion/cli/train_kernel_list.py is out of date: run python -m diffusion.cli.train_kernels")
 
 
-@pytest.mark.slow
-def test_a_run_compiling_in_two_processes_trains_as_one_alone(recorded_run, tmp_path) -> None:
-    _, alone = recorded_run
-    argv = [*train_kernels.RECORDED_COMMAND, "--out", str(tmp_path / "run")]
-    done = subprocess.run([sys.executable, "-m", "diffusion", *argv], env=cold_env(tmp_path), capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.count(COMPILE_NOTICE) == 1 and "did not compile" not in done.stderr, done.stderr
-    assert losses(tmp_path / "run") == losses(alone)
+def test_a_default_train_run_compiles_the_list_in_a_second_process() -> None:
+    """The CLI starts the background compiles (tested above) for the recorded options only."""
+    args = build_parser().parse_args(train_kernels.RECORDED_COMMAND)
+    options = train_kernels.shaping_options(args, args.image_size, latent=False)
+    with tc.use_backend("numba"):
+        chosen = train_kernels.background_compiles(options)
+        assert isinstance(chosen, warmup.BackgroundCompiles) and chosen.entries == train_kernel_list.KERNELS
+        assert not isinstance(train_kernels.background_compiles({**options, "batch_size": 7}),
+                              warmup.BackgroundCompiles)
+    with tc.use_backend("numpy"):
+        assert not isinstance(train_kernels.background_compiles(options), warmup.BackgroundCompiles)
