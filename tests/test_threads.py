@@ -79,6 +79,7 @@ def run_script(code: str, env: dict[str, str] | None = None) -> dict:
     full_env = {**os.environ, "NUMBA_NUM_THREADS": "2", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
     full_env.pop("TENSORCORE_BACKEND", None)
+    full_env.pop("GOMP_SPINCOUNT", None)  # tensorcore's own default is under test
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
