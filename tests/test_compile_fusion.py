@@ -145,9 +145,7 @@ def test_activation_folds_into_a_conv_and_bias_act_into_a_conv_without_bias(back
 
 
 def test_tanh_epilogue_on_numba_is_within_rounding():
-    """Numba's eager tanh is NumPy's; its fused epilogue uses the kernel's own tanh.  (Its
-    GELU's erf, eager and fused, is one source compiled twice, which LLVM may contract
-    differently: on some versions they differ in the last bit.)"""
+    """Numba's eager tanh is NumPy's; its fused epilogue uses the kernel's own tanh."""
     with tc.use_backend("numba"):
         w, b = conv_params()
         x = tc.randn(2, 3, 5, 5)
