@@ -63,7 +63,7 @@ def _vector_term(builder, kind: int, vx, vy, vm):
     return builder.fmul(vx, builder.fsub(vy, vm))
 
 
-def _loop(builder, context, scalar, load_term, first, end, accumulators):
+def _loop(builder, load_term, first, end, accumulators):
     """Emit ``for i in range(first, end, len(accumulators) * lanes)``, accumulator ``u``
     adding the term of the vector at ``i + u * lanes``; returns (the index reached, the
     accumulators after the loop)."""
@@ -138,10 +138,10 @@ def _vector_part(typingctx, kind, x, y, m, body):
 
         end = context.cast(builder, count, signature.args[4], types.int64)
         zero = ir.Constant(vector, [0.0] * lanes)
-        reached, accs = _loop(builder, context, scalar, load_term, ir.Constant(ir.IntType(64), 0), end,
+        reached, accs = _loop(builder, load_term, ir.Constant(ir.IntType(64), 0), end,
                               [zero] * _ACCUMULATORS)
         acc = builder.fadd(builder.fadd(accs[0], accs[1]), builder.fadd(accs[2], accs[3]))
-        _, (acc,) = _loop(builder, context, scalar, load_term, reached, end, [acc])
+        _, (acc,) = _loop(builder, load_term, reached, end, [acc])
         width = lanes
         while width > 1:  # lane k plus lane k + width/2, until one lane is left
             width //= 2
