@@ -52,6 +52,11 @@ def _kind(kind) -> int:
     return kind.literal_value
 
 
+def _lanes(dtype) -> int:
+    """Values of ``dtype`` (a Numba float type) in one vector register."""
+    return _REGISTER_BYTES * 8 // dtype.bitwidth
+
+
 def _vector_term(builder, kind: int, vx, vy, vm):
     if kind == SUM:
         return vx
@@ -120,7 +125,7 @@ def _vector_part(typingctx, kind, x, y, m, body):
     def codegen(context, builder, signature, args):
         _, xv, yv, mv, count = args
         scalar = context.get_value_type(dtype)
-        lanes = _REGISTER_BYTES // context.get_abi_sizeof(scalar)
+        lanes = _lanes(dtype)
         vector = ir.VectorType(scalar, lanes)
         align = context.get_abi_sizeof(scalar)
         x_data = context.make_array(x)(context, builder, xv).data
@@ -149,10 +154,6 @@ def _vector_part(typingctx, kind, x, y, m, body):
         return builder.extract_element(acc, ir.Constant(ir.IntType(32), 0))
 
     return dtype(kind, x, y, m, body), codegen
-
-
-def _lanes(dtype) -> int:
-    return _REGISTER_BYTES // dtype.bitwidth * 8
 
 
 def _scalar_term(kind, x, y, m, i):
