@@ -1,14 +1,15 @@
 """The decorators every kernel module uses, so all kernels compile alike.
 
-* ``kernel``: a parallel entry point called from the backend (``prange`` loops); it
-  runs on one thread when its arrays are small (``numba/threads.py``).
+* ``kernel``: an entry point called from the backend; its parallel loops are
+  ``parallel.parallel_for`` calls, and it runs on one thread when its arrays are small
+  (``numba/threads.py``).
 * ``helper``: a serial function called from kernels (inlined by LLVM).
 * ``inlined``: a serial function inlined into its callers by Numba, for helpers a
   parallel loop calls once per short row or plane: a call costs tens of nanoseconds
   (the array views passed to it are reference counted with atomic updates), which
   is as much as a whole 64-element row of work.
-* ``wide_vectors()``: called first thing in a parallel loop body, lets LLVM use
-  512-bit vectors in that body (see its docstring).
+* ``wide_vectors()``: called first thing in a function, lets LLVM use 512-bit vectors
+  in it (see its docstring).
 
 No fast-math: every kernel computes the same bits wherever its code ends up.  LLVM
 compiles a function again in each module that links it (a kernel calling a helper, a
@@ -19,37 +20,25 @@ vector speed keep several partial sums in a fixed pattern (``lanes.py``), which 
 vectorises without reordering anything.  ``error_model="numpy"`` drops the
 per-division zero check that would otherwise block vectorisation; ``cache=True`` stores
 compiled code next to the sources, so only the first process pays the compile time.
-
-Kernels parallelise their explicit ``prange`` loops only (``PRANGE_ONLY``): Numba's
-other conversions would turn each ``np.zeros``, array expression or whole-array
-reduction in a kernel body into a parallel loop of its own, each compiled as one more
-function (a few tenths of a second apiece, a sixth of a cold cache's compile time)
-for work that is a memset or a short serial loop next to the kernel's own.
+Nothing is compiled with Numba's ``parallel=True`` (see ``parallel.py`` for why).
 """
 
 from __future__ import annotations
 
 from numba import njit, types
-from numba.core.cpu_options import ParallelOptions
 from numba.extending import intrinsic
 
 from tensorcore.backends.numba import threads
 
 JIT_OPTIONS = {"error_model": "numpy"}
 
-# an options object, not a dict: Numba empties a dict of options as it reads it, at the
-# first compile, and later compiles would get every conversion again
-PRANGE_ONLY = ParallelOptions({"prange": True, "comprehension": False, "reduction": False, "inplace_binop": False,
-                               "setitem": False, "numpy": False, "stencil": False, "fusion": False})
-
 helper = njit(cache=True, **JIT_OPTIONS)
 inlined = njit(inline="always", cache=True, **JIT_OPTIONS)
-_parallel = njit(parallel=PRANGE_ONLY, cache=True, **JIT_OPTIONS)
 
 
 def kernel(fn):
-    """``fn`` compiled as a parallel kernel that runs serially on small arrays."""
-    return threads.SizedKernel(_parallel(fn))
+    """``fn`` compiled as a kernel whose parallel loops run serially on small arrays."""
+    return threads.SizedKernel(helper(fn))
 
 
 def thread_count() -> int:
@@ -66,9 +55,9 @@ def wide_vectors(typingctx):
 
     On AVX-512 CPUs LLVM defaults to 256-bit vectors (wide ones can lower the clock
     of a whole core), which halves the throughput of compute-bound loops such as
-    the polynomial ``exp`` of softmax.  Called in a ``prange`` body it tags only the
-    function Numba outlines for that body with LLVM's ``prefer-vector-width``
-    attribute; CPUs without 512-bit registers ignore it.  llvmlite's attribute set
+    the polynomial ``exp`` of softmax.  Called in a parallel loop's body function it
+    tags that function with LLVM's ``prefer-vector-width`` attribute; CPUs without
+    512-bit registers ignore it.  llvmlite's attribute set
     accepts only a fixed list of names, so the string attribute is added with the
     plain ``set.add``; if a llvmlite version refuses it, the hint is dropped.
     """

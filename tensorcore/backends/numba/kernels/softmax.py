@@ -16,11 +16,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
-
 from .jit import helper, inlined, kernel, wide_vectors
 from .lanes import DOT, SUM, lane_sum
 from .mathfn import fexp
+from .parallel import parallel_for
 from .reductions import row_max
 
 
@@ -35,60 +34,76 @@ def _log_sum_exp(row, scratch):
     return m + t(math.log(s)) if s < t(np.inf) else t(np.nan)
 
 
+@helper
+def _softmax_row(r, x, out):
+    wide_vectors()
+    t = x.dtype.type
+    row, res = x[r], out[r]
+    m = row_max(row)
+    for c in range(row.size):
+        res[c] = fexp(row[c] - m)
+    s = lane_sum(SUM, res, res, t(0.0))
+    inv = t(1.0) / s if s < t(np.inf) else t(np.nan)
+    for c in range(row.size):
+        res[c] *= inv
+
+
 @kernel
 def softmax_rows(x):
     """softmax over the last axis of x [R, C]."""
-    t = x.dtype.type
     out = np.empty_like(x)
-    for r in prange(x.shape[0]):
-        wide_vectors()
-        row, res = x[r], out[r]
-        m = row_max(row)
-        for c in range(row.size):
-            res[c] = fexp(row[c] - m)
-        s = lane_sum(SUM, res, res, t(0.0))
-        inv = t(1.0) / s if s < t(np.inf) else t(np.nan)
-        for c in range(row.size):
-            res[c] *= inv
+    parallel_for(_softmax_row, x.shape[0], (x, out))
     return out
+
+
+@helper
+def _softmax_row_backward(r, grad, y, out):
+    t = y.dtype.type
+    g, yr, res = grad[r], y[r], out[r]
+    dot = lane_sum(DOT, g, yr, t(0.0))
+    for c in range(yr.size):
+        res[c] = yr[c] * (g[c] - dot)
 
 
 @kernel
 def softmax_rows_backward(grad, y):
     """y * (grad - sum(grad * y)) per row."""
-    t = y.dtype.type
     out = np.empty_like(y)
-    for r in prange(y.shape[0]):
-        g, yr, res = grad[r], y[r], out[r]
-        dot = lane_sum(DOT, g, yr, t(0.0))
-        for c in range(yr.size):
-            res[c] = yr[c] * (g[c] - dot)
+    parallel_for(_softmax_row_backward, y.shape[0], (grad, y, out))
     return out
+
+
+@helper
+def _log_softmax_row(r, x, out):
+    wide_vectors()
+    row, res = x[r], out[r]
+    shift = _log_sum_exp(row, res)
+    for c in range(row.size):
+        res[c] = row[c] - shift
 
 
 @kernel
 def log_softmax_rows(x):
     """x - max - log(sum(exp(x - max))) per row."""
     out = np.empty_like(x)
-    for r in prange(x.shape[0]):
-        wide_vectors()
-        row, res = x[r], out[r]
-        shift = _log_sum_exp(row, res)
-        for c in range(row.size):
-            res[c] = row[c] - shift
+    parallel_for(_log_softmax_row, x.shape[0], (x, out))
     return out
+
+
+@helper
+def _log_softmax_row_backward(r, grad, y, out):
+    t = y.dtype.type
+    g, yr, res = grad[r], y[r], out[r]
+    total = lane_sum(SUM, g, g, t(0.0))
+    for c in range(yr.size):
+        res[c] = g[c] - fexp(yr[c]) * total
 
 
 @kernel
 def log_softmax_rows_backward(grad, y):
     """grad - exp(y) * sum(grad) per row (y is the log_softmax output)."""
-    t = y.dtype.type
     out = np.empty_like(y)
-    for r in prange(y.shape[0]):
-        g, yr, res = grad[r], y[r], out[r]
-        total = lane_sum(SUM, g, g, t(0.0))
-        for c in range(yr.size):
-            res[c] = g[c] - fexp(yr[c]) * total
+    parallel_for(_log_softmax_row_backward, y.shape[0], (grad, y, out))
     return out
 
 
@@ -133,6 +148,12 @@ def _check_targets(target, ignore_index, classes):
     return kept, -1
 
 
+@helper
+def _loss_row(r, logits, logp, loss, target, ignore_index, smoothing):
+    wide_vectors()
+    loss[r] = _row_loss(logits[r], logp[r], target[r], ignore_index, smoothing)
+
+
 @kernel
 def cross_entropy_rows(logits, target, ignore_index, smoothing):
     """Per-row loss ``(1-s) * -logp[target] + s * mean(-logp)`` (0 on ignored rows)
@@ -140,18 +161,25 @@ def cross_entropy_rows(logits, target, ignore_index, smoothing):
     rows = logits.shape[0]
     logp = np.empty_like(logits)
     loss = np.empty(rows, dtype=logits.dtype)
-    for r in prange(rows):
-        wide_vectors()
-        loss[r] = _row_loss(logits[r], logp[r], target[r], ignore_index, smoothing)
+    parallel_for(_loss_row, rows, (logits, logp, loss, target, ignore_index, smoothing))
     return loss, logp
+
+
+@helper
+def _grad_row(r, logp, out, target, grad_rows, ignore_index, smoothing):
+    _row_grad(logp[r], out[r], target[r], grad_rows[r], ignore_index, smoothing)
+
+
+@helper
+def _grad_row_scaled(r, logp, out, target, g, ignore_index, smoothing):
+    _row_grad(logp[r], out[r], target[r], g, ignore_index, smoothing)
 
 
 @kernel
 def cross_entropy_rows_backward(grad_rows, logp, target, ignore_index, smoothing):
     """d logits = grad_row * (softmax - q) with q the smoothed one-hot target."""
     out = np.empty_like(logp)
-    for r in prange(logp.shape[0]):
-        _row_grad(logp[r], out[r], target[r], grad_rows[r], ignore_index, smoothing)
+    parallel_for(_grad_row, logp.shape[0], (logp, out, target, grad_rows, ignore_index, smoothing))
     return out
 
 
@@ -164,10 +192,8 @@ def cross_entropy_total(logits, target, ignore_index, smoothing):
     logp = np.empty_like(logits)
     loss = np.empty(rows, dtype=logits.dtype)
     kept, bad = _check_targets(target, ignore_index, classes)
-    todo = rows if bad < 0 else 0  # (a conditional inside prange() keeps the loop serial)
-    for r in prange(todo):
-        wide_vectors()
-        loss[r] = _row_loss(logits[r], logp[r], target[r], ignore_index, smoothing)
+    todo = rows if bad < 0 else 0
+    parallel_for(_loss_row, todo, (logits, logp, loss, target, ignore_index, smoothing))
     total = 0.0
     for r in range(todo):
         total += loss[r]
@@ -183,6 +209,5 @@ def cross_entropy_total_backward(grad, logp, target, ignore_index, smoothing):
     _, bad = _check_targets(target, ignore_index, logp.shape[1])
     g = t(grad)
     todo = logp.shape[0] if bad < 0 else 0
-    for r in prange(todo):
-        _row_grad(logp[r], out[r], target[r], g, ignore_index, smoothing)
+    parallel_for(_grad_row_scaled, todo, (logp, out, target, g, ignore_index, smoothing))
     return out, bad
