@@ -99,8 +99,9 @@ def _emit_launch(builder, chunk_fn, count, data):
     in place on one chunk, else through ``numba_parallel_for``."""
     module = builder.module
     one, row_bytes = ir.Constant(_I64, 1), ir.Constant(_I64, _ROW_BYTES)
-    get_threads = cgutils.get_or_insert_function(module, ir.FunctionType(_I32, []), "get_num_threads")
-    chunks = builder.sext(builder.call(get_threads, []), _I64)
+    # declared as Numba's own code declares it (returning intp); the C function returns an int
+    get_threads = cgutils.get_or_insert_function(module, ir.FunctionType(_I64, []), "get_num_threads")
+    chunks = builder.sext(builder.trunc(builder.call(get_threads, []), _I32), _I64)
     for limit in (count, ir.Constant(_I64, MAX_CHUNKS)):
         chunks = builder.select(builder.icmp_signed("<", limit, chunks), limit, chunks)
     chunks = builder.select(builder.icmp_signed("<", chunks, one), one, chunks)
