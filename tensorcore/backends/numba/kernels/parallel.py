@@ -4,9 +4,11 @@ Inside a kernel, ``parallel_for(_row, rows, (x, out))`` calls ``_row(i, x, out)`
 every ``i`` in ``range(rows)``, split into contiguous chunks, one per thread of
 Numba's pool (as many as ``numba.get_num_threads()`` gives the calling thread, which
 ``threads.SizedKernel`` sets; one thread runs the loop in place, with no parallel
-region).  ``body`` is a jitted function (``helper`` / ``inlined``) taking the index
-first and the tuple's items after it; it returns nothing, and each index writes its
-own part of the outputs.
+region).  ``body`` is a jitted function (``helper``) taking the index first and the
+tuple's items after it; it returns nothing, and each index writes its own part of the
+outputs.  A body doing one element per index starts with ``i = np.uintp(i)``: LLVM
+inlines the body into the chunk loop, and with a signed index every ``a[i]`` keeps
+Numba's wraparound of negative indices, which stops the loop from vectorising.
 
 Why not ``prange``: Numba's parallel transform compiles every ``prange`` loop as two
 more functions (the loop body as a "gufunc" and its wrapper), each through the whole
