@@ -287,27 +287,34 @@ def _unhook_in_child() -> None:
 # dojob_data) and expects dojob(i, jobdata + i * elsize, dojob_data) for every job i,
 # all at once: the jobs of one product wait on each other, so each needs its own thread.
 # The runner's names are bound by _compile_blas_runner, which imports Numba; the
-# function is module-level so Numba's disk cache finds it again in the next process.
-_call_job = _team_size = _swap_busy = _prange = None
+# functions are module-level so Numba's disk cache finds them again in the next process.
+# With the team sized to numjobs, parallel_for runs one job per thread.
+_call_job = _team_size = _swap_busy = _parallel_for = _one_job = None
+
+
+def _run_blas_job(i, dojob, elsize, jobdata, dojob_data):  # pragma: no cover (compiled)
+    _call_job(dojob, i, jobdata + i * elsize, dojob_data)
 
 
 def _run_blas_jobs(sync, dojob, numjobs, elsize, jobdata, dojob_data):  # pragma: no cover (compiled)
     while _swap_busy(1) != 0:  # one product at a time: jobs > 0 share OpenBLAS's buffers
         pass
     saved = _team_size(numjobs)
-    for i in _prange(numjobs):
-        _call_job(dojob, i, jobdata + i * elsize, dojob_data)
+    _parallel_for(_one_job, numjobs, (dojob, elsize, jobdata, dojob_data))
     _team_size(saved)
     _swap_busy(0)
 
 
 def _compile_blas_runner() -> Any:
     """``_run_blas_jobs`` as a C callback (loaded from Numba's cache after the first run)."""
-    global _call_job, _team_size, _swap_busy, _prange
+    global _call_job, _team_size, _swap_busy, _parallel_for, _one_job
     from llvmlite import ir
-    from numba import cfunc, prange, types
+    from numba import cfunc, types
     from numba.core import cgutils
     from numba.extending import intrinsic
+
+    from .kernels.jit import helper
+    from .kernels.parallel import parallel_for
 
     i32, i64, byte_ptr = ir.IntType(32), ir.IntType(64), ir.IntType(8).as_pointer()
 
@@ -346,6 +353,7 @@ def _compile_blas_runner() -> Any:
             return builder.atomic_rmw("xchg", flag, args[0], "seq_cst")
         return types.int32(types.int32), codegen
 
-    _call_job, _team_size, _swap_busy, _prange = call_job, team_size, swap_busy, prange
+    _call_job, _team_size, _swap_busy = call_job, team_size, swap_busy
+    _parallel_for, _one_job = parallel_for, helper(_run_blas_job)
     signature = types.void(types.int32, types.uintp, types.int32, types.uintp, types.uintp, types.int32)
-    return cfunc(signature, parallel=True, cache=True)(_run_blas_jobs)
+    return cfunc(signature, cache=True)(_run_blas_jobs)

@@ -7,9 +7,9 @@ into their own planes, so overlapping windows accumulate without races.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
 from .jit import helper, inlined, kernel
+from .parallel import parallel_for
 
 PLANE_CHUNK = 4096  # input elements per parallel task in the pooling backward
 
@@ -59,36 +59,56 @@ def _max_pool_halving(src, out, arg, w, ho, wo):
             arg[oh * wo + ow] = j
 
 
+@helper
+def _max_pool_plane(p, src, out, arg, halving, kh, kw, sh, sw, ph, pw, h, w, ho, wo):
+    t = src.dtype.type
+    if halving:
+        _max_pool_halving(src[p], out[p], arg[p], w, ho, wo)
+        return
+    for oh in range(ho):
+        r0, r1 = _span(oh, kh, sh, ph, h, False)
+        for ow in range(wo):
+            c0, c1 = _span(ow, kw, sw, pw, w, False)
+            best, pos, nan, q = t(-np.inf), t(0.0), t(-1.0), t(0.0)
+            for ih in range(r0, r1):
+                for iw in range(c0, c1):
+                    best, pos, nan = _window_pick(best, pos, nan, src[p, ih * w + iw], q)
+                    q += t(1.0)
+            k = int(nan if nan >= t(0.0) else pos)
+            j = (r0 + k // (c1 - c0)) * w + c0 + k % (c1 - c0)
+            out[p, oh * wo + ow] = src[p, j]
+            arg[p, oh * wo + ow] = j
+
+
 @kernel
 def max_pool(x, kh, kw, sh, sw, ph, pw, ho, wo):
     """(out, argmax) with argmax the flat index into each H*W plane; the first maximum
     wins, the last NaN wins over any number, and an all -inf window reports its first
     position in the image."""
-    t = x.dtype.type
     n, c, h, w = x.shape
     planes = n * c
     src = x.reshape(planes, h * w)
     out = np.empty((planes, ho * wo), dtype=x.dtype)
     arg = np.empty((planes, ho * wo), dtype=np.int64)
     halving = kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0
-    for p in prange(planes):
-        if halving:
-            _max_pool_halving(src[p], out[p], arg[p], w, ho, wo)
-            continue
-        for oh in range(ho):
-            r0, r1 = _span(oh, kh, sh, ph, h, False)
-            for ow in range(wo):
-                c0, c1 = _span(ow, kw, sw, pw, w, False)
-                best, pos, nan, q = t(-np.inf), t(0.0), t(-1.0), t(0.0)
-                for ih in range(r0, r1):
-                    for iw in range(c0, c1):
-                        best, pos, nan = _window_pick(best, pos, nan, src[p, ih * w + iw], q)
-                        q += t(1.0)
-                k = int(nan if nan >= t(0.0) else pos)
-                j = (r0 + k // (c1 - c0)) * w + c0 + k % (c1 - c0)
-                out[p, oh * wo + ow] = src[p, j]
-                arg[p, oh * wo + ow] = j
+    parallel_for(_max_pool_plane, planes, (src, out, arg, halving, kh, kw, sh, sw, ph, pw, h, w, ho, wo))
     return out.reshape(n, c, ho, wo), arg.reshape(n, c, ho, wo)
+
+
+@helper
+def _max_pool_backward_planes(task, g, a, dx, bad, chunk, planes, plane, outs):
+    """Planes [task * chunk, +chunk) of ``max_pool_backward``; bad[task] marks an argmax
+    outside its plane."""
+    t = g.dtype.type
+    for p in range(task * chunk, min(planes, task * chunk + chunk)):
+        for k in range(plane):
+            dx[p, k] = t(0.0)
+        for k in range(outs):
+            j = a[p, k]
+            if j < 0 or j >= plane:
+                bad[task] = True
+            else:
+                dx[p, j] += g[p, k]
 
 
 @kernel
@@ -100,7 +120,6 @@ def max_pool_backward(grad, arg, h, w):
     its own planes, so the zeroing runs in parallel and in cache; small planes are
     taken several per task (one 8x8 plane per task costs more to schedule than to
     fill)."""
-    t = grad.dtype.type
     n, c, ho, wo = grad.shape
     planes, plane, outs = n * c, h * w, ho * wo
     g, a = grad.reshape(planes, outs), arg.reshape(planes, outs)
@@ -108,17 +127,21 @@ def max_pool_backward(grad, arg, h, w):
     chunk = max(1, PLANE_CHUNK // max(plane, 1))
     tasks = (planes + chunk - 1) // chunk
     bad = np.zeros(tasks, dtype=np.bool_)
-    for task in prange(tasks):
-        for p in range(task * chunk, min(planes, task * chunk + chunk)):
-            for k in range(plane):
-                dx[p, k] = t(0.0)
-            for k in range(outs):
-                j = a[p, k]
-                if j < 0 or j >= plane:
-                    bad[task] = True
-                else:
-                    dx[p, j] += g[p, k]
+    parallel_for(_max_pool_backward_planes, tasks, (g, a, dx, bad, chunk, planes, plane, outs))
     return dx.reshape(n, c, h, w), not bad.any()
+
+
+@helper
+def _avg_pool_plane(task, src, out, cols, inv, c, h, out_h, out_w, kh, sh, ph, backward):
+    plane, dst = src[task // c, task % c], out[task // c, task % c]
+    for y in range(out_h):
+        r0, r1 = _span(y, kh, sh, ph, h, backward)
+        for x in range(out_w):
+            total = src.dtype.type(0.0)
+            for a in range(r0, r1):
+                for b in range(cols[x, 0], cols[x, 1]):
+                    total += plane[a, b]
+            dst[y, x] = total * inv
 
 
 @kernel
@@ -133,16 +156,7 @@ def _avg_pool_gather(src, out_h, out_w, kh, kw, sh, sw, ph, pw, backward):
     cols = np.empty((out_w, 2), dtype=np.int64)  # every row's column spans, computed once
     for x in range(out_w):
         cols[x, 0], cols[x, 1] = _span(x, kw, sw, pw, w, backward)
-    for task in prange(n * c):
-        plane, dst = src[task // c, task % c], out[task // c, task % c]
-        for y in range(out_h):
-            r0, r1 = _span(y, kh, sh, ph, h, backward)
-            for x in range(out_w):
-                total = src.dtype.type(0.0)
-                for a in range(r0, r1):
-                    for b in range(cols[x, 0], cols[x, 1]):
-                        total += plane[a, b]
-                dst[y, x] = total * inv
+    parallel_for(_avg_pool_plane, n * c, (src, out, cols, inv, c, h, out_h, out_w, kh, sh, ph, backward))
     return out
 
 
@@ -156,19 +170,33 @@ def avg_pool_backward(grad, h, w, kh, kw, sh, sw, ph, pw):
     return _avg_pool_gather(grad, h, w, kh, kw, sh, sw, ph, pw, True)
 
 
+@helper
+def _gather_nearest_plane(task, x, out, rows, cols, c):
+    i, ch = task // c, task % c
+    src, dst = x[i, ch], out[i, ch]
+    for a in range(rows.size):
+        line, res = src[rows[a]], dst[a]
+        for b in range(cols.size):
+            res[b] = line[cols[b]]
+
+
 @kernel
 def gather_nearest(x, rows, cols):
     """out[..., a, b] = x[..., rows[a], cols[b]]."""
     n, c = x.shape[0], x.shape[1]
     out = np.empty((n, c, rows.size, cols.size), dtype=x.dtype)
-    for task in prange(n * c):
-        i, ch = task // c, task % c
-        src, dst = x[i, ch], out[i, ch]
-        for a in range(rows.size):
-            line, res = src[rows[a]], dst[a]
-            for b in range(cols.size):
-                res[b] = line[cols[b]]
+    parallel_for(_gather_nearest_plane, n * c, (x, out, rows, cols, c))
     return out
+
+
+@helper
+def _scatter_nearest_plane(task, grad, dx, rows, cols, c):
+    i, ch = task // c, task % c
+    src, dst = grad[i, ch], dx[i, ch]
+    for a in range(rows.size):
+        line, g = dst[rows[a]], src[a]
+        for b in range(cols.size):
+            line[cols[b]] += g[b]
 
 
 @kernel
@@ -176,54 +204,56 @@ def scatter_nearest(grad, rows, cols, h, w):
     """Adjoint of ``gather_nearest``: sum the gradients of outputs sharing a source."""
     n, c = grad.shape[0], grad.shape[1]
     dx = np.zeros((n, c, h, w), dtype=grad.dtype)
-    for task in prange(n * c):
-        i, ch = task // c, task % c
-        src, dst = grad[i, ch], dx[i, ch]
-        for a in range(rows.size):
-            line, g = dst[rows[a]], src[a]
-            for b in range(cols.size):
-                line[cols[b]] += g[b]
+    parallel_for(_scatter_nearest_plane, n * c, (grad, dx, rows, cols, c))
     return dx
+
+
+@helper
+def _bilinear_plane(task, x, out, h0, h1, hf, w0, w1, wf, c):
+    t = x.dtype.type
+    i, ch = task // c, task % c
+    src, dst = x[i, ch], out[i, ch]
+    for a in range(h0.size):
+        top, bottom, fa = src[h0[a]], src[h1[a]], hf[a]
+        res = dst[a]
+        for b in range(w0.size):
+            fb = wf[b]
+            upper = (t(1.0) - fb) * top[w0[b]] + fb * top[w1[b]]
+            lower = (t(1.0) - fb) * bottom[w0[b]] + fb * bottom[w1[b]]
+            res[b] = (t(1.0) - fa) * upper + fa * lower
 
 
 @kernel
 def bilinear(x, h0, h1, hf, w0, w1, wf):
     """Bilinear resampling with per-axis taps (lo, hi) and the weight ``f`` of hi."""
-    t = x.dtype.type
     n, c = x.shape[0], x.shape[1]
     out = np.empty((n, c, h0.size, w0.size), dtype=x.dtype)
-    for task in prange(n * c):
-        i, ch = task // c, task % c
-        src, dst = x[i, ch], out[i, ch]
-        for a in range(h0.size):
-            top, bottom, fa = src[h0[a]], src[h1[a]], hf[a]
-            res = dst[a]
-            for b in range(w0.size):
-                fb = wf[b]
-                upper = (t(1.0) - fb) * top[w0[b]] + fb * top[w1[b]]
-                lower = (t(1.0) - fb) * bottom[w0[b]] + fb * bottom[w1[b]]
-                res[b] = (t(1.0) - fa) * upper + fa * lower
+    parallel_for(_bilinear_plane, n * c, (x, out, h0, h1, hf, w0, w1, wf, c))
     return out
+
+
+@helper
+def _bilinear_backward_plane(task, grad, dx, h0, h1, hf, w0, w1, wf, c):
+    t = grad.dtype.type
+    i, ch = task // c, task % c
+    src, dst = grad[i, ch], dx[i, ch]
+    for a in range(h0.size):
+        top, bottom, fa = dst[h0[a]], dst[h1[a]], hf[a]
+        g = src[a]
+        for b in range(w0.size):
+            fb = wf[b]
+            upper = (t(1.0) - fa) * g[b]
+            lower = fa * g[b]
+            top[w0[b]] += (t(1.0) - fb) * upper
+            top[w1[b]] += fb * upper
+            bottom[w0[b]] += (t(1.0) - fb) * lower
+            bottom[w1[b]] += fb * lower
 
 
 @kernel
 def bilinear_backward(grad, h, w, h0, h1, hf, w0, w1, wf):
     """Adjoint of ``bilinear``: each output gradient goes to its four taps."""
-    t = grad.dtype.type
     n, c = grad.shape[0], grad.shape[1]
     dx = np.zeros((n, c, h, w), dtype=grad.dtype)
-    for task in prange(n * c):
-        i, ch = task // c, task % c
-        src, dst = grad[i, ch], dx[i, ch]
-        for a in range(h0.size):
-            top, bottom, fa = dst[h0[a]], dst[h1[a]], hf[a]
-            g = src[a]
-            for b in range(w0.size):
-                fb = wf[b]
-                upper = (t(1.0) - fa) * g[b]
-                lower = fa * g[b]
-                top[w0[b]] += (t(1.0) - fb) * upper
-                top[w1[b]] += fb * upper
-                bottom[w0[b]] += (t(1.0) - fb) * lower
-                bottom[w1[b]] += fb * lower
+    parallel_for(_bilinear_backward_plane, n * c, (grad, dx, h0, h1, hf, w0, w1, wf, c))
     return dx
