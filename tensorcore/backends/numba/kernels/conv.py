@@ -26,11 +26,11 @@ layer on 1-3 input channels).
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
 from .activations import act_row
 from .jit import helper, kernel
 from .lanes import DOT, lane_sum
+from .parallel import parallel_for
 
 
 @helper
@@ -72,6 +72,31 @@ def _zero_padding_reads(row, ho, wo, oh_lo, oh_hi, ow_lo, ow_hi):
             row[r * wo + col] = t(0.0)
 
 
+@helper
+def _im2col_row(task, cols, x, sh, sw, ph, pw, dh, dw, ho, wo, n, h, w, kh, kw, shifted):
+    """Fill the (channel, tap) row ``task`` of ``im2col_``'s columns."""
+    ch, a, b = task // (kh * kw), task // kw % kh, task % kw
+    oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
+    ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
+    offset = (a * dh - ph) * w + b * dw - pw
+    lo, hi = _shifted_span(offset, h * w, oh_lo * wo, oh_hi * wo)
+    col_shift = b * dw - pw
+    for i in range(n):
+        dst = cols[ch, a, b, i]
+        if shifted:
+            src = x[i, ch].reshape(-1)[lo + offset:hi + offset]
+            part = dst[lo:hi]
+            for p in range(part.size):
+                part[p] = src[p]
+        else:
+            for oh in range(oh_lo, oh_hi):
+                src_row = x[i, ch, oh * sh - ph + a * dh, ow_lo * sw + col_shift::sw]
+                dst_row = dst[oh * wo + ow_lo:oh * wo + ow_hi]
+                for ow in range(dst_row.size):
+                    dst_row[ow] = src_row[ow]
+        _zero_padding_reads(dst, ho, wo, oh_lo, oh_hi, ow_lo, ow_hi)
+
+
 @kernel
 def im2col_(cols, x, sh, sw, ph, pw, dh, dw, ho, wo):
     """Fill ``cols`` [C, kh, kw, N, Ho*Wo] with the taps of x [N, C, H, W], zero where
@@ -79,27 +104,37 @@ def im2col_(cols, x, sh, sw, ph, pw, dh, dw, ho, wo):
     n, c, h, w = x.shape
     kh, kw = cols.shape[1], cols.shape[2]
     shifted = sh == 1 and sw == 1 and wo == w
-    for task in prange(c * kh * kw):
-        ch, a, b = task // (kh * kw), task // kw % kh, task % kw
+    parallel_for(_im2col_row, c * kh * kw,
+                 (cols, x, sh, sw, ph, pw, dh, dw, ho, wo, n, h, w, kh, kw, shifted))
+
+
+@helper
+def _col2im_plane(task, cols, dx, h, w, sh, sw, ph, pw, dh, dw, ho, wo, n, kh, kw, shifted):
+    """Sum the taps of the (channel, image) plane ``task`` of ``col2im_``'s result."""
+    t = cols.dtype.type
+    ch, i = task // n, task % n
+    plane = dx[i, ch].reshape(-1)
+    for q in range(plane.size):
+        plane[q] = t(0.0)
+    for a in range(kh):
         oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
-        ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
-        offset = (a * dh - ph) * w + b * dw - pw
-        lo, hi = _shifted_span(offset, h * w, oh_lo * wo, oh_hi * wo)
-        col_shift = b * dw - pw
-        for i in range(n):
-            dst = cols[ch, a, b, i]
+        for b in range(kw):
+            ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
+            src = cols[ch, a, b, i]
             if shifted:
-                src = x[i, ch].reshape(-1)[lo + offset:hi + offset]
-                part = dst[lo:hi]
+                _zero_padding_reads(src, ho, wo, oh_lo, oh_hi, ow_lo, ow_hi)
+                offset = (a * dh - ph) * w + b * dw - pw
+                lo, hi = _shifted_span(offset, h * w, oh_lo * wo, oh_hi * wo)
+                part, dst = src[lo:hi], plane[lo + offset:hi + offset]
                 for p in range(part.size):
-                    part[p] = src[p]
+                    dst[p] += part[p]
             else:
+                col_shift = b * dw - pw
                 for oh in range(oh_lo, oh_hi):
-                    src_row = x[i, ch, oh * sh - ph + a * dh, ow_lo * sw + col_shift::sw]
-                    dst_row = dst[oh * wo + ow_lo:oh * wo + ow_hi]
-                    for ow in range(dst_row.size):
-                        dst_row[ow] = src_row[ow]
-            _zero_padding_reads(dst, ho, wo, oh_lo, oh_hi, ow_lo, ow_hi)
+                    dst_row = dx[i, ch, oh * sh - ph + a * dh, ow_lo * sw + col_shift::sw]
+                    src_row = src[oh * wo + ow_lo:oh * wo + ow_hi]
+                    for ow in range(src_row.size):
+                        dst_row[ow] += src_row[ow]
 
 
 @kernel
@@ -108,34 +143,30 @@ def col2im_(cols, h, w, sh, sw, ph, pw, dh, dw, ho, wo):
     adding every tap's value into the input position it read.  Overwrites the entries
     of ``cols`` whose tap reads padding with zeros."""
     c, kh, kw, n, _ = cols.shape
-    t = cols.dtype.type
     dx = np.empty((n, c, h, w), dtype=cols.dtype)
     shifted = sh == 1 and sw == 1 and wo == w
-    for task in prange(c * n):
-        ch, i = task // n, task % n
-        plane = dx[i, ch].reshape(-1)
-        for q in range(plane.size):
-            plane[q] = t(0.0)
-        for a in range(kh):
-            oh_lo, oh_hi = _valid_outputs(a, dh, sh, ph, h, ho)
-            for b in range(kw):
-                ow_lo, ow_hi = _valid_outputs(b, dw, sw, pw, w, wo)
-                src = cols[ch, a, b, i]
-                if shifted:
-                    _zero_padding_reads(src, ho, wo, oh_lo, oh_hi, ow_lo, ow_hi)
-                    offset = (a * dh - ph) * w + b * dw - pw
-                    lo, hi = _shifted_span(offset, h * w, oh_lo * wo, oh_hi * wo)
-                    part, dst = src[lo:hi], plane[lo + offset:hi + offset]
-                    for p in range(part.size):
-                        dst[p] += part[p]
-                else:
-                    col_shift = b * dw - pw
-                    for oh in range(oh_lo, oh_hi):
-                        dst_row = dx[i, ch, oh * sh - ph + a * dh, ow_lo * sw + col_shift::sw]
-                        src_row = src[oh * wo + ow_lo:oh * wo + ow_hi]
-                        for ow in range(src_row.size):
-                            dst_row[ow] += src_row[ow]
+    parallel_for(_col2im_plane, c * n, (cols, dx, h, w, sh, sw, ph, pw, dh, dw, ho, wo, n, kh, kw, shifted))
     return dx
+
+
+@helper
+def _im2col_same_row(task, cols, x_cm, ph, pw, dh, dw, h, w, kh, kw, size):
+    """Fill the (channel, tap) row ``task`` of ``im2col_same_``'s columns."""
+    t = x_cm.dtype.type
+    ch, a, b = task // (kh * kw), task // kw % kh, task % kw
+    oh_lo, oh_hi = _valid_outputs(a, dh, 1, ph, h, h)
+    ow_lo, ow_hi = _valid_outputs(b, dw, 1, pw, w, w)
+    offset = (a * dh - ph) * w + b * dw - pw
+    lo, hi = _shifted_span(offset, size, 0, size)
+    dst = cols[ch, a, b].reshape(-1)
+    src, part = x_cm[ch].reshape(-1)[lo + offset:hi + offset], dst[lo:hi]
+    for q in range(part.size):
+        part[q] = src[q]
+    for q in range(lo):
+        dst[q] = t(0.0)
+    for q in range(hi, size):
+        dst[q] = t(0.0)
+    _zero_padding_reads(dst, h, w, oh_lo, oh_hi, ow_lo, ow_hi)
 
 
 @kernel
@@ -147,23 +178,29 @@ def im2col_same_(cols, x_cm, ph, pw, dh, dw):
     planes this beats ``im2col_``'s copy per plane, layout swap included."""
     c, n, h, w = x_cm.shape
     kh, kw = cols.shape[1], cols.shape[2]
-    t = x_cm.dtype.type
     size = n * h * w
-    for task in prange(c * kh * kw):
-        ch, a, b = task // (kh * kw), task // kw % kh, task % kw
+    parallel_for(_im2col_same_row, c * kh * kw, (cols, x_cm, ph, pw, dh, dw, h, w, kh, kw, size))
+
+
+@helper
+def _col2im_same_channel(ch, cols, dx, n, h, w, ph, pw, dh, dw, kh, kw, plane, size):
+    """Sum the taps of channel ``ch`` of ``col2im_same_``'s result."""
+    acc = np.zeros(size, dtype=cols.dtype)
+    for a in range(kh):
         oh_lo, oh_hi = _valid_outputs(a, dh, 1, ph, h, h)
-        ow_lo, ow_hi = _valid_outputs(b, dw, 1, pw, w, w)
-        offset = (a * dh - ph) * w + b * dw - pw
-        lo, hi = _shifted_span(offset, size, 0, size)
-        dst = cols[ch, a, b].reshape(-1)
-        src, part = x_cm[ch].reshape(-1)[lo + offset:hi + offset], dst[lo:hi]
-        for q in range(part.size):
-            part[q] = src[q]
-        for q in range(lo):
-            dst[q] = t(0.0)
-        for q in range(hi, size):
-            dst[q] = t(0.0)
-        _zero_padding_reads(dst, h, w, oh_lo, oh_hi, ow_lo, ow_hi)
+        for b in range(kw):
+            ow_lo, ow_hi = _valid_outputs(b, dw, 1, pw, w, w)
+            src = cols[ch, a, b].reshape(-1)
+            _zero_padding_reads(src, h, w, oh_lo, oh_hi, ow_lo, ow_hi)
+            offset = (a * dh - ph) * w + b * dw - pw
+            lo, hi = _shifted_span(offset, size, 0, size)
+            part, dst = src[lo:hi], acc[lo + offset:hi + offset]
+            for q in range(part.size):
+                dst[q] += part[q]
+    for i in range(n):
+        res, part = dx[i, ch].reshape(-1), acc[i * plane:(i + 1) * plane]
+        for q in range(plane):
+            res[q] = part[q]
 
 
 @kernel
@@ -176,24 +213,17 @@ def col2im_same_(cols, n, h, w, ph, pw, dh, dw):
     plane = h * w
     size = n * plane
     dx = np.empty((n, c, h, w), dtype=cols.dtype)
-    for ch in prange(c):
-        acc = np.zeros(size, dtype=cols.dtype)
-        for a in range(kh):
-            oh_lo, oh_hi = _valid_outputs(a, dh, 1, ph, h, h)
-            for b in range(kw):
-                ow_lo, ow_hi = _valid_outputs(b, dw, 1, pw, w, w)
-                src = cols[ch, a, b].reshape(-1)
-                _zero_padding_reads(src, h, w, oh_lo, oh_hi, ow_lo, ow_hi)
-                offset = (a * dh - ph) * w + b * dw - pw
-                lo, hi = _shifted_span(offset, size, 0, size)
-                part, dst = src[lo:hi], acc[lo + offset:hi + offset]
-                for q in range(part.size):
-                    dst[q] += part[q]
-        for i in range(n):
-            res, part = dx[i, ch].reshape(-1), acc[i * plane:(i + 1) * plane]
-            for q in range(plane):
-                res[q] = part[q]
+    parallel_for(_col2im_same_channel, c, (cols, dx, n, h, w, ph, pw, dh, dw, kh, kw, plane, size))
     return dx
+
+
+@helper
+def _swap_copy_row(j, src, dst, a, inner):
+    """dst[j, i] = src[i, j] for every i: index ``j`` of ``swap_leading_axes``."""
+    for i in range(a):
+        s, d = src[i, j], dst[j, i]
+        for k in range(inner):
+            d[k] = s[k]
 
 
 @kernel
@@ -206,12 +236,17 @@ def swap_leading_axes(x):
         return out
     inner = x.size // (a * b)
     src, dst = x.reshape(a, b, inner), out.reshape(b, a, inner)
-    for j in prange(b):
-        for i in range(a):
-            s, d = src[i, j], dst[j, i]
-            for k in range(inner):
-                d[k] = s[k]
+    parallel_for(_swap_copy_row, b, (src, dst, a, inner))
     return out
+
+
+@helper
+def _unswap_channel(co, y, bias, code, out, n):
+    """Output channel ``co`` of ``unswap_bias_act``."""
+    t = y.dtype.type
+    shift = bias[co]
+    for i in range(n):
+        act_row(code, y[co, i], t(1.0), shift, out[i, co])
 
 
 @kernel
@@ -220,13 +255,9 @@ def unswap_bias_act(y, bias, code):
     [N, Cout, S]: the layout swap with the convolution's epilogue on the way.  One
     output channel per task (small planes make short rows: a task per row would
     spend more on its index arithmetic than on the row)."""
-    t = y.dtype.type
     cout, n, s = y.shape
     out = np.empty((n, cout, s), dtype=y.dtype)
-    for co in prange(cout):
-        shift = bias[co]
-        for i in range(n):
-            act_row(code, y[co, i], t(1.0), shift, out[i, co])
+    parallel_for(_unswap_channel, cout, (y, bias, code, out, n))
     return out
 
 
@@ -240,6 +271,26 @@ def _image_blocks(n, hw):
     return per, (n + per - 1) // per
 
 
+@helper
+def _small_k_block(task, y, w, flat, bias, code, n, hw, cg, k, per, blocks):
+    """The (output channel, block of images) ``task`` of ``small_k_forward_``."""
+    t = flat.dtype.type
+    co, blk = task // blocks, task % blocks
+    g, cj = co // cg, co % cg
+    i0, i1 = blk * per, min(n, (blk + 1) * per)
+    lo, size = i0 * hw, (i1 - i0) * hw
+    acc = np.empty(size, dtype=flat.dtype)
+    w0, src = w[g, cj, 0], flat[g, 0, lo:lo + size]
+    for p in range(size):
+        acc[p] = w0 * src[p]
+    for kk in range(1, k):
+        wk, src = w[g, cj, kk], flat[g, kk, lo:lo + size]
+        for p in range(size):
+            acc[p] += wk * src[p]
+    for i in range(i0, i1):
+        act_row(code, acc[(i - i0) * hw:(i - i0 + 1) * hw], t(1.0), bias[co], y[i, co])
+
+
 @kernel
 def small_k_forward_(y, w, cols, bias, code):
     """y [N, Cout, Ho*Wo] = act(w @ cols + bias) per group, for w [groups, Cout/groups, K]
@@ -251,24 +302,30 @@ def small_k_forward_(y, w, cols, bias, code):
     counts in the kernel's size: it is K/Cout times the inputs' (``SizedKernel``)."""
     groups, cg, k = w.shape
     n, hw = cols.shape[2], cols.shape[3]
-    t = cols.dtype.type
     flat = cols.reshape(groups, k, n * hw)
     per, blocks = _image_blocks(n, hw)
-    for task in prange(groups * cg * blocks):
-        co, blk = task // blocks, task % blocks
-        g, cj = co // cg, co % cg
+    parallel_for(_small_k_block, groups * cg * blocks, (y, w, flat, bias, code, n, hw, cg, k, per, blocks))
+
+
+@helper
+def _small_k_channel_grad(co, grad, flat, dw, n, hw, cg, k, per, blocks):
+    """Output channel ``co`` of ``small_k_weight_grad``."""
+    t = flat.dtype.type
+    g, cj = co // cg, co % cg
+    sums = np.zeros(k, dtype=flat.dtype)
+    block = np.empty(per * hw, dtype=flat.dtype)
+    for blk in range(blocks):
         i0, i1 = blk * per, min(n, (blk + 1) * per)
         lo, size = i0 * hw, (i1 - i0) * hw
-        acc = np.empty(size, dtype=cols.dtype)
-        w0, src = w[g, cj, 0], flat[g, 0, lo:lo + size]
-        for p in range(size):
-            acc[p] = w0 * src[p]
-        for kk in range(1, k):
-            wk, src = w[g, cj, kk], flat[g, kk, lo:lo + size]
-            for p in range(size):
-                acc[p] += wk * src[p]
         for i in range(i0, i1):
-            act_row(code, acc[(i - i0) * hw:(i - i0 + 1) * hw], t(1.0), bias[co], y[i, co])
+            plane, part = grad[i, co], block[(i - i0) * hw:(i - i0 + 1) * hw]
+            for p in range(hw):
+                part[p] = plane[p]
+        for kk in range(k):
+            src = flat[g, kk, lo:lo + size]
+            sums[kk] += lane_sum(DOT, block[:size], src, t(0.0))
+    for kk in range(k):
+        dw[g, cj, kk] = sums[kk]
 
 
 @kernel
@@ -280,24 +337,8 @@ def small_k_weight_grad(grad, cols):
     groups, k, n, hw = cols.shape
     cout = grad.shape[1]
     cg = cout // groups
-    t = cols.dtype.type
     dw = np.empty((groups, cg, k), dtype=cols.dtype)
     flat = cols.reshape(groups, k, n * hw)
     per, blocks = _image_blocks(n, hw)
-    for co in prange(cout):
-        g, cj = co // cg, co % cg
-        sums = np.zeros(k, dtype=cols.dtype)
-        block = np.empty(per * hw, dtype=cols.dtype)
-        for blk in range(blocks):
-            i0, i1 = blk * per, min(n, (blk + 1) * per)
-            lo, size = i0 * hw, (i1 - i0) * hw
-            for i in range(i0, i1):
-                plane, part = grad[i, co], block[(i - i0) * hw:(i - i0 + 1) * hw]
-                for p in range(hw):
-                    part[p] = plane[p]
-            for kk in range(k):
-                src = flat[g, kk, lo:lo + size]
-                sums[kk] += lane_sum(DOT, block[:size], src, t(0.0))
-        for kk in range(k):
-            dw[g, cj, kk] = sums[kk]
+    parallel_for(_small_k_channel_grad, cout, (grad, flat, dw, n, hw, cg, k, per, blocks))
     return dw

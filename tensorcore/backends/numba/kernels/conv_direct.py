@@ -20,11 +20,11 @@ and are never read back.  Other strides loop row by row.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
 from .activations import act_row
 from .jit import helper, inlined, kernel
 from .lanes import DOT, lane_sum
+from .parallel import parallel_for
 
 BLOCK = 2048  # padded values per block of planes: long loops, still in L1
 
@@ -101,6 +101,30 @@ def _tap_dot(grad, src, offset, count, sh, sw, pitch, plane, ho, wo):
     return total
 
 
+@helper
+def _forward_block(task, y, x, w, bias, code, sh, sw, ph, pw, dh, dw, n, cg, kh, kw, ho, wo, per_group,
+                   pitch, plane, per, blocks):
+    """The (output channel, block of images) ``task`` of ``forward_``."""
+    t = y.dtype.type
+    co, blk = task // blocks, task % blocks
+    i0, i1 = blk * per, min(n, (blk + 1) * per)
+    ch0 = co // per_group * cg
+    acc = np.zeros((i1 - i0) * plane, dtype=y.dtype)
+    src = np.empty((i1 - i0) * plane, dtype=y.dtype)
+    for cj in range(cg):
+        _pad_planes(x, i0, i1, ch0 + cj, ph, pw, pitch, plane, src)
+        for a in range(kh):
+            for b in range(kw):
+                _gather_tap(acc, src, w[co, cj, a, b], a * dh * pitch + b * dw, i1 - i0,
+                            sh, sw, pitch, plane, ho, wo)
+    for i in range(i0, i1):
+        out = acc[(i - i0) * ho * wo:(i - i0 + 1) * ho * wo]
+        for oh in range(ho):  # in place: every value moves down or stays
+            for ow in range(wo):
+                out[oh * wo + ow] = acc[(i - i0) * plane + oh * pitch + ow]
+        act_row(code, out, t(1.0), bias[co], y[i, co].reshape(-1))
+
+
 @kernel
 def forward_(y, x, w, bias, code, sh, sw, ph, pw, dh, dw):
     """y [N, Cout, Ho, Wo] = act(conv(x, w) + bias), one task per (output channel,
@@ -114,25 +138,32 @@ def forward_(y, x, w, bias, code, sh, sw, ph, pw, dh, dw):
     pitch = width + 2 * pw
     plane = (h + 2 * ph) * pitch
     per, blocks = _blocks(n, plane)
-    t = y.dtype.type
-    for task in prange(cout * blocks):
-        co, blk = task // blocks, task % blocks
-        i0, i1 = blk * per, min(n, (blk + 1) * per)
-        ch0 = co // per_group * cg
-        acc = np.zeros((i1 - i0) * plane, dtype=y.dtype)
-        src = np.empty((i1 - i0) * plane, dtype=y.dtype)
-        for cj in range(cg):
-            _pad_planes(x, i0, i1, ch0 + cj, ph, pw, pitch, plane, src)
-            for a in range(kh):
-                for b in range(kw):
-                    _gather_tap(acc, src, w[co, cj, a, b], a * dh * pitch + b * dw, i1 - i0,
-                                sh, sw, pitch, plane, ho, wo)
-        for i in range(i0, i1):
-            out = acc[(i - i0) * ho * wo:(i - i0 + 1) * ho * wo]
-            for oh in range(ho):  # in place: every value moves down or stays
-                for ow in range(wo):
-                    out[oh * wo + ow] = acc[(i - i0) * plane + oh * pitch + ow]
-            act_row(code, out, t(1.0), bias[co], y[i, co].reshape(-1))
+    parallel_for(_forward_block, cout * blocks,
+                 (y, x, w, bias, code, sh, sw, ph, pw, dh, dw, n, cg, kh, kw, ho, wo, per_group,
+                  pitch, plane, per, blocks))
+
+
+@helper
+def _grad_input_block(task, dx, grad, w, sh, sw, ph, pw, dh, dw, n, h, width, cg, kh, kw, ho, wo, per_group,
+                      pitch, plane, per, blocks):
+    """The (input channel, block of images) ``task`` of ``grad_input_``."""
+    ch, blk = task // blocks, task % blocks
+    i0, i1 = blk * per, min(n, (blk + 1) * per)
+    g, cj = ch // cg, ch % cg
+    acc = np.zeros((i1 - i0) * plane, dtype=dx.dtype)
+    src = np.empty((i1 - i0) * plane, dtype=dx.dtype)
+    for co in range(g * per_group, (g + 1) * per_group):
+        _pad_planes(grad, i0, i1, co, 0, 0, pitch, plane, src)
+        for a in range(kh):
+            for b in range(kw):
+                _scatter_tap(acc, src, w[co, cj, a, b], a * dh * pitch + b * dw, i1 - i0,
+                             sh, sw, pitch, plane, ho, wo)
+    for i in range(i0, i1):
+        for r in range(h):
+            start = (i - i0) * plane + (ph + r) * pitch + pw
+            row, part = dx[i, ch, r], acc[start:start + width]
+            for j in range(width):
+                row[j] = part[j]
 
 
 @kernel
@@ -149,24 +180,28 @@ def grad_input_(dx, grad, w, sh, sw, ph, pw, dh, dw):
     pitch = width + 2 * pw
     plane = (h + 2 * ph) * pitch
     per, blocks = _blocks(n, plane)
-    for task in prange(c * blocks):
-        ch, blk = task // blocks, task % blocks
+    parallel_for(_grad_input_block, c * blocks,
+                 (dx, grad, w, sh, sw, ph, pw, dh, dw, n, h, width, cg, kh, kw, ho, wo, per_group,
+                  pitch, plane, per, blocks))
+
+
+@helper
+def _grad_weight_pair(task, out, grad, x, kh, kw, sh, sw, ph, pw, dh, dw, n, cg, ho, wo, per_group,
+                      pitch, plane, per, blocks):
+    """The (output channel, input channel of its group) ``task`` of ``grad_weight``."""
+    co, cj = task // cg, task % cg
+    ch = co // per_group * cg + cj
+    sums = out[co, cj]
+    src = np.empty(per * plane, dtype=x.dtype)
+    gsrc = np.empty(per * plane, dtype=x.dtype)
+    for blk in range(blocks):
         i0, i1 = blk * per, min(n, (blk + 1) * per)
-        g, cj = ch // cg, ch % cg
-        acc = np.zeros((i1 - i0) * plane, dtype=dx.dtype)
-        src = np.empty((i1 - i0) * plane, dtype=dx.dtype)
-        for co in range(g * per_group, (g + 1) * per_group):
-            _pad_planes(grad, i0, i1, co, 0, 0, pitch, plane, src)
-            for a in range(kh):
-                for b in range(kw):
-                    _scatter_tap(acc, src, w[co, cj, a, b], a * dh * pitch + b * dw, i1 - i0,
-                                 sh, sw, pitch, plane, ho, wo)
-        for i in range(i0, i1):
-            for r in range(h):
-                start = (i - i0) * plane + (ph + r) * pitch + pw
-                row, part = dx[i, ch, r], acc[start:start + width]
-                for j in range(width):
-                    row[j] = part[j]
+        _pad_planes(x, i0, i1, ch, ph, pw, pitch, plane, src)
+        _pad_planes(grad, i0, i1, co, 0, 0, pitch, plane, gsrc)
+        for a in range(kh):
+            for b in range(kw):
+                sums[a, b] += _tap_dot(gsrc, src, a * dh * pitch + b * dw, i1 - i0,
+                                       sh, sw, pitch, plane, ho, wo)
 
 
 @kernel
@@ -181,18 +216,7 @@ def grad_weight(grad, x, groups, kh, kw, sh, sw, ph, pw, dh, dw):
     plane = (h + 2 * ph) * pitch
     per, blocks = _blocks(n, plane)
     out = np.zeros((cout, cg, kh, kw), dtype=x.dtype)
-    for task in prange(cout * cg):
-        co, cj = task // cg, task % cg
-        ch = co // per_group * cg + cj
-        sums = out[co, cj]
-        src = np.empty(per * plane, dtype=x.dtype)
-        gsrc = np.empty(per * plane, dtype=x.dtype)
-        for blk in range(blocks):
-            i0, i1 = blk * per, min(n, (blk + 1) * per)
-            _pad_planes(x, i0, i1, ch, ph, pw, pitch, plane, src)
-            _pad_planes(grad, i0, i1, co, 0, 0, pitch, plane, gsrc)
-            for a in range(kh):
-                for b in range(kw):
-                    sums[a, b] += _tap_dot(gsrc, src, a * dh * pitch + b * dw, i1 - i0,
-                                           sh, sw, pitch, plane, ho, wo)
+    parallel_for(_grad_weight_pair, cout * cg,
+                 (out, grad, x, kh, kw, sh, sw, ph, pw, dh, dw, n, cg, ho, wo, per_group,
+                  pitch, plane, per, blocks))
     return out

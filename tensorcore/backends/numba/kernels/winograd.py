@@ -30,9 +30,9 @@ Kronecker matrix G (x) G for all pairs at once.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
 from .jit import helper, inlined, kernel
+from .parallel import parallel_for
 
 TILE = 4  # output tile side; an input tile is TILE + 2 = 6 wide
 
@@ -92,6 +92,33 @@ def _padded_plane(src, rows, cols, top, left):
     return plane
 
 
+@helper
+def _input_plane(task, v, x, ph, pw, th, tw, n, width, spans):
+    """The tiles of the (channel, image) plane ``task`` of ``input_tiles_``."""
+    t = x.dtype.type
+    ch, i = task // n, task % n
+    plane = _padded_plane(x[i, ch], TILE * th + 2, width, ph, pw)
+    cols = np.empty((6, spans * TILE + TILE), dtype=x.dtype)
+    for ty in range(th):
+        d, dst = plane[TILE * ty:TILE * ty + 6], cols[:, ty * width:(ty + 1) * width]
+        for j in range(width):
+            _put6(dst, j, _b_transform(t, d[0, j], d[1, j], d[2, j], d[3, j], d[4, j], d[5, j]))
+    tiles = np.empty((36, spans), dtype=x.dtype)
+    for k in range(6):
+        e = cols[k]
+        dst = tiles[6 * k:6 * k + 6]
+        for f in range(spans):
+            s = TILE * f
+            _put6(dst, f,
+                  _b_transform(t, e[s], e[s + 1], e[s + 2], e[s + 3], e[s + 4], e[s + 5]))
+    for kl in range(36):
+        for ty in range(th):
+            dst = v[kl, ch, (i * th + ty) * tw:(i * th + ty + 1) * tw]
+            src = tiles[kl, ty * (tw + 1):ty * (tw + 1) + tw]
+            for tx in range(tw):
+                dst[tx] = src[tx]
+
+
 @kernel
 def input_tiles_(v, x, ph, pw, th, tw):
     """Fill v [36, C, N*th*tw] with B^T d B for the 6x6 tiles d of x [N, C, H, W];
@@ -101,31 +128,34 @@ def input_tiles_(v, x, ph, pw, th, tw):
     padded to 4 * (tw + 1) values, so tile f of the flattened (row, column) grid
     starts at 4 * f; the spare tile at the end of each row is dropped."""
     n, c = x.shape[:2]
-    t = x.dtype.type
     width = TILE * (tw + 1)
     spans = th * (tw + 1)
-    for task in prange(c * n):
-        ch, i = task // n, task % n
-        plane = _padded_plane(x[i, ch], TILE * th + 2, width, ph, pw)
-        cols = np.empty((6, spans * TILE + TILE), dtype=x.dtype)
-        for ty in range(th):
-            d, dst = plane[TILE * ty:TILE * ty + 6], cols[:, ty * width:(ty + 1) * width]
-            for j in range(width):
-                _put6(dst, j, _b_transform(t, d[0, j], d[1, j], d[2, j], d[3, j], d[4, j], d[5, j]))
-        tiles = np.empty((36, spans), dtype=x.dtype)
-        for k in range(6):
-            e = cols[k]
-            dst = tiles[6 * k:6 * k + 6]
-            for f in range(spans):
-                s = TILE * f
-                _put6(dst, f,
-                      _b_transform(t, e[s], e[s + 1], e[s + 2], e[s + 3], e[s + 4], e[s + 5]))
-        for kl in range(36):
-            for ty in range(th):
-                dst = v[kl, ch, (i * th + ty) * tw:(i * th + ty + 1) * tw]
-                src = tiles[kl, ty * (tw + 1):ty * (tw + 1) + tw]
-                for tx in range(tw):
-                    dst[tx] = src[tx]
+    parallel_for(_input_plane, c * n, (v, x, ph, pw, th, tw, n, width, spans))
+
+
+@helper
+def _output_plane(task, m, y, n, ho, wo, th, tw, plane_tiles):
+    """The (output channel, image) plane ``task`` of ``output_tiles``."""
+    t = m.dtype.type
+    co, i = task // n, task % n
+    g = m[:, co, i * plane_tiles:(i + 1) * plane_tiles]
+    rows = np.empty((6, TILE, plane_tiles), dtype=m.dtype)
+    for k in range(6):
+        src, dst = g[6 * k:6 * k + 6], rows[k]
+        for f in range(plane_tiles):
+            _put4(dst, f, _a_transform(t, src[0, f], src[1, f], src[2, f],
+                                       src[3, f], src[4, f], src[5, f]))
+    out = np.empty((TILE, TILE * plane_tiles), dtype=m.dtype)
+    for f in range(plane_tiles):
+        for col in range(TILE):
+            _put4(out, TILE * f + col, _a_transform(t, rows[0, col, f], rows[1, col, f],
+                                                    rows[2, col, f], rows[3, col, f],
+                                                    rows[4, col, f], rows[5, col, f]))
+    for ty in range(th):
+        for r in range(min(TILE, ho - TILE * ty)):
+            dst, src = y[i, co, TILE * ty + r], out[r, TILE * ty * tw:]
+            for col in range(wo):
+                dst[col] = src[col]
 
 
 @kernel
@@ -133,30 +163,29 @@ def output_tiles(m, n, ho, wo, th, tw):
     """y [N, Cout, Ho, Wo] from m [36, Cout, N*th*tw]: A^T m A per tile, the tiles
     cropped to the plane."""
     cout = m.shape[1]
-    t = m.dtype.type
     y = np.empty((n, cout, ho, wo), dtype=m.dtype)
     plane_tiles = th * tw
-    for task in prange(cout * n):
-        co, i = task // n, task % n
-        g = m[:, co, i * plane_tiles:(i + 1) * plane_tiles]
-        rows = np.empty((6, TILE, plane_tiles), dtype=m.dtype)
-        for k in range(6):
-            src, dst = g[6 * k:6 * k + 6], rows[k]
-            for f in range(plane_tiles):
-                _put4(dst, f, _a_transform(t, src[0, f], src[1, f], src[2, f],
-                                           src[3, f], src[4, f], src[5, f]))
-        out = np.empty((TILE, TILE * plane_tiles), dtype=m.dtype)
-        for f in range(plane_tiles):
-            for col in range(TILE):
-                _put4(out, TILE * f + col, _a_transform(t, rows[0, col, f], rows[1, col, f],
-                                                        rows[2, col, f], rows[3, col, f],
-                                                        rows[4, col, f], rows[5, col, f]))
-        for ty in range(th):
-            for r in range(min(TILE, ho - TILE * ty)):
-                dst, src = y[i, co, TILE * ty + r], out[r, TILE * ty * tw:]
-                for col in range(wo):
-                    dst[col] = src[col]
+    parallel_for(_output_plane, cout * n, (m, y, n, ho, wo, th, tw, plane_tiles))
     return y
+
+
+@helper
+def _grad_plane(task, mg, g, th, n, width, plane_tiles):
+    """The tiles of the (output channel, image) plane ``task`` of ``grad_tiles_``."""
+    t = g.dtype.type
+    co, i = task // n, task % n
+    plane = _padded_plane(g[i, co], TILE * th, width, 0, 0)
+    cols = np.empty((6, th * width), dtype=g.dtype)
+    for ty in range(th):
+        d, dst = plane[TILE * ty:TILE * ty + TILE], cols[:, ty * width:(ty + 1) * width]
+        for j in range(width):
+            _put6(dst, j, _a_adjoint(t, d[0, j], d[1, j], d[2, j], d[3, j]))
+    out = mg[:, co, i * plane_tiles:(i + 1) * plane_tiles]
+    for k in range(6):
+        e, dst = cols[k], out[6 * k:6 * k + 6]
+        for f in range(plane_tiles):
+            s = TILE * f
+            _put6(dst, f, _a_adjoint(t, e[s], e[s + 1], e[s + 2], e[s + 3]))
 
 
 @kernel
@@ -164,23 +193,9 @@ def grad_tiles_(mg, g, th, tw):
     """Fill mg [36, Cout, N*th*tw] with A dY A^T for the 4x4 tiles dY of the output
     gradient g [N, Cout, Ho, Wo] (zero past the plane's edge)."""
     n, cout = g.shape[:2]
-    t = g.dtype.type
     width = TILE * tw
     plane_tiles = th * tw
-    for task in prange(cout * n):
-        co, i = task // n, task % n
-        plane = _padded_plane(g[i, co], TILE * th, width, 0, 0)
-        cols = np.empty((6, th * width), dtype=g.dtype)
-        for ty in range(th):
-            d, dst = plane[TILE * ty:TILE * ty + TILE], cols[:, ty * width:(ty + 1) * width]
-            for j in range(width):
-                _put6(dst, j, _a_adjoint(t, d[0, j], d[1, j], d[2, j], d[3, j]))
-        out = mg[:, co, i * plane_tiles:(i + 1) * plane_tiles]
-        for k in range(6):
-            e, dst = cols[k], out[6 * k:6 * k + 6]
-            for f in range(plane_tiles):
-                s = TILE * f
-                _put6(dst, f, _a_adjoint(t, e[s], e[s + 1], e[s + 2], e[s + 3]))
+    parallel_for(_grad_plane, cout * n, (mg, g, th, n, width, plane_tiles))
 
 
 # G (x) G, [36, 9]: row 6*k + l, column 3*a + b holds G[k, a] * G[l, b], so that

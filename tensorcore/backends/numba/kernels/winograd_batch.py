@@ -20,11 +20,40 @@ over the tiles is the inner dimension of both operands).
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
 from .activations import act_value
-from .jit import kernel
+from .jit import helper, kernel
+from .parallel import parallel_for
 from .winograd import TILE, _a_adjoint, _a_transform, _b_transform
+
+
+@helper
+def _input_image(i, v, x, ph, pw, th, tw, c, h, w, rows, cols):
+    """The tiles of image ``i`` for ``input_tiles_``."""
+    t = x.dtype.type
+    plane = np.zeros((rows, cols, c), dtype=x.dtype)
+    for r in range(min(h, rows - ph)):
+        for q in range(min(w, cols - pw)):
+            for ch in range(c):
+                plane[ph + r, pw + q, ch] = x[i, ch, r, q]
+    down = np.empty((6, cols, c), dtype=x.dtype)  # B^T d: each column of a tile row
+    for ty in range(th):
+        r0 = TILE * ty
+        for q in range(cols):
+            for ch in range(c):
+                e = _b_transform(t, plane[r0, q, ch], plane[r0 + 1, q, ch], plane[r0 + 2, q, ch],
+                                 plane[r0 + 3, q, ch], plane[r0 + 4, q, ch], plane[r0 + 5, q, ch])
+                down[0, q, ch], down[1, q, ch], down[2, q, ch] = e[0], e[1], e[2]
+                down[3, q, ch], down[4, q, ch], down[5, q, ch] = e[3], e[4], e[5]
+        for tx in range(tw):
+            tile, q0 = (i * th + ty) * tw + tx, TILE * tx
+            for k in range(6):
+                for ch in range(c):
+                    u = _b_transform(t, down[k, q0, ch], down[k, q0 + 1, ch], down[k, q0 + 2, ch],
+                                     down[k, q0 + 3, ch], down[k, q0 + 4, ch], down[k, q0 + 5, ch])
+                    v[6 * k, tile, ch], v[6 * k + 1, tile, ch] = u[0], u[1]
+                    v[6 * k + 2, tile, ch], v[6 * k + 3, tile, ch] = u[2], u[3]
+                    v[6 * k + 4, tile, ch], v[6 * k + 5, tile, ch] = u[4], u[5]
 
 
 @kernel
@@ -32,32 +61,37 @@ def input_tiles_(v, x, ph, pw, th, tw):
     """Fill v [36, N*th*tw, C] with B^T d B for the 6x6 tiles d of x [N, C, H, W];
     tile (ty, tx) starts at row 4*ty - ph and column 4*tx - pw (zero outside x)."""
     n, c, h, w = x.shape
-    t = x.dtype.type
     rows, cols = TILE * th + 2, TILE * tw + 2
-    for i in prange(n):
-        plane = np.zeros((rows, cols, c), dtype=x.dtype)
-        for r in range(min(h, rows - ph)):
-            for q in range(min(w, cols - pw)):
-                for ch in range(c):
-                    plane[ph + r, pw + q, ch] = x[i, ch, r, q]
-        down = np.empty((6, cols, c), dtype=x.dtype)  # B^T d: each column of a tile row
-        for ty in range(th):
-            r0 = TILE * ty
-            for q in range(cols):
-                for ch in range(c):
-                    e = _b_transform(t, plane[r0, q, ch], plane[r0 + 1, q, ch], plane[r0 + 2, q, ch],
-                                     plane[r0 + 3, q, ch], plane[r0 + 4, q, ch], plane[r0 + 5, q, ch])
-                    down[0, q, ch], down[1, q, ch], down[2, q, ch] = e[0], e[1], e[2]
-                    down[3, q, ch], down[4, q, ch], down[5, q, ch] = e[3], e[4], e[5]
-            for tx in range(tw):
-                tile, q0 = (i * th + ty) * tw + tx, TILE * tx
-                for k in range(6):
-                    for ch in range(c):
-                        u = _b_transform(t, down[k, q0, ch], down[k, q0 + 1, ch], down[k, q0 + 2, ch],
-                                         down[k, q0 + 3, ch], down[k, q0 + 4, ch], down[k, q0 + 5, ch])
-                        v[6 * k, tile, ch], v[6 * k + 1, tile, ch] = u[0], u[1]
-                        v[6 * k + 2, tile, ch], v[6 * k + 3, tile, ch] = u[2], u[3]
-                        v[6 * k + 4, tile, ch], v[6 * k + 5, tile, ch] = u[4], u[5]
+    parallel_for(_input_image, n, (v, x, ph, pw, th, tw, c, h, w, rows, cols))
+
+
+@helper
+def _output_image(i, m, y, bias, code, ho, wo, th, tw, cout):
+    """Image ``i`` of ``output_tiles``."""
+    t = m.dtype.type
+    plane = np.empty((TILE * th, TILE * tw, cout), dtype=m.dtype)
+    across = np.empty((6, TILE, cout), dtype=m.dtype)  # M A: each row of a tile
+    for ty in range(th):
+        for tx in range(tw):
+            tile = (i * th + ty) * tw + tx
+            for k in range(6):
+                for co in range(cout):
+                    u = _a_transform(t, m[6 * k, tile, co], m[6 * k + 1, tile, co],
+                                     m[6 * k + 2, tile, co], m[6 * k + 3, tile, co],
+                                     m[6 * k + 4, tile, co], m[6 * k + 5, tile, co])
+                    across[k, 0, co], across[k, 1, co], across[k, 2, co], across[k, 3, co] = u
+            r0, q0 = TILE * ty, TILE * tx
+            for q in range(TILE):
+                for co in range(cout):
+                    u = _a_transform(t, across[0, q, co], across[1, q, co], across[2, q, co],
+                                     across[3, q, co], across[4, q, co], across[5, q, co])
+                    plane[r0, q0 + q, co], plane[r0 + 1, q0 + q, co] = u[0], u[1]
+                    plane[r0 + 2, q0 + q, co], plane[r0 + 3, q0 + q, co] = u[2], u[3]
+    for co in range(cout):
+        shift = bias[co]
+        for r in range(ho):
+            for q in range(wo):
+                y[i, co, r, q] = act_value(code, plane[r, q, co] + shift)
 
 
 @kernel
@@ -66,33 +100,38 @@ def output_tiles(m, ho, wo, th, tw, bias, code):
     cropped to the plane; ``code`` an ``ACT_CODES`` value."""
     cout = m.shape[2]
     n = m.shape[1] // (th * tw)
-    t = m.dtype.type
     y = np.empty((n, cout, ho, wo), dtype=m.dtype)
-    for i in prange(n):
-        plane = np.empty((TILE * th, TILE * tw, cout), dtype=m.dtype)
-        across = np.empty((6, TILE, cout), dtype=m.dtype)  # M A: each row of a tile
-        for ty in range(th):
-            for tx in range(tw):
-                tile = (i * th + ty) * tw + tx
-                for k in range(6):
-                    for co in range(cout):
-                        u = _a_transform(t, m[6 * k, tile, co], m[6 * k + 1, tile, co],
-                                         m[6 * k + 2, tile, co], m[6 * k + 3, tile, co],
-                                         m[6 * k + 4, tile, co], m[6 * k + 5, tile, co])
-                        across[k, 0, co], across[k, 1, co], across[k, 2, co], across[k, 3, co] = u
-                r0, q0 = TILE * ty, TILE * tx
-                for q in range(TILE):
-                    for co in range(cout):
-                        u = _a_transform(t, across[0, q, co], across[1, q, co], across[2, q, co],
-                                         across[3, q, co], across[4, q, co], across[5, q, co])
-                        plane[r0, q0 + q, co], plane[r0 + 1, q0 + q, co] = u[0], u[1]
-                        plane[r0 + 2, q0 + q, co], plane[r0 + 3, q0 + q, co] = u[2], u[3]
-        for co in range(cout):
-            shift = bias[co]
-            for r in range(ho):
-                for q in range(wo):
-                    y[i, co, r, q] = act_value(code, plane[r, q, co] + shift)
+    parallel_for(_output_image, n, (m, y, bias, code, ho, wo, th, tw, cout))
     return y
+
+
+@helper
+def _grad_image(i, mg, g, th, tw, cout, ho, wo, rows, cols):
+    """The tiles of image ``i`` for ``grad_tiles_``."""
+    t = g.dtype.type
+    plane = np.zeros((rows, cols, cout), dtype=g.dtype)
+    for r in range(ho):
+        for q in range(wo):
+            for co in range(cout):
+                plane[r, q, co] = g[i, co, r, q]
+    down = np.empty((6, cols, cout), dtype=g.dtype)  # A dY: each column of a tile row
+    for ty in range(th):
+        r0 = TILE * ty
+        for q in range(cols):
+            for co in range(cout):
+                e = _a_adjoint(t, plane[r0, q, co], plane[r0 + 1, q, co], plane[r0 + 2, q, co],
+                               plane[r0 + 3, q, co])
+                down[0, q, co], down[1, q, co], down[2, q, co] = e[0], e[1], e[2]
+                down[3, q, co], down[4, q, co], down[5, q, co] = e[3], e[4], e[5]
+        for tx in range(tw):
+            tile, q0 = (i * th + ty) * tw + tx, TILE * tx
+            for k in range(6):
+                for co in range(cout):
+                    u = _a_adjoint(t, down[k, q0, co], down[k, q0 + 1, co], down[k, q0 + 2, co],
+                                   down[k, q0 + 3, co])
+                    mg[6 * k, tile, co], mg[6 * k + 1, tile, co] = u[0], u[1]
+                    mg[6 * k + 2, tile, co], mg[6 * k + 3, tile, co] = u[2], u[3]
+                    mg[6 * k + 4, tile, co], mg[6 * k + 5, tile, co] = u[4], u[5]
 
 
 @kernel
@@ -100,29 +139,5 @@ def grad_tiles_(mg, g, th, tw):
     """Fill mg [36, N*th*tw, Cout] with A dY A^T for the 4x4 tiles dY of the output
     gradient g [N, Cout, Ho, Wo] (zero past the plane's edge)."""
     n, cout, ho, wo = g.shape
-    t = g.dtype.type
     rows, cols = TILE * th, TILE * tw
-    for i in prange(n):
-        plane = np.zeros((rows, cols, cout), dtype=g.dtype)
-        for r in range(ho):
-            for q in range(wo):
-                for co in range(cout):
-                    plane[r, q, co] = g[i, co, r, q]
-        down = np.empty((6, cols, cout), dtype=g.dtype)  # A dY: each column of a tile row
-        for ty in range(th):
-            r0 = TILE * ty
-            for q in range(cols):
-                for co in range(cout):
-                    e = _a_adjoint(t, plane[r0, q, co], plane[r0 + 1, q, co], plane[r0 + 2, q, co],
-                                   plane[r0 + 3, q, co])
-                    down[0, q, co], down[1, q, co], down[2, q, co] = e[0], e[1], e[2]
-                    down[3, q, co], down[4, q, co], down[5, q, co] = e[3], e[4], e[5]
-            for tx in range(tw):
-                tile, q0 = (i * th + ty) * tw + tx, TILE * tx
-                for k in range(6):
-                    for co in range(cout):
-                        u = _a_adjoint(t, down[k, q0, co], down[k, q0 + 1, co], down[k, q0 + 2, co],
-                                       down[k, q0 + 3, co])
-                        mg[6 * k, tile, co], mg[6 * k + 1, tile, co] = u[0], u[1]
-                        mg[6 * k + 2, tile, co], mg[6 * k + 3, tile, co] = u[2], u[3]
-                        mg[6 * k + 4, tile, co], mg[6 * k + 5, tile, co] = u[4], u[5]
+    parallel_for(_grad_image, n, (mg, g, th, tw, cout, ho, wo, rows, cols))
