@@ -130,3 +130,27 @@ def test_a_cached_kernel_loads_and_runs_in_a_fresh_process(tmp_path):
         assert run.returncode == 0, run.stderr
     assert runs[0].stdout.split() == ["0", "1"]  # compiled
     assert runs[1].stdout.split() == ["1", "0"]  # loaded from the cache, and ran
+
+
+@helper
+def _allocate(i, sizes, out):
+    out[i] = np.empty(sizes[i], np.float64).size
+
+
+@njit
+def _allocate_all(sizes):
+    out = np.zeros(sizes.size, np.int64)
+    parallel_for(_allocate, sizes.size, (sizes, out))
+    return out
+
+
+@pytest.mark.parametrize("threads_used", [1, 2])
+def test_a_failing_task_raises_instead_of_leaving_garbage(threads_used):
+    threads.configure()
+    threads.set_num_threads(min(threads_used, threads.thread_info()["numba_pool_size"]))
+    try:
+        assert _allocate_all(np.array([3, 5, 7])).tolist() == [3, 5, 7]
+        with pytest.raises(RuntimeError, match="parallel_for: _allocate raised in a parallel task"):
+            _allocate_all(np.array([3, -1, 7]))  # a negative size: np.empty raises
+    finally:
+        threads.set_num_threads(threads.thread_info()["numba_pool_size"])

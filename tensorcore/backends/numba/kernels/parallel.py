@@ -68,30 +68,43 @@ def parallel_for(typingctx, body, count, args):
         context.add_linking_libs([compiled.library])
         context.active_code_library._reload_init.add(_start_pool)
         count_value = context.cast(builder, llargs[1], count, types.intp)
-        chunk_fn = _emit_chunk(context, builder.module, compiled, llargs[2].type, len(args))
-        data = builder.bitcast(cgutils.alloca_once_value(builder, llargs[2]), _BYTE_PTR)
-        _emit_launch(builder, chunk_fn, count_value, data)
+        shared = ir.LiteralStructType([_I32, llargs[2].type])  # (a task failed, the arguments)
+        chunk_fn = _emit_chunk(context, builder.module, compiled, shared, len(args))
+        data = cgutils.alloca_once_value(builder, shared([ir.Constant(_I32, 0), ir.Undefined]))
+        builder.store(llargs[2], builder.gep(data, [ir.Constant(_I32, 0), ir.Constant(_I32, 1)]))
+        _emit_launch(builder, chunk_fn, count_value, builder.bitcast(data, _BYTE_PTR))
+        failed = builder.load(builder.gep(data, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)]))
+        with builder.if_then(builder.icmp_unsigned("!=", failed, ir.Constant(_I32, 0)), likely=False):
+            name = body.dispatcher.py_func.__qualname__
+            context.call_conv.return_user_exc(builder, RuntimeError, (
+                f"parallel_for: {name} raised in a parallel task (out of memory?); its message "
+                "does not cross threads",))
         return context.get_dummy_value()
 
     return types.none(body, count, args), codegen
 
 
-def _emit_chunk(context, module, compiled, pack_type, arity):
+def _emit_chunk(context, module, compiled, shared_type, arity):
     """The function each thread runs: read its [start, stop) row and the packed
-    arguments, call the body for every index of the row."""
+    arguments, call the body for every index of the row; a failing call (an array
+    the body allocates, out of memory) sets the shared flag."""
     fn = ir.Function(module, _CHUNK, name=f"tensorcore_parallel_chunk_{next(_chunk_names)}")
     fn.linkage = "internal"
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
     row = builder.bitcast(builder.load(fn.args[0]), _I64.as_pointer())
     start = builder.load(row)
     stop = builder.load(builder.gep(row, [ir.Constant(_I32, 1)]))
-    pack = builder.load(builder.bitcast(fn.args[3], pack_type.as_pointer()))
+    shared = builder.bitcast(fn.args[3], shared_type.as_pointer())
+    pack = builder.load(builder.gep(shared, [ir.Constant(_I32, 0), ir.Constant(_I32, 1)]))
     values = [builder.extract_value(pack, k) for k in range(arity)]
     body = context.declare_function(module, compiled.fndesc)
     fndesc = compiled.fndesc
     with cgutils.for_range_slice(builder, start, stop, ir.Constant(_I64, 1), inc=True) as (index, _):
-        # the body returns None and cannot raise (kernels have no raising paths): status unused
-        context.call_conv.call_function(builder, body, fndesc.restype, fndesc.argtypes, [index, *values])
+        status, _ = context.call_conv.call_function(builder, body, fndesc.restype, fndesc.argtypes,
+                                                    [index, *values])
+        with builder.if_then(status.is_error, likely=False):
+            flag = builder.gep(shared, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)])
+            builder.store_atomic(ir.Constant(_I32, 1), flag, "monotonic", 4)
     builder.ret_void()
     return fn
 
