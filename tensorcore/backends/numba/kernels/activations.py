@@ -12,15 +12,16 @@ run uses (most use one or two).  ``act_value`` / ``act_derivative`` (one value) 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange, types
+from numba import types
 from numba.core import errors
 from numba.extending import overload, typeof_impl
 from numba.np.numpy_support import as_dtype
 
 from ... import opcodes
-from .jit import JIT_OPTIONS, kernel
+from .jit import JIT_OPTIONS, helper, kernel
 from .lanes import SUM, lane_sum
 from .mathfn import fexp, fnormcdf, ftanh
+from .parallel import parallel_for
 from .reductions import column_sums
 
 
@@ -211,85 +212,114 @@ def _act_grad_row_impl(code, src, scale, shift, grad, dst):
 _BLOCK = 8192
 
 
+@helper
+def _act_block(k, x, code, out):
+    t = x.dtype.type
+    lo, hi = k * _BLOCK, min((k + 1) * _BLOCK, x.size)
+    act_row(code, x[lo:hi], t(1.0), t(0.0), out[lo:hi])
+
+
 @kernel
 def act_forward_flat(x, code):
     """act(x) over a contiguous 1-D array, in parallel blocks."""
-    t = x.dtype.type
     out = np.empty_like(x)
-    for k in prange((x.size + _BLOCK - 1) // _BLOCK):
-        lo, hi = k * _BLOCK, min((k + 1) * _BLOCK, x.size)
-        act_row(code, x[lo:hi], t(1.0), t(0.0), out[lo:hi])
+    parallel_for(_act_block, (x.size + _BLOCK - 1) // _BLOCK, (x, code, out))
     return out
+
+
+@helper
+def _act_grad_block(k, x, grad, code, out):
+    t = x.dtype.type
+    lo, hi = k * _BLOCK, min((k + 1) * _BLOCK, x.size)
+    act_grad_row(code, x[lo:hi], t(1.0), t(0.0), grad[lo:hi], out[lo:hi])
 
 
 @kernel
 def act_backward_flat(x, grad, code):
     """act'(x) * grad over contiguous 1-D arrays, in parallel blocks."""
-    t = x.dtype.type
     out = np.empty_like(x)
-    for k in prange((x.size + _BLOCK - 1) // _BLOCK):
-        lo, hi = k * _BLOCK, min((k + 1) * _BLOCK, x.size)
-        act_grad_row(code, x[lo:hi], t(1.0), t(0.0), grad[lo:hi], out[lo:hi])
+    parallel_for(_act_grad_block, (x.size + _BLOCK - 1) // _BLOCK, (x, grad, code, out))
     return out
+
+
+@helper
+def _bias_act_row(r, x, bias, code, out):
+    t = x.dtype.type
+    act_row(code, x[r], t(1.0), bias, out[r])
 
 
 @kernel
 def bias_act_rows(x, bias, code):
     """act(x + bias) for x [R, C] with bias [C] along the last axis."""
-    t = x.dtype.type
     out = np.empty_like(x)
-    for r in prange(x.shape[0]):
-        act_row(code, x[r], t(1.0), bias, out[r])
+    parallel_for(_bias_act_row, x.shape[0], (x, bias, code, out))
     return out
+
+
+@helper
+def _bias_act_row_(r, x, bias, code):
+    t = x.dtype.type
+    act_row(code, x[r], t(1.0), bias, None)
 
 
 @kernel
 def bias_act_rows_(x, bias, code):
     """x[:] = act(x + bias) in place, for x [R, C] with bias [C] along the last axis."""
+    parallel_for(_bias_act_row_, x.shape[0], (x, bias, code))
+
+
+@helper
+def _bias_act_chunk_backward(k, x, bias, grad, code, rows, cols, chunks, out, partial):
+    """d/dx of chunk ``k``'s rows, and their d bias sum into row ``k`` of ``partial``."""
     t = x.dtype.type
-    for r in prange(x.shape[0]):
-        act_row(code, x[r], t(1.0), bias, None)
+    acc = partial[k]
+    for r in range(k * rows // chunks, (k + 1) * rows // chunks):
+        res = out[r]
+        act_grad_row(code, x[r], t(1.0), bias, grad[r], res)
+        for c in range(cols):
+            acc[c] += res[c]
 
 
 @kernel
 def bias_act_rows_backward(x, bias, grad, code, chunks):
     """(d/dx, d/dbias) of ``bias_act_rows``; rows are split into ``chunks`` blocks
     that each sum their own share of d bias."""
-    t = x.dtype.type
     rows, cols = x.shape
     out = np.empty_like(x)
     partial = np.zeros((chunks, cols), dtype=x.dtype)
-    for k in prange(chunks):
-        acc = partial[k]
-        for r in range(k * rows // chunks, (k + 1) * rows // chunks):
-            res = out[r]
-            act_grad_row(code, x[r], t(1.0), bias, grad[r], res)
-            for c in range(cols):
-                acc[c] += res[c]
+    parallel_for(_bias_act_chunk_backward, chunks, (x, bias, grad, code, rows, cols, chunks, out, partial))
     return out, column_sums(partial)
+
+
+@helper
+def _bias_act_plane(p, x, bias, code, channels, out):
+    t = x.dtype.type
+    act_row(code, x[p], t(1.0), bias[p % channels], out[p])
 
 
 @kernel
 def bias_act_planes(x, bias, code):
     """act(x + bias) for x [P, S] (the planes of a [outer, C, S] array) with plane p
     shifted by bias[p % C]."""
-    t = x.dtype.type
     channels = bias.shape[0]
     out = np.empty_like(x)
-    for p in prange(x.shape[0]):
-        act_row(code, x[p], t(1.0), bias[p % channels], out[p])
+    parallel_for(_bias_act_plane, x.shape[0], (x, bias, code, channels, out))
     return out
+
+
+@helper
+def _bias_act_plane_backward(p, x, bias, grad, code, channels, out, plane_sums):
+    t = x.dtype.type
+    res = out[p]
+    act_grad_row(code, x[p], t(1.0), bias[p % channels], grad[p], res)
+    plane_sums[p] = lane_sum(SUM, res, res, t(0.0))
 
 
 @kernel
 def bias_act_planes_backward(x, bias, grad, code):
     """d/dx of ``bias_act_planes`` and the per-plane sums of it ([P], for d bias)."""
-    t = x.dtype.type
     channels = bias.shape[0]
     out = np.empty_like(x)
     plane_sums = np.empty(x.shape[0], dtype=x.dtype)
-    for p in prange(x.shape[0]):
-        res = out[p]
-        act_grad_row(code, x[p], t(1.0), bias[p % channels], grad[p], res)
-        plane_sums[p] = lane_sum(SUM, res, res, t(0.0))
+    parallel_for(_bias_act_plane_backward, x.shape[0], (x, bias, grad, code, channels, out, plane_sums))
     return out, plane_sums

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from numba import prange
-
 from .jit import helper, kernel
 from .lanes import SQUARED_DEVIATION, SUM, lane_sum
+from .parallel import parallel_for
 
 
 _LANES = 64  # four AVX-512 registers of float32: one block's max need not wait for the last
@@ -83,18 +82,22 @@ def moments(seg):
     return mean, m2
 
 
+@helper
+def _channel_sum(ch, x, outer, out):
+    t = x.dtype.type
+    total = 0.0
+    for o in range(outer):
+        run = x[o, ch]
+        total += lane_sum(SUM, run, run, t(0.0))
+    out[ch] = total
+
+
 @kernel
 def channel_sums(x):
     """[C] sums of x [outer, C, inner] over its outer and inner axes (an NCHW tensor's
     per-channel sums): one channel per task, each contiguous run of ``inner`` values
     summed in x's dtype with vector loops, the runs accumulated in float64."""
-    t = x.dtype.type
     outer, channels, inner = x.shape
     out = np.empty(channels, dtype=x.dtype)
-    for ch in prange(channels):
-        total = 0.0
-        for o in range(outer):
-            run = x[o, ch]
-            total += lane_sum(SUM, run, run, t(0.0))
-        out[ch] = total
+    parallel_for(_channel_sum, channels, (x, outer, out))
     return out
