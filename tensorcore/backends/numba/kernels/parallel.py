@@ -6,9 +6,11 @@ Numba's pool (as many as ``numba.get_num_threads()`` gives the calling thread, w
 ``threads.SizedKernel`` sets; one thread runs the loop in place, with no parallel
 region).  ``body`` is a jitted function (``helper``) taking the index first and the
 tuple's items after it; it returns nothing, and each index writes its own part of the
-outputs.  A body doing one element per index starts with ``i = np.uintp(i)``: LLVM
-inlines the body into the chunk loop, and with a signed index every ``a[i]`` keeps
-Numba's wraparound of negative indices, which stops the loop from vectorising.
+outputs.  The body is inlined into the chunk loop and gets the arrays borrowed (no
+reference counting: the kernel holds them), as ``prange`` bodies do, so a body per
+short row costs no more than the row's loop.  A body doing one element per index
+starts with ``i = np.uintp(i)``: with a signed index every ``a[i]`` keeps Numba's
+wraparound of negative indices, which stops the chunk loop from vectorising.
 
 Why not ``prange``: Numba's parallel transform compiles every ``prange`` loop as two
 more functions (the loop body as a "gufunc" and its wrapper), each through the whole
@@ -71,7 +73,8 @@ def parallel_for(typingctx, body, count, args):
         shared = ir.LiteralStructType([_I32, llargs[2].type])  # (a task failed, the arguments)
         chunk_fn = _emit_chunk(context, builder.module, compiled, shared, len(args))
         data = cgutils.alloca_once_value(builder, shared([ir.Constant(_I32, 0), ir.Undefined]))
-        builder.store(llargs[2], builder.gep(data, [ir.Constant(_I32, 0), ir.Constant(_I32, 1)]))
+        arguments = builder.gep(data, [ir.Constant(_I32, 0), ir.Constant(_I32, 1)])
+        builder.store(_borrowed(builder, llargs[2], args), arguments)
         _emit_launch(builder, chunk_fn, count_value, builder.bitcast(data, _BYTE_PTR))
         failed = builder.load(builder.gep(data, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)]))
         with builder.if_then(builder.icmp_unsigned("!=", failed, ir.Constant(_I32, 0)), likely=False):
@@ -82,6 +85,18 @@ def parallel_for(typingctx, body, count, args):
         return context.get_dummy_value()
 
     return types.none(body, count, args), codegen
+
+
+def _borrowed(builder, pack, args):
+    """The argument tuple with its arrays' reference-count pointers (meminfo) null: the
+    kernel holds the arrays for the whole loop, and a body's reference updates would
+    otherwise be atomic operations on one counter from every thread."""
+    for k, item_type in enumerate(args.types):
+        if isinstance(item_type, types.Array):
+            item = builder.extract_value(pack, k)
+            item = builder.insert_value(item, cgutils.get_null_value(item.type.elements[0]), 0)
+            pack = builder.insert_value(pack, item, k)
+    return pack
 
 
 def _emit_chunk(context, module, compiled, shared_type, arity):
@@ -101,7 +116,7 @@ def _emit_chunk(context, module, compiled, shared_type, arity):
     fndesc = compiled.fndesc
     with cgutils.for_range_slice(builder, start, stop, ir.Constant(_I64, 1), inc=True) as (index, _):
         status, _ = context.call_conv.call_function(builder, body, fndesc.restype, fndesc.argtypes,
-                                                    [index, *values])
+                                                    [index, *values], attrs=("alwaysinline",))
         with builder.if_then(status.is_error, likely=False):
             flag = builder.gep(shared, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)])
             builder.store_atomic(ir.Constant(_I32, 1), flag, "monotonic", 4)
