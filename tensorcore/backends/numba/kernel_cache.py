@@ -16,8 +16,8 @@ kernels may inline (``kernels/*.py`` and ``backends/opcodes.py``), and:
   fingerprint under ``TENSORCORE_CACHE_DIR`` (``fused_dir()``), shared by every checkout
   and process with the same sources: a different version of the helpers finds its own.
 
-A cold cache makes the first calls slow: each kernel compiles on first use, a second or
-two apiece, tens of seconds before a model's first training step.  ``announce_compiles``
+A cold cache makes the first calls slow: each kernel compiles on first use, about a
+second apiece, some 20 s before a model's first training step.  ``announce_compiles``
 (set up with the Numba backend) says so once, on stderr, when the first compile starts;
 a warm cache loads every kernel without compiling and prints nothing.
 """
@@ -38,8 +38,8 @@ KERNELS_DIR = Path(__file__).with_name("kernels")
 KERNELS_PACKAGE = __package__ + ".kernels"
 OPCODES = Path(__file__).parent.parent / "opcodes.py"
 STAMP = "tensorcore-kernels.fingerprint"
-COMPILE_NOTICE = ("tensorcore: compiling CPU kernels, once (1-2 s each; a model's first training step may take "
-                  "a minute); later runs load them from the cache")
+COMPILE_NOTICE = ("tensorcore: compiling CPU kernels, once (about a second each; a model's first training step "
+                  "may take 20-30 s); later runs load them from the cache")
 
 log = logging.getLogger("tensorcore.backends")
 
