@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ... import opcodes
 from .activations import act_grad_row, act_row
 from .jit import helper, kernel, wide_vectors
 from .lanes import DOT_DEVIATION, SUM, lane_sum
@@ -88,8 +89,12 @@ def layer_norm_rows_backward(grad, x, weight, mean, rstd, chunks):
     return dx, column_sums(part_w), column_sums(part_b)
 
 
+_NO_ACTIVATION = int(opcodes.Act.NONE)
+
+
 @helper
-def _group_norm_group(ng, x, weight, bias, eps, code, shift, groups, cg, size, out, src_all, flat, mean, rstd):
+def _group_norm_group(ng, x, weight, bias, eps, code, shift, groups, cg, size, out, out_flat, src_all, flat, mean,
+                      rstd):
     """Group ``ng`` (sample ng // G, group ng % G) of ``group_norm_groups``."""
     t = x.dtype.type
     i, g = ng // groups, ng % groups
@@ -110,7 +115,9 @@ def _group_norm_group(ng, x, weight, bias, eps, code, shift, groups, cg, size, o
         src, res = src_all[i, g, j], out[i, g, j]
         for p in range(size):
             res[p] = src[p] * scale + offset
-        act_row(code, res, t(1.0), t(0.0), None)
+    # one activation loop over the group's channels, contiguous: per plane, a short
+    # plane (16 values at 4x4) would spend more on the vector loop's edges than inside
+    act_row(code, out_flat[ng], t(1.0), t(0.0), None)
 
 
 @kernel
@@ -123,30 +130,41 @@ def group_norm_groups(x, weight, bias, eps, code, shift):
     out = np.empty_like(x)
     src_all = x if shift is None else out
     flat = src_all.reshape(n * groups, cg * size)
+    out_flat = out.reshape(n * groups, cg * size)
     mean = np.empty((n, groups), dtype=x.dtype)
     rstd = np.empty((n, groups), dtype=x.dtype)
     parallel_for(_group_norm_group, n * groups,
-                 (x, weight, bias, eps, code, shift, groups, cg, size, out, src_all, flat, mean, rstd))
+                 (x, weight, bias, eps, code, shift, groups, cg, size, out, out_flat, src_all, flat, mean, rstd))
     return out, mean, rstd
 
 
 @helper
 def _group_norm_group_backward(ng, grad, x, weight, bias, mean, rstd, code, groups, cg, size, dx, part_w, part_b,
-                               inv_count):
+                               inv_count, grad_flat, dx_flat):
     """dx of group ``ng`` of ``group_norm_groups_backward``, and its channels' dweight/dbias
     sums into row ng // G of the partials."""
     t = x.dtype.type
     i, g = ng // groups, ng % groups
     m, s = mean[i, g], rstd[i, g]
+    # d pre-activation into dx, finished below: the pre-activation per channel, then one
+    # derivative loop over the group's contiguous channels (as in the forward)
+    if code != _NO_ACTIVATION:
+        for j in range(cg):
+            c = g * cg + j
+            scale = s * weight[c]
+            shift = bias[c] - m * scale
+            src, res = x[i, g, j], dx[i, g, j]
+            for p in range(size):
+                res[p] = src[p] * scale + shift
+        act_grad_row(code, dx_flat[ng], t(1.0), t(0.0), grad_flat[ng], None)
+    else:
+        for j in range(cg):
+            dx[i, g, j][:] = grad[i, g, j]
     sum_gw = t(0.0)
     sum_gwx = t(0.0)
     for j in range(cg):
         c = g * cg + j
-        scale = s * weight[c]
-        shift = bias[c] - m * scale
         src, res = x[i, g, j], dx[i, g, j]
-        # d pre-activation, finished below
-        act_grad_row(code, src, scale, shift, grad[i, g, j], res)
         acc_w = lane_sum(DOT_DEVIATION, res, src, m) * s
         acc_b = lane_sum(SUM, res, res, t(0.0))
         part_w[i, c] = acc_w
@@ -173,8 +191,10 @@ def group_norm_groups_backward(grad, x, weight, bias, mean, rstd, code):
     part_w = np.zeros((n, groups * cg), dtype=x.dtype)
     part_b = np.zeros((n, groups * cg), dtype=x.dtype)
     inv_count = t(1.0) / t(cg * size)
+    flat = (n * groups, cg * size)
     parallel_for(_group_norm_group_backward, n * groups,
-                 (grad, x, weight, bias, mean, rstd, code, groups, cg, size, dx, part_w, part_b, inv_count))
+                 (grad, x, weight, bias, mean, rstd, code, groups, cg, size, dx, part_w, part_b, inv_count,
+                  grad.reshape(flat), dx.reshape(flat)))
     return dx, column_sums(part_w), column_sums(part_b)
 
 
