@@ -154,3 +154,25 @@ def test_a_failing_task_raises_instead_of_leaving_garbage(threads_used):
             _allocate_all(np.array([3, -1, 7]))  # a negative size: np.empty raises
     finally:
         threads.set_num_threads(threads.thread_info()["numba_pool_size"])
+
+
+def test_compiling_a_kernel_keeps_none_of_its_first_call_arrays():
+    import gc
+    import weakref
+
+    @helper
+    def activate(i, x, out, code):
+        out[i] = act_value(code, x[i])
+
+    @njit
+    def kernel(x, code):
+        out = np.empty_like(x)
+        parallel_for(activate, x.size, (x, out, code))
+        return out
+
+    x = np.linspace(-1, 1, 7)
+    out = kernel(x, ACT_CODES["silu"])  # compiles here
+    held = weakref.ref(x), weakref.ref(out)
+    del x, out
+    gc.collect()
+    assert [ref() for ref in held] == [None, None]

@@ -13,7 +13,7 @@ import numpy as np
 
 from ... import opcodes
 from .activations import act_grad_row, act_row
-from .jit import helper, kernel, wide_vectors
+from .jit import helper, inlined, kernel, wide_vectors
 from .lanes import DOT_DEVIATION, SUM, lane_sum
 from .parallel import parallel_for
 from .reductions import column_sums, moments
@@ -92,6 +92,21 @@ def layer_norm_rows_backward(grad, x, weight, mean, rstd, chunks):
 _NO_ACTIVATION = int(opcodes.Act.NONE)
 
 
+@inlined
+def _normalize_group(src, dst, i, g, m, s, weight, bias):
+    """dst[i, g] = src[i, g] * scale + offset channel by channel (src, dst [N, G, Cg, S]):
+    the affine normalisation of group g of sample i, scale = s * weight, offset = bias -
+    m * scale."""
+    cg = src.shape[2]
+    for j in range(cg):
+        c = g * cg + j
+        scale = s * weight[c]
+        offset = bias[c] - m * scale
+        a, b = src[i, g, j], dst[i, g, j]
+        for p in range(a.size):
+            b[p] = a[p] * scale + offset
+
+
 @helper
 def _group_norm_group(ng, x, weight, bias, eps, code, shift, groups, cg, size, out, out_flat, src_all, flat, mean,
                       rstd):
@@ -106,15 +121,9 @@ def _group_norm_group(ng, x, weight, bias, eps, code, shift, groups, cg, size, o
     m64, s64 = _row_stats(flat[ng], eps)
     m, s = mean.dtype.type(m64), mean.dtype.type(s64)
     mean[i, g], rstd[i, g] = m, s
-    for j in range(cg):
-        c = g * cg + j
-        scale = s * weight[c]
-        offset = bias[c] - m * scale
-        # the same two loops whether or not shift was added, so a shifted call
-        # and the add followed by an unshifted call agree bit for bit
-        src, res = src_all[i, g, j], out[i, g, j]
-        for p in range(size):
-            res[p] = src[p] * scale + offset
+    # the same loops whether or not shift was added, so a shifted call and the add
+    # followed by an unshifted call agree bit for bit
+    _normalize_group(src_all, out, i, g, m, s, weight, bias)
     # one activation loop over the group's channels, contiguous: per plane, a short
     # plane (16 values at 4x4) would spend more on the vector loop's edges than inside
     act_row(code, out_flat[ng], t(1.0), t(0.0), None)
@@ -149,13 +158,7 @@ def _group_norm_group_backward(ng, grad, x, weight, bias, mean, rstd, code, grou
     # d pre-activation into dx, finished below: the pre-activation per channel, then one
     # derivative loop over the group's contiguous channels (as in the forward)
     if code != _NO_ACTIVATION:
-        for j in range(cg):
-            c = g * cg + j
-            scale = s * weight[c]
-            shift = bias[c] - m * scale
-            src, res = x[i, g, j], dx[i, g, j]
-            for p in range(size):
-                res[p] = src[p] * scale + shift
+        _normalize_group(x, dx, i, g, m, s, weight, bias)
         act_grad_row(code, dx_flat[ng], t(1.0), t(0.0), grad_flat[ng], None)
     else:
         for j in range(cg):

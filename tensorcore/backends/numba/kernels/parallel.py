@@ -52,10 +52,15 @@ def _start_pool() -> None:
     _launch_threads()
 
 
-@intrinsic
+@intrinsic(prefer_literal=True)
 def parallel_for(typingctx, body, count, args):
     """Call ``body(i, *args)`` for ``i`` in ``range(count)`` on the calling thread's
-    Numba threads (see the module docstring)."""
+    Numba threads (see the module docstring).
+
+    Typed with the arguments' literal types first (an activation code stays a
+    compile-time constant for the body): typed without them first, a body needing a
+    constant would fail to compile, and Numba keeps that failure, with the traceback of
+    the calling frames and every array they hold, for the process's lifetime."""
     if not isinstance(body, types.Dispatcher):
         raise TypeError(f"parallel_for: body must be a jitted function, got {body}")
     if not isinstance(count, types.Integer) or not isinstance(args, types.BaseTuple):
