@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 
-from ... import opcodes
 from .activations import act_grad_row, act_row
 from .jit import helper, inlined, kernel, wide_vectors
 from .lanes import DOT_DEVIATION, SUM, lane_sum
@@ -89,9 +88,6 @@ def layer_norm_rows_backward(grad, x, weight, mean, rstd, chunks):
     return dx, column_sums(part_w), column_sums(part_b)
 
 
-_NO_ACTIVATION = int(opcodes.Act.NONE)
-
-
 @inlined
 def _normalize_group(src, dst, i, g, m, s, weight, bias):
     """dst[i, g] = src[i, g] * scale + offset channel by channel (src, dst [N, G, Cg, S]):
@@ -157,12 +153,8 @@ def _group_norm_group_backward(ng, grad, x, weight, bias, mean, rstd, code, grou
     m, s = mean[i, g], rstd[i, g]
     # d pre-activation into dx, finished below: the pre-activation per channel, then one
     # derivative loop over the group's contiguous channels (as in the forward)
-    if code != _NO_ACTIVATION:
-        _normalize_group(x, dx, i, g, m, s, weight, bias)
-        act_grad_row(code, dx_flat[ng], t(1.0), t(0.0), grad_flat[ng], None)
-    else:
-        for j in range(cg):
-            dx[i, g, j][:] = grad[i, g, j]
+    _normalize_group(x, dx, i, g, m, s, weight, bias)
+    act_grad_row(code, dx_flat[ng], t(1.0), t(0.0), grad_flat[ng], None)
     sum_gw = t(0.0)
     sum_gwx = t(0.0)
     for j in range(cg):
