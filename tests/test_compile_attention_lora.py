@@ -85,7 +85,7 @@ def test_attention_fusion_fires_and_matches_eager(backend, form, rank):
     assert compiled.cache_info().rewrites["fuse_attention"] == 1
     want = fn(q, k, v, m)
     close(got, want)
-    if exact and backend != "cupy":
+    if exact and backend == "numpy":  # Numba's and CuPy's attention kernels add in their own order
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 

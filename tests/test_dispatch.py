@@ -82,7 +82,8 @@ def test_a_table_that_misses_or_doubles_a_method_is_refused():
 def test_the_printed_table_names_the_kernels():
     table = dispatch.table(NumbaBackend)
     assert table["conv2d"] == "NumbaSpatialKernels.conv2d"
-    assert table["attention"] == "computes_in_float32(NumpySoftmaxKernels.attention)"
+    assert table["attention"] == "NumbaAttentionKernels.attention"
+    assert table["matmul"] == "computes_in_float32(NumpyPrimitives.matmul)"
     assert table["binary"] == "NumpyPrimitives.binary"
 
 

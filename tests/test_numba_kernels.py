@@ -64,6 +64,31 @@ def test_sum_over_all_but_one_axis(shape, axes, keepdims, dtype):
     np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=axes, keepdims=keepdims), **tol(dtype))
 
 
+@given(shape=st.lists(st.integers(1, 9), min_size=2, max_size=5), first=st.integers(0, 4), count=st.integers(1, 4),
+       keepdims=st.booleans(), dtype=st.sampled_from(DTYPES))
+def test_sum_around_one_block_of_kept_axes(shape, first, count, keepdims, dtype):
+    """Any sum whose kept axes are one block (per-sample sums of a bias add's gradient,
+    [N, C] sums over the planes) against float64: the channel-sums kernel where 16 or
+    more summed values follow the block."""
+    shape = tuple(shape) + (16,)  # at least 16 summed values after any block that leaves the last axis
+    first = min(first, len(shape) - 2)
+    kept = range(first, min(first + count, len(shape) - 1))
+    axes = tuple(ax for ax in range(len(shape)) if ax not in kept)
+    x = rand(shape, dtype, 5) + 1.0
+    got = check("reduce", "sum", x, axes, keepdims, dtype=dtype)
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=axes, keepdims=keepdims), **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1024, 64), (64, 16, 64), (300, 7), (5000, 3)])
+def test_sum_over_the_leading_axis_adds_as_numpy(shape, dtype):
+    """A linear layer's bias gradient: NumPy's order of additions, so the same bits."""
+    x = rand(shape, dtype, 6) + 1.0
+    got = NB.reduce("sum", x, (0,), False)
+    np.testing.assert_array_equal(got, x.sum(axis=0))
+    assert got.dtype == dtype
+
+
 # ----- activations ----------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ACTS)

@@ -15,7 +15,9 @@ pytest.importorskip("numba")
 
 from numba import njit  # noqa: E402
 
-from tensorcore.backends.numba.kernels.lanes import DOT, DOT_DEVIATION, SQUARED_DEVIATION, SUM, lane_sum  # noqa: E402
+from tensorcore.backends.numba.kernels.lanes import (  # noqa: E402
+    DOT, DOT_DEVIATION, SQUARED_DEVIATION, SUM, lane_axpy, lane_sum)
+from tensorcore.backends.numba.kernels.reductions import row_max  # noqa: E402
 
 
 @njit(error_model="numpy")
@@ -60,3 +62,38 @@ def test_the_order_is_accumulators_then_halves_then_the_tail() -> None:
     x[:] = 0
     x[0], x[64], x[65] = big, 1, 1  # the tail, added one by one after the vectors
     assert _all_kinds(x, x, np.float32(0.0))[0] == big  # pairwise: big + 2
+
+
+@njit(error_model="numpy")
+def _axpy(dst, w, src):
+    lane_axpy(dst, w, src)
+
+
+@given(n=st.integers(0, 100), dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**16))
+def test_axpy_rounds_each_value_as_the_scalar_expression(n: int, dtype: type, seed: int) -> None:
+    """Every length (vector part and tail): dst + w * src, a product then a sum, as NumPy rounds it."""
+    rng = np.random.default_rng(seed)
+    dst, src = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    w = dtype(rng.standard_normal())
+    want = dst + w * src
+    _axpy(dst, w, src)
+    np.testing.assert_array_equal(dst, want)
+
+
+@njit(error_model="numpy")
+def _row_max(row):
+    return row_max(row)
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 63, 64, 65, 200])
+def test_row_max_short_and_long_rows(n: int) -> None:
+    rng = np.random.default_rng(n)
+    row = rng.standard_normal(n).astype(np.float32)
+    assert _row_max(row) == row.max()
+    row[n // 2] = np.inf
+    assert _row_max(row) == np.inf
+    if n < 64:  # a short row's NaN wins, wherever it lies
+        for at in {0, n // 2, n - 1}:
+            nan_row = row.copy()
+            nan_row[at] = np.nan
+            assert np.isnan(_row_max(nan_row))

@@ -48,8 +48,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if attn_mask is not None:
         if attn_mask.dtype.kind == "b":
             attn_mask = ew.where(attn_mask, 0.0, float("-inf")).to(dtype=query.dtype)
-        mask = attn_mask.detach().expand(lead + (lq, lk)).reshape((-1, 1, lq, lk)).data
-    as4d = (lambda t: reshape(t, (-1, 1) + t.shape[-2:]))
+        mask = attn_mask.detach().expand(lead + (lq, lk))
+        mask = (mask if mask.ndim == 4 else mask.reshape((-1, 1, lq, lk))).data
+
+    def as4d(t: Tensor) -> Tensor:
+        """[B, H, L, D] as it lies (the heads of a projection are a strided view: no
+        copy), any other rank as [N, 1, L, D]."""
+        return t if t.ndim == 4 else reshape(t, (-1, 1) + t.shape[-2:])
+
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     training = autograd.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     out = Attention.apply(as4d(query), as4d(key), as4d(value), mask, bool(is_causal), scale, training)

@@ -29,6 +29,7 @@ import numpy
 
 from . import kernel_cache, memory, threads
 from ... import settings
+from .attention import NumbaAttentionKernels
 from .fused import NumbaFusedKernels
 from .lora import NumbaLoraKernels
 from .native_forms import NumbaNativeForms
@@ -61,6 +62,9 @@ METHODS: dict[str, Callable] = {
     "upsample_nearest2d_backward": NumbaSpatialKernels.upsample_nearest2d_backward,
     "upsample_bilinear2d": NumbaSpatialKernels.upsample_bilinear2d,
     "upsample_bilinear2d_backward": NumbaSpatialKernels.upsample_bilinear2d_backward,
+    "attention": NumbaAttentionKernels.attention,
+    "attention_output": NumbaAttentionKernels.attention_output,
+    "attention_backward": NumbaAttentionKernels.attention_backward,
     "softmax": NumbaNNKernels.softmax,
     "softmax_backward": NumbaNNKernels.softmax_backward,
     "log_softmax": NumbaNNKernels.log_softmax,
@@ -89,8 +93,8 @@ METHODS: dict[str, Callable] = {
 
 
 @serving(METHODS)
-class NumbaBackend(NumbaNativeForms, NumbaFusedKernels, NumbaNNKernels, NumbaSpatialKernels, NumbaOptimKernels,
-                   NumbaLoraKernels, NumpyBackend):
+class NumbaBackend(NumbaNativeForms, NumbaFusedKernels, NumbaNNKernels, NumbaAttentionKernels, NumbaSpatialKernels,
+                   NumbaOptimKernels, NumbaLoraKernels, NumpyBackend):
     """NumPy arrays on the CPU, with Numba kernels for the hot ops."""
 
     name = "numba"

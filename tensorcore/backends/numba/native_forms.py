@@ -181,7 +181,7 @@ class NumbaNativeForms:
         additions (``numpy_sums.py``) for a sum of a C-contiguous array over all its axes
         or its leading ones."""
         from . import numpy_sums
-        from .nn import SMALL_SUM
+        from .nn import sum_path
 
         if out is None or op != "sum" or not fast_path(a, out) or not a.flags.c_contiguous or not a.size:
             return None
@@ -189,12 +189,11 @@ class NumbaNativeForms:
         if axes is not None and len(summed) != len(axes):
             return None
         kept = [ax for ax in range(a.ndim) if ax not in summed]
-        if axes is not None and a.ndim >= 2 and a.size >= SMALL_SUM and len(kept) == 1:
-            inner = int(np.prod(a.shape[kept[0] + 1:]))
-            if inner >= 16:  # NumbaNNKernels.reduce's channel sums
-                from .kernels.reductions import channel_sums
+        path = sum_path(op, a, axes)
+        if path is not None and path[0] == "channels":  # NumbaNNKernels.reduce's channel sums
+            from .kernels.reductions import channel_sums
 
-                return [kernel_call(channel_sums, a.reshape(-1, a.shape[kept[0]], inner), into=out.reshape(-1))]
+            return [kernel_call(channel_sums, a.reshape(path[1]), into=out.reshape(-1))]
         if isinstance(axes, tuple) and len(axes) > 1 and min(axes) == 0 and a.ndim > 2:
             return None  # the reference adds slabs first (NumpyBackend.reduce)
         width = int(np.prod([a.shape[ax] for ax in kept]))

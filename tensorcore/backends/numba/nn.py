@@ -24,6 +24,27 @@ SMALL = 1 << 16  # elements below which a parallel kernel's start-up costs more 
 SMALL_SUM = 1 << 12  # elements below which NumPy's reduction is as quick as a kernel call
 
 
+def sum_path(op: str, a: Array, axes: Any) -> tuple[str, tuple[int, int, int]] | None:
+    """How ``reduce`` computes a sum of ``a`` over ``axes`` whose kept axes are one block:
+    ("channels", (outer, kept, inner)) when at least 16 summed values follow the block
+    (each run summed with vector loops), ("leading", (outer, kept, 1)) when only the
+    first axis of a C-contiguous array is summed (NumPy's order of additions, bit for
+    bit); None otherwise (the reference's sum)."""
+    if op != "sum" or axes is None or not fast_path(a) or a.ndim < 2 or a.size < SMALL_SUM:
+        return None
+    summed = {ax % a.ndim for ax in axes}
+    kept = [ax for ax in range(a.ndim) if ax not in summed]
+    if len(summed) != len(axes) or not kept or kept[-1] - kept[0] != len(kept) - 1:
+        return None
+    layout = (math.prod(a.shape[:kept[0]]), math.prod(a.shape[kept[0]:kept[-1] + 1]),
+              math.prod(a.shape[kept[-1] + 1:]))
+    if layout[2] >= 16:
+        return "channels", layout
+    if summed == {0} and a.flags.c_contiguous:
+        return "leading", layout
+    return None
+
+
 def _rows(a: Array, width: int) -> Array:
     """``a`` as a C-contiguous [rows, width] array."""
     return np.ascontiguousarray(a).reshape(-1, width)
@@ -34,22 +55,26 @@ class NumbaNNKernels:
 
     # ----- reductions --------------------------------------------------------------
     def reduce(self, op: str, a: Array, axes: Any, keepdims: bool) -> Array:
-        """A sum over every axis but one whose values lie in runs of 16 or more (an NCHW
-        bias gradient) runs one parallel kernel; everything else the reference's."""
-        if op != "sum" or not fast_path(a) or axes is None or a.ndim < 2 or a.size < SMALL_SUM:
+        """Sums that ``sum_path`` names run a kernel: the channel-sums kernel around one
+        block of kept axes (an NCHW bias gradient, per-plane sums), NumPy's own additions
+        jitted over the leading axis (a linear layer's bias gradient).  Everything else,
+        and other reductions, the reference's."""
+        path = sum_path(op, a, axes)
+        if path is None:
             return super().reduce(op, a, axes, keepdims)
-        summed = {ax % a.ndim for ax in axes}
-        kept = [ax for ax in range(a.ndim) if ax not in summed]
-        if len(kept) != 1 or len(summed) != len(axes):
-            return super().reduce(op, a, axes, keepdims)
-        axis = kept[0]
-        inner = math.prod(a.shape[axis + 1:])
-        if inner < 16:
-            return super().reduce(op, a, axes, keepdims)
-        from .kernels.reductions import channel_sums
+        kind, (outer, kept, inner) = path
+        if kind == "channels":
+            from .kernels.reductions import channel_sums
 
-        sums = channel_sums(np.ascontiguousarray(a).reshape(-1, a.shape[axis], inner))
-        return sums.reshape([n if i == axis else 1 for i, n in enumerate(a.shape)]) if keepdims else sums
+            sums = channel_sums(np.ascontiguousarray(a).reshape(outer, kept, inner))
+        else:
+            from .numpy_sums import leading_sum
+
+            sums = np.empty(kept, dtype=a.dtype)
+            leading_sum(a.reshape(outer, kept), sums)
+        summed = {ax % a.ndim for ax in axes}
+        shape = [1 if i in summed else n for i, n in enumerate(a.shape) if keepdims or i not in summed]
+        return sums.reshape(shape)
 
     # ----- activations -------------------------------------------------------------
     def unary(self, op: str, a: Array) -> Array:

@@ -23,9 +23,11 @@ write the memory q, k, v or the mask live in.  The chain becomes one
 softmax's memory.  In a training graph the backward reads the probabilities, so the
 chain is left alone there.
 
-The fused call computes ``(q kᵀ) * scale + mask`` in that order: a graph that scales
-q before the product, or divides, rounds differently (float32 bounds, not bit for
-bit); one scaling the product by a multiplication gives the eager result.
+The fused call computes ``(q kᵀ) * scale + mask`` in that order: on the NumPy backend
+a graph that scales the product by a multiplication gives the eager result bit for
+bit, one that scales q before the product, or divides, rounds differently (float32
+bounds).  The Numba and CuPy backends' attention kernels sum their products in their
+own order: float32 bounds there.
 """
 
 from __future__ import annotations

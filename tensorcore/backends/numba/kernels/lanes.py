@@ -215,3 +215,70 @@ def _lane_sum_impl(kind, x, y, m):
         return s
 
     return impl
+
+
+def lane_axpy(dst, w, src):
+    """``dst[i] += w * src[i]`` over the contiguous 1-D rows ``dst`` and ``src`` (as long),
+    in vector registers whatever the row's length; callable from jitted code only.
+
+    LLVM's own vector loop steps four registers at a time after checking that the rows
+    do not overlap, so a row of 16 or 32 values runs its scalar remainder loop; this
+    one steps one register and assumes the rows are distinct arrays.  Each value is
+    rounded as the scalar ``dst[i] + w * src[i]`` rounds it (a product, then a sum)."""
+
+
+@intrinsic
+def _axpy_vectors(typingctx, dst, w, src, body):
+    """``lane_axpy`` over indices [0, body), ``body`` a multiple of the lane count."""
+    dtype = dst.dtype
+
+    def codegen(context, builder, signature, args):
+        dst_value, w_value, src_value, count = args
+        scalar = context.get_value_type(dtype)
+        lanes = _lanes(dtype)
+        vector = ir.VectorType(scalar, lanes)
+        align = context.get_abi_sizeof(scalar)
+        dst_data = context.make_array(dst)(context, builder, dst_value).data
+        src_data = context.make_array(src)(context, builder, src_value).data
+        splat = builder.insert_element(ir.Constant(vector, ir.Undefined), w_value, ir.Constant(ir.IntType(32), 0))
+        vw = builder.shuffle_vector(splat, ir.Constant(vector, ir.Undefined),
+                                    ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+        i64 = ir.IntType(64)
+        end = context.cast(builder, count, signature.args[3], types.int64)
+        before = builder.basic_block
+        loop = builder.append_basic_block("axpy.loop")
+        after = builder.append_basic_block("axpy.after")
+        builder.cbranch(builder.icmp_signed("<", i64(0), end), loop, after)
+        builder.position_at_end(loop)
+        index = builder.phi(i64)
+        index.add_incoming(i64(0), before)
+        target = builder.bitcast(builder.gep(dst_data, [index]), vector.as_pointer())
+        source = builder.bitcast(builder.gep(src_data, [index]), vector.as_pointer())
+        total = builder.fadd(builder.load(target, align=align), builder.fmul(vw, builder.load(source, align=align)))
+        builder.store(total, target, align=align)
+        following = builder.add(index, i64(lanes))
+        index.add_incoming(following, loop)
+        builder.cbranch(builder.icmp_signed("<", following, end), loop, after)
+        builder.position_at_end(after)
+        return context.get_dummy_value()
+
+    return types.none(dst, w, src, body), codegen
+
+
+@overload(lane_axpy, inline="always", jit_options=JIT_OPTIONS)
+def _lane_axpy_impl(dst, w, src):
+    for name, row in (("dst", dst), ("src", src)):
+        if not (isinstance(row, types.Array) and row.layout == "C" and row.ndim == 1 and row.dtype == dst.dtype
+                and row.dtype in (types.float32, types.float64)):
+            raise errors.TypingError(f"lane_axpy: {name} must be a contiguous 1-D float32 or float64 row of "
+                                     f"dst's dtype, got {row}")
+    t, lanes = dst.dtype, _lanes(dst.dtype)
+
+    def impl(dst, w, src):
+        n = dst.size
+        body = n - n % lanes
+        _axpy_vectors(dst, t(w), src, body)
+        for i in range(body, n):
+            dst[i] += t(w) * src[i]
+
+    return impl

@@ -35,10 +35,11 @@ def _log_sum_exp(row, scratch):
 
 
 @helper
-def _softmax_row(r, x, out):
+def softmax_row_into(row, res):
+    """res = softmax(row) for contiguous 1-D rows held in different arrays (in place,
+    LLVM's overlap check would send every loop to its scalar version)."""
     wide_vectors()
-    t = x.dtype.type
-    row, res = x[r], out[r]
+    t = row.dtype.type
     m = row_max(row)
     for c in range(row.size):
         res[c] = fexp(row[c] - m)
@@ -46,6 +47,12 @@ def _softmax_row(r, x, out):
     inv = t(1.0) / s if s < t(np.inf) else t(np.nan)
     for c in range(row.size):
         res[c] *= inv
+
+
+@helper
+def _softmax_row(r, x, out):
+    wide_vectors()
+    softmax_row_into(x[r], out[r])
 
 
 @kernel
