@@ -5,8 +5,8 @@ of any strides (the heads of a projection are a permuted view of it).  Each task
 its head's q, k and v into small contiguous arrays (k and v also transposed), so every
 inner loop runs along a contiguous row of Lk or D values, which LLVM vectorises; a
 dot product along D would add one value at a time (no fast-math, ``jit.py``).  Its
-scores and probabilities stay in L1.  The softmax of each row is the row softmax of
-``softmax.py``; a row whose keys are all masked is NaN, as there.
+scores and probabilities stay in L1.  A row whose keys are all masked is NaN, as in
+``softmax.py``'s row softmax.
 
 The products add over D (or over the keys) one term at a time in index order, in the
 inputs' dtype, as a plain matrix product does; the results differ from a BLAS product's
@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import helper, kernel
-from .lanes import DOT, lane_axpy, lane_sum
+from .lanes import lane_axpy
+from .mathfn import fexp
 from .parallel import parallel_for
-from .softmax import softmax_row_into
 
 
 @helper
@@ -43,6 +43,14 @@ def _contiguous(src, transposed):
 
 
 @helper
+def _store(src, dst):
+    """dst[...] = src for 2-D arrays of one shape (dst of any strides)."""
+    for i in range(src.shape[0]):
+        for e in range(src.shape[1]):
+            dst[i, e] = src[i, e]
+
+
+@helper
 def _row_times(a, b, out):
     """out [M, N] = a [M, K] @ b [K, N] (C-contiguous), each value summed over k in
     order; one vector pass over a row of N per (k, row), the rows in the inner loop so
@@ -55,7 +63,31 @@ def _row_times(a, b, out):
 
 
 @helper
+def _softmax_into(scores, p, i):
+    """p[i] = softmax(scores[i]), NaN throughout when the row has no finite normaliser
+    (as ``softmax.py``'s rows: all keys masked, or a NaN or +inf score).  The short
+    rows are summed in order; ``lane_sum``'s vector loop would double the kernel's
+    compile time for nothing."""
+    t = p.dtype.type
+    m = scores[i, 0]
+    for j in range(1, p.shape[1]):
+        v = scores[i, j]
+        if v > m or v != v:
+            m = v
+    row = p[i]
+    for j in range(p.shape[1]):
+        row[j] = fexp(scores[i, j] - m)
+    s = t(0.0)
+    for j in range(p.shape[1]):
+        s += row[j]
+    inv = t(1.0) / s if s < t(np.inf) else t(np.nan)
+    for j in range(p.shape[1]):
+        row[j] *= inv
+
+
+@helper
 def _head(task, q, k, v, mask, causal, scale, heads, out, probs):
+    """Head ``task`` (batch task // H, head task % H) of ``attention_heads``."""
     b, h = task // heads, task % heads
     qc, kt, vc = _contiguous(q[b, h], False), _contiguous(k[b, h], True), _contiguous(v[b, h], False)
     p = probs[b, h]
@@ -68,13 +100,10 @@ def _head(task, q, k, v, mask, causal, scale, heads, out, probs):
         if causal:
             for j in range(i + 1, p.shape[1]):
                 scores[i, j] = t(-np.inf)
-        softmax_row_into(scores[i], p[i])
+        _softmax_into(scores, p, i)
     o = np.empty((p.shape[0], vc.shape[1]), dtype=vc.dtype)
     _row_times(p, vc, o)
-    dst = out[b, h]
-    for i in range(o.shape[0]):
-        for e in range(o.shape[1]):
-            dst[i, e] = o[i, e]
+    _store(o, out[b, h])
 
 
 @kernel
@@ -87,40 +116,43 @@ def attention_heads(q, k, v, mask, causal, scale, out, probs):
 
 
 @helper
-def _store(src, dst):
-    for i in range(src.shape[0]):
-        for e in range(src.shape[1]):
-            dst[i, e] = src[i, e]
+def _transposed_times(a, b, out):
+    """out [N, M] = aᵀ @ b for a [K, N], b [K, M] (C-contiguous), each value summed over
+    k in order (as ``_row_times`` of a's transpose sums it)."""
+    out[:] = out.dtype.type(0.0)
+    for kk in range(a.shape[0]):
+        src = b[kk]
+        for n in range(a.shape[1]):
+            lane_axpy(out[n], a[kk, n], src)
 
 
 @helper
 def _head_backward(task, grad, q, k, v, probs, scale, heads, dq, dk, dv):
+    """Head ``task`` of ``attention_heads_backward``."""
     b, h = task // heads, task % heads
     t = q.dtype.type
     p = probs[b, h]
     lq, lk = p.shape
     g = _contiguous(grad[b, h], False)
     # dv = pᵀ g
-    pt = _contiguous(p, True)
     dv_head = np.empty((lk, g.shape[1]), dtype=g.dtype)
-    _row_times(pt, g, dv_head)
+    _transposed_times(p, g, dv_head)
     _store(dv_head, dv[b, h])
     # d scores = p * (g vᵀ - rowsum(p * g vᵀ)) * scale, as softmax_rows_backward then * scale
-    vt = _contiguous(v[b, h], True)
     ds = np.empty((lq, lk), dtype=p.dtype)
-    _row_times(g, vt, ds)
+    _row_times(g, _contiguous(v[b, h], True), ds)
     for i in range(lq):
-        row, pr = ds[i], p[i]
-        dot = lane_sum(DOT, row, pr, t(0.0))
+        dot = t(0.0)
         for j in range(lk):
-            row[j] = pr[j] * (row[j] - dot) * scale
+            dot += ds[i, j] * p[i, j]
+        for j in range(lk):
+            ds[i, j] = p[i, j] * (ds[i, j] - dot) * scale
     # dq = ds k, dk = dsᵀ q
-    kc, qc = _contiguous(k[b, h], False), _contiguous(q[b, h], False)
-    dq_head = np.empty((lq, kc.shape[1]), dtype=kc.dtype)
-    _row_times(ds, kc, dq_head)
+    dq_head = np.empty((lq, q.shape[3]), dtype=g.dtype)
+    _row_times(ds, _contiguous(k[b, h], False), dq_head)
     _store(dq_head, dq[b, h])
-    dk_head = np.empty((lk, qc.shape[1]), dtype=qc.dtype)
-    _row_times(_contiguous(ds, True), qc, dk_head)
+    dk_head = np.empty((lk, q.shape[3]), dtype=g.dtype)
+    _transposed_times(ds, _contiguous(q[b, h], False), dk_head)
     _store(dk_head, dk[b, h])
 
 

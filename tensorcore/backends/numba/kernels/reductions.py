@@ -16,25 +16,35 @@ _LANES = 64  # four AVX-512 registers of float32: one block's max need not wait 
 
 @helper
 def row_max(row):
-    """max(row) of a non-empty row (NaN when a value of a row shorter than 64 is NaN).
+    """max(row) of a non-empty row; NaN when the row holds one.
 
-    LLVM does not vectorise a running ``max`` over one accumulator, so this keeps
-    ``_LANES`` independent maxima and folds them at the end.  With fewer lanes (one
-    register) each block's ``max`` waits on the previous one.
+    LLVM does not vectorise a running ``max`` over one accumulator, so rows of 64 values
+    or more keep ``_LANES`` independent maxima and fold them at the end.  With fewer
+    lanes (one register) each block's ``max`` waits on the previous one.  Plain loops
+    rather than ``np.maximum`` and ``ndarray.max``, whose implementations take seconds
+    to compile.
     """
-    body = row.size - row.size % _LANES
-    if body == 0:  # a short row: one pass (NumPy's ``max`` costs ~60 ns a call)
-        m = row[0]
-        for c in range(1, row.size):
-            if row[c] > m or row[c] != row[c]:  # NaN wins, as in ``max``
-                m = row[c]
-        return m
-    lanes = row[:_LANES].copy()
+    n = row.size
+    body = n - n % _LANES
+    if body == 0:
+        return _max_from(row, row[0], 1, n)
+    lanes = np.empty(_LANES, dtype=row.dtype)
+    for c in range(_LANES):
+        lanes[c] = row[c]
     for start in range(_LANES, body, _LANES):
-        np.maximum(lanes, row[start:start + _LANES], lanes)
-    m = lanes.max()
-    for c in range(body, row.size):
-        m = max(m, row[c])
+        for c in range(_LANES):
+            v = row[start + c]
+            lanes[c] = v if v > lanes[c] or v != v else lanes[c]
+    return _max_from(row, _max_from(lanes, lanes[0], 1, _LANES), body, n)
+
+
+@helper
+def _max_from(row, m, start, stop):
+    """The max of ``m`` and row[start:stop], NaN winning."""
+    for c in range(start, stop):
+        v = row[c]
+        if v > m or v != v:
+            m = v
     return m
 
 

@@ -35,11 +35,10 @@ def _log_sum_exp(row, scratch):
 
 
 @helper
-def softmax_row_into(row, res):
-    """res = softmax(row) for contiguous 1-D rows held in different arrays (in place,
-    LLVM's overlap check would send every loop to its scalar version)."""
+def _softmax_row(r, x, out):
     wide_vectors()
-    t = row.dtype.type
+    t = x.dtype.type
+    row, res = x[r], out[r]
     m = row_max(row)
     for c in range(row.size):
         res[c] = fexp(row[c] - m)
@@ -47,12 +46,6 @@ def softmax_row_into(row, res):
     inv = t(1.0) / s if s < t(np.inf) else t(np.nan)
     for c in range(row.size):
         res[c] *= inv
-
-
-@helper
-def _softmax_row(r, x, out):
-    wide_vectors()
-    softmax_row_into(x[r], out[r])
 
 
 @kernel
