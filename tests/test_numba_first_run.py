@@ -187,3 +187,67 @@ def test_a_default_train_run_compiles_the_list_in_a_second_process() -> None:
                               warmup.BackgroundCompiles)
     with tc.use_backend("numpy"):
         assert not isinstance(train_kernels.background_compiles(options), warmup.BackgroundCompiles)
+
+
+class _Running:
+    """A stand-in for the second process: running until ``ended`` is set."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def poll(self) -> int | None:
+        return 0 if self.ended else None
+
+
+def test_a_first_call_waits_while_the_second_process_compiles_that_kernel(tmp_path, monkeypatch) -> None:
+    import threading
+    import time
+
+    from tensorcore.backends.numba import threads
+    from tensorcore.backends.numba.kernels import reductions
+
+    kernel = threads.SizedKernel(reductions.channel_sums.dispatcher)  # a fresh wrapper: not called yet
+    background = warmup.BackgroundCompiles([])
+    background.process, background.markers = _Running(), str(tmp_path)
+    marker = tmp_path / warmup.marker_name(kernel.__module__, kernel.__name__)
+    marker.touch()
+    monkeypatch.setattr(threads, "before_first_call", background.wait_for)
+    threading.Timer(0.3, marker.unlink).start()  # the other process finishes compiling
+    start = time.monotonic()
+    sums = kernel(np.ones((2, 3, 16), np.float32))
+    assert time.monotonic() - start >= 0.25
+    np.testing.assert_array_equal(sums, [32, 32, 32])
+    marker.touch()  # only a first call waits
+    start = time.monotonic()
+    kernel(np.ones((2, 3, 16), np.float32))
+    assert time.monotonic() - start < 0.25
+
+
+def test_a_first_call_does_not_wait_for_an_ended_process(tmp_path) -> None:
+    import time
+
+    from tensorcore.backends.numba import threads
+    from tensorcore.backends.numba.kernels import reductions
+
+    kernel = threads.SizedKernel(reductions.channel_sums.dispatcher)
+    background = warmup.BackgroundCompiles([])
+    background.process, background.markers = _Running(), str(tmp_path)
+    (tmp_path / warmup.marker_name(kernel.__module__, kernel.__name__)).touch()  # left by a killed process
+    background.process.ended = True
+    start = time.monotonic()
+    background.wait_for(kernel)
+    assert time.monotonic() - start < 0.25
+
+
+def test_the_second_process_marks_each_kernel_while_it_compiles(tmp_path, monkeypatch) -> None:
+    seen = []
+    entry = KERNELS[0]
+    marker = tmp_path / warmup.marker_name(entry["module"], entry["name"])
+
+    class Dispatcher:
+        def compile(self, signature):
+            seen.append(marker.exists())
+
+    monkeypatch.setattr(warmup, "dispatcher_of", lambda module, name: Dispatcher())
+    assert warmup.compile_kernels([entry], str(tmp_path)) == []
+    assert seen == [True] and not marker.exists()

@@ -13,7 +13,9 @@ there when the first process reaches it instead of compiling again.
 * ``BackgroundCompiles`` starts that process when the first kernel compiles in this
   one (a warm cache starts nothing), compiling the list from its last entry back while
   this process compiles from the first: they meet in the middle, and whichever comes
-  second to a kernel loads it from the cache.
+  second to a kernel loads it from the cache.  A kernel's first call in this process
+  waits while the other one is compiling it (it leaves a marker file meanwhile), so
+  the two never compile the same kernel at once where they meet.
 
 Only the kernels of the ``kernels`` modules are listed (the functions Python calls;
 the helpers they call compile with them); generated kernels (``numba/fused.py``) are
@@ -27,15 +29,18 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from . import kernel_cache
+from . import kernel_cache, threads
 
 # The kernels' argument types as JSON data: a scalar type's name ("int64", "float64",
 # "bool", "none"), {"literal": 4} for a compile-time constant (an activation code), or
@@ -132,26 +137,48 @@ def record() -> Iterator[list[Entry]]:
         event.unregister("numba:compile", recorder)
 
 
-def compile_kernels(entries: list[Entry]) -> list[str]:
+def compile_kernels(entries: list[Entry], markers: str | None = None) -> list[str]:
     """Compile every entry (or load it from the cache, where another process has put it);
-    returns one line per entry that could not be compiled, naming it and why."""
+    returns one line per entry that could not be compiled, naming it and why.  With
+    ``markers`` (a directory), a file named after the kernel (``marker_name``) lies
+    there while it compiles."""
     failed = []
     for entry in entries:
+        marker = None if markers is None else os.path.join(markers, marker_name(entry["module"], entry["name"]))
         try:
+            if marker is not None:
+                open(marker, "w").close()
             dispatcher_of(entry["module"], entry["name"]).compile(tuple(decode(a) for a in entry["args"]))
         except Exception as exc:  # a list made by another version: the run compiles what it needs itself
             failed.append(f"{entry.get('module')}.{entry.get('name')}: {exc}")
+        finally:
+            if marker is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(marker)
     return failed
+
+
+def marker_name(module: str, name: str) -> str:
+    """The file that marks kernel ``module.name`` as being compiled by the second process."""
+    return f"{module}.{name}"
 
 
 class BackgroundCompiles:
     """Inside ``with BackgroundCompiles(entries):``, the first compile of a tensorcore kernel
     in this process starts a process that compiles ``entries`` from the last back; on
-    leaving the block, that process is stopped if it still runs."""
+    leaving the block, that process is stopped if it still runs.
+
+    Where the two meet, this process would compile a kernel the other one is in the
+    middle of.  Instead, a kernel's first call here waits while the other process
+    compiles it (it marks that with a file, ``marker_name``), then loads it from the
+    cache."""
+
+    WAIT_AT_MOST = 60.0  # seconds a first call waits for the other process
 
     def __init__(self, entries: list[Entry]) -> None:
         self.entries = entries
         self.process: subprocess.Popen | None = None
+        self.markers: str | None = None
         self._lock = threading.Lock()
 
     def __enter__(self) -> BackgroundCompiles:
@@ -180,28 +207,43 @@ class BackgroundCompiles:
             # the numpy backend: the process needs the kernels only, not the backend's
             # thread pools or its compile notice
             env = {**os.environ, "TENSORCORE_BACKEND": "numpy"}
-            self.process = subprocess.Popen([sys.executable, "-m", __name__, "--reverse"], env=env,
+            self.markers = tempfile.mkdtemp(prefix="tensorcore-compiling-")
+            self.process = subprocess.Popen([sys.executable, "-m", __name__, "--reverse", self.markers], env=env,
                                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
             self.process.stdin.write(json.dumps(self.entries))  # read by the process as it starts
             self.process.stdin.close()
+            threads.before_first_call = self.wait_for
+
+    def wait_for(self, kernel: Any) -> None:
+        """Return once the other process is not compiling ``kernel`` (a ``SizedKernel``),
+        or has ended, or after ``WAIT_AT_MOST`` seconds."""
+        marker = os.path.join(self.markers, marker_name(kernel.__module__, kernel.__name__))
+        deadline = time.monotonic() + self.WAIT_AT_MOST
+        while os.path.exists(marker) and self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def __exit__(self, *exc: Any) -> None:
         from numba.core import event
 
         event.unregister("numba:compile", self._listener)
+        if threads.before_first_call == self.wait_for:
+            threads.before_first_call = None
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()  # Numba writes each cache file whole, so stopping is safe
             self.process.wait()
+        if self.markers is not None:
+            shutil.rmtree(self.markers, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tensorcore.backends.numba.warmup [--reverse] < LIST.json``: compile the
-    list (from its last entry back with ``--reverse``) into Numba's cache."""
-    if argv not in ([], ["--reverse"]):
-        print("usage: python -m tensorcore.backends.numba.warmup [--reverse] < LIST.json", file=sys.stderr)
+    """``python -m tensorcore.backends.numba.warmup [--reverse [MARKERS]] < LIST.json``:
+    compile the list (from its last entry back with ``--reverse``) into Numba's cache,
+    marking each kernel in the directory MARKERS while it compiles."""
+    if not (argv == [] or (argv[0] == "--reverse" and len(argv) <= 2)):
+        print("usage: python -m tensorcore.backends.numba.warmup [--reverse [MARKERS]] < LIST.json", file=sys.stderr)
         return 2
     entries = json.load(sys.stdin)
-    failed = compile_kernels(entries[::-1] if argv else entries)
+    failed = compile_kernels(entries[::-1] if argv else entries, argv[1] if len(argv) == 2 else None)
     if failed:
         print(f"tensorcore: {len(failed)} of {len(entries)} listed kernels did not compile in the background "
               f"(the run compiles what it needs itself), the first: {failed[0]}", file=sys.stderr)

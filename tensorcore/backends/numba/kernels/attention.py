@@ -51,15 +51,15 @@ def _store(src, dst):
 
 
 @helper
-def _row_times(a, b, out):
-    """out [M, N] = a [M, K] @ b [K, N] (C-contiguous), each value summed over k in
-    order; one vector pass over a row of N per (k, row), the rows in the inner loop so
-    that consecutive passes do not wait on each other."""
+def _times(a, b, out, a_transposed):
+    """out = a @ b, or aᵀ @ b when ``a_transposed`` (C-contiguous arrays), each value
+    summed over k in order; one vector pass over a row of out per (k, row), the rows
+    in the inner loop so that consecutive passes do not wait on each other."""
     out[:] = out.dtype.type(0.0)
-    for kk in range(a.shape[1]):
+    for kk in range(b.shape[0]):
         src = b[kk]
-        for i in range(a.shape[0]):
-            lane_axpy(out[i], a[i, kk], src)
+        for i in range(out.shape[0]):
+            lane_axpy(out[i], a[kk, i] if a_transposed else a[i, kk], src)
 
 
 @helper
@@ -92,7 +92,7 @@ def _head(task, q, k, v, mask, causal, scale, heads, out, probs):
     qc, kt, vc = _contiguous(q[b, h], False), _contiguous(k[b, h], True), _contiguous(v[b, h], False)
     p = probs[b, h]
     scores = np.empty(p.shape, dtype=p.dtype)
-    _row_times(qc, kt, scores)
+    _times(qc, kt, scores, False)
     t = p.dtype.type
     for i in range(p.shape[0]):
         for j in range(p.shape[1]):
@@ -102,7 +102,7 @@ def _head(task, q, k, v, mask, causal, scale, heads, out, probs):
                 scores[i, j] = t(-np.inf)
         _softmax_into(scores, p, i)
     o = np.empty((p.shape[0], vc.shape[1]), dtype=vc.dtype)
-    _row_times(p, vc, o)
+    _times(p, vc, o, False)
     _store(o, out[b, h])
 
 
@@ -116,17 +116,6 @@ def attention_heads(q, k, v, mask, causal, scale, out, probs):
 
 
 @helper
-def _transposed_times(a, b, out):
-    """out [N, M] = aᵀ @ b for a [K, N], b [K, M] (C-contiguous), each value summed over
-    k in order (as ``_row_times`` of a's transpose sums it)."""
-    out[:] = out.dtype.type(0.0)
-    for kk in range(a.shape[0]):
-        src = b[kk]
-        for n in range(a.shape[1]):
-            lane_axpy(out[n], a[kk, n], src)
-
-
-@helper
 def _head_backward(task, grad, q, k, v, probs, scale, heads, dq, dk, dv):
     """Head ``task`` of ``attention_heads_backward``."""
     b, h = task // heads, task % heads
@@ -136,11 +125,11 @@ def _head_backward(task, grad, q, k, v, probs, scale, heads, dq, dk, dv):
     g = _contiguous(grad[b, h], False)
     # dv = pᵀ g
     dv_head = np.empty((lk, g.shape[1]), dtype=g.dtype)
-    _transposed_times(p, g, dv_head)
+    _times(p, g, dv_head, True)
     _store(dv_head, dv[b, h])
     # d scores = p * (g vᵀ - rowsum(p * g vᵀ)) * scale, as softmax_rows_backward then * scale
     ds = np.empty((lq, lk), dtype=p.dtype)
-    _row_times(g, _contiguous(v[b, h], True), ds)
+    _times(g, _contiguous(v[b, h], True), ds, False)
     for i in range(lq):
         dot = t(0.0)
         for j in range(lk):
@@ -149,10 +138,10 @@ def _head_backward(task, grad, q, k, v, probs, scale, heads, dq, dk, dv):
             ds[i, j] = p[i, j] * (ds[i, j] - dot) * scale
     # dq = ds k, dk = dsᵀ q
     dq_head = np.empty((lq, q.shape[3]), dtype=g.dtype)
-    _row_times(ds, _contiguous(k[b, h], False), dq_head)
+    _times(ds, _contiguous(k[b, h], False), dq_head, False)
     _store(dq_head, dq[b, h])
     dk_head = np.empty((lk, q.shape[3]), dtype=g.dtype)
-    _transposed_times(ds, _contiguous(q[b, h], False), dk_head)
+    _times(ds, _contiguous(q[b, h], False), dk_head, True)
     _store(dk_head, dk[b, h])
 
 
