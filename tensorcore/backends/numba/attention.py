@@ -38,8 +38,9 @@ def _heads_last(b: int, h: int, length: int, width: int, dtype: Any) -> Array:
 
 
 class NumbaAttentionKernels:
-    """``attention``, ``attention_output`` and ``attention_backward`` for short sequences;
-    other shapes and dtypes go to the reference."""
+    """``attention`` and ``attention_backward`` for short sequences (the reference's
+    ``attention_output`` calls this ``attention``); other shapes and dtypes go to the
+    reference."""
 
     def attention(self, q: Array, k: Array, v: Array, mask: Array | None,
                   causal: bool, scale: float) -> tuple[Array, Array]:
@@ -51,17 +52,13 @@ class NumbaAttentionKernels:
         if mask is None:
             mask = np.zeros((1, 1, 1, 1), dtype=q.dtype)
         try:
-            mask = np.broadcast_to(np.asarray(mask).astype(q.dtype, copy=False), (b, h, lq, lk))
+            mask = np.broadcast_to(mask.astype(q.dtype, copy=False), (b, h, lq, lk))
         except ValueError:
             return super().attention(q, k, v, mask, causal, scale)  # its message names the shapes
         out = _heads_last(b, h, lq, dv, q.dtype)
         probs = np.empty((b, h, lq, lk), dtype=q.dtype)
         attention_heads(q, k, v, mask, bool(causal), float(scale), out, probs)
         return out, probs
-
-    def attention_output(self, q: Array, k: Array, v: Array, mask: Array | None,
-                         causal: bool, scale: float) -> Array:
-        return self.attention(q, k, v, mask, causal, scale)[0]
 
     def attention_backward(self, grad: Array, q: Array, k: Array, v: Array,
                            probs: Array, scale: float) -> tuple[Array, Array, Array]:

@@ -63,7 +63,6 @@ METHODS: dict[str, Callable] = {
     "upsample_bilinear2d": NumbaSpatialKernels.upsample_bilinear2d,
     "upsample_bilinear2d_backward": NumbaSpatialKernels.upsample_bilinear2d_backward,
     "attention": NumbaAttentionKernels.attention,
-    "attention_output": NumbaAttentionKernels.attention_output,
     "attention_backward": NumbaAttentionKernels.attention_backward,
     "softmax": NumbaNNKernels.softmax,
     "softmax_backward": NumbaNNKernels.softmax_backward,
