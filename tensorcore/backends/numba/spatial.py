@@ -181,8 +181,8 @@ def _tile_grid(out_hw: Pair) -> Pair:
 def _winograd_input(scratch: Scratch, x: Array, padding: Pair, out_hw: Pair,
                     batch: bool) -> tuple[Array, Pair]:
     """The transformed input V (in this thread's scratch slot 1) and the tile grid:
-    [36, C, tiles] in ``winograd``'s layout, [36, tiles, C] with ``batch`` in
-    ``winograd_batch``'s."""
+    [36, C, tiles] in ``winograd``'s layout; with ``batch``, a [36, tiles, C] view of
+    ``winograd_batch``'s [tiles, 36, C]."""
     from .kernels import winograd, winograd_batch
 
     n, c = x.shape[:2]
@@ -190,18 +190,24 @@ def _winograd_input(scratch: Scratch, x: Array, padding: Pair, out_hw: Pair,
     size = 36 * c * n * tiles[0] * tiles[1]
     x = np.ascontiguousarray(x)
     if batch:
-        v = scratch.take(size, x.dtype, 1).reshape(36, -1, c)
+        v = scratch.take(size, x.dtype, 1).reshape(-1, 36, c)
         winograd_batch.input_tiles_(v, x, *padding, *tiles)
+        v = v.transpose(1, 0, 2)
     else:
         v = scratch.take(size, x.dtype, 1).reshape(36, c, -1)
         winograd.input_tiles_(v, x, *padding, *tiles)
     return v, tiles
 
 
-def _tile_products(scratch: Scratch, a: Array, b: Array) -> Array:
-    """The 36 GEMMs a[k] @ b[k] (in this thread's scratch slot 2)."""
-    m = scratch.take(36 * a.shape[1] * b.shape[2], b.dtype, 2).reshape(36, a.shape[1], b.shape[2])
-    return np.matmul(a, b, out=m)
+def _tile_products(scratch: Scratch, a: Array, b: Array, tile_major: bool = False) -> Array:
+    """The 36 GEMMs a[k] @ b[k] (in this thread's scratch slot 2), [36, M, N]; with
+    ``tile_major`` a view of [M, 36, N] memory (``winograd_batch``'s layout)."""
+    from .kernels.block_products import batched_matmul
+
+    m = scratch.take(36 * a.shape[1] * b.shape[2], b.dtype, 2)
+    m = m.reshape(a.shape[1], 36, b.shape[2]).transpose(1, 0, 2) if tile_major else \
+        m.reshape(36, a.shape[1], b.shape[2])
+    return batched_matmul(a, b, m)
 
 
 def _winograd_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, out_hw: Pair) -> Array:
@@ -220,7 +226,8 @@ def _winograd_batch_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, ou
     from .kernels import winograd_batch
 
     v, tiles = _winograd_input(scratch, x, padding, out_hw, batch=True)
-    return winograd_batch.output_tiles(_tile_products(scratch, v, u), *out_hw, *tiles, shift, code)
+    m = _tile_products(scratch, v, u, tile_major=True).transpose(1, 0, 2)
+    return winograd_batch.output_tiles(m, *out_hw, *tiles, shift, code)
 
 
 def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair,
@@ -228,15 +235,16 @@ def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair
     """dL/dw [Cout, C, 3, 3] of a Winograd-shaped convolution: G^T (dM @ V^T) G with
     dM = A dY A^T per tile."""
     from .kernels import winograd, winograd_batch
+    from .kernels.block_products import batched_matmul
 
     v, tiles = _winograd_input(scratch, x, padding, grad.shape[2:], batch)
     cout = grad.shape[1]
     size = 36 * cout * grad.shape[0] * tiles[0] * tiles[1]
     grad = np.ascontiguousarray(grad)
     if batch:
-        mg = scratch.take(size, grad.dtype, 2).reshape(36, -1, cout)
+        mg = scratch.take(size, grad.dtype, 2).reshape(-1, 36, cout)
         winograd_batch.grad_tiles_(mg, grad, *tiles)
-        du = np.matmul(mg.transpose(0, 2, 1), v)
+        du = batched_matmul(mg.transpose(1, 2, 0), v)
     else:
         mg = scratch.take(size, grad.dtype, 2).reshape(36, cout, -1)
         winograd.grad_tiles_(mg, grad, *tiles)
@@ -311,7 +319,7 @@ class NumbaSpatialKernels:
         n, cout, kh, kw = x.shape[0], w.shape[0], w.shape[2], w.shape[3]
         shift = np.zeros(cout, x.dtype) if bias is None else np.ascontiguousarray(bias)
         if algorithm == WINOGRAD_BATCH:
-            return _winograd_batch_conv(self.scratch, x, weight_tiles(w.transpose(1, 0, 2, 3)),
+            return _winograd_batch_conv(self.scratch, x, weight_tiles(w, transposed=True),
                                         padding, (ho, wo), shift, ACT_CODES[act])
         if algorithm == SUBSAMPLED:
             dense_hw = _stride_one_plane(x.shape[2:], padding)
@@ -368,7 +376,7 @@ class NumbaSpatialKernels:
             # output gradient with the flipped, transposed kernel
             full = (2 - padding[0], 2 - padding[1])
             if algorithm == WINOGRAD:
-                u = weight_tiles(w.transpose(1, 0, 2, 3), flipped=True)
+                u = weight_tiles(w, flipped=True, transposed=True)
                 return _winograd_conv(self.scratch, grad, u, full, (h, wd))
             return _winograd_batch_conv(self.scratch, grad, weight_tiles(w, flipped=True), full,
                                         (h, wd), np.zeros(c, w.dtype), ACT_CODES["none"])

@@ -46,7 +46,24 @@ def thread_count() -> int:
     return threads.get_num_threads()
 
 
-_PREFER_512 = '"prefer-vector-width"="512"'
+_WIDE_ATTRIBUTES = ('"prefer-vector-width"="512"', '"min-legal-vector-width"="512"')
+
+
+def allow_wide_vectors(function) -> None:
+    """Tag the LLVM ``function`` so its 512-bit vector code stays in 512-bit registers.
+
+    ``prefer-vector-width`` lets LLVM's vectorisers pick 512-bit vectors;
+    ``min-legal-vector-width`` keeps explicit 512-bit vector IR (``lanes.py``,
+    ``block_products.py``) in 512-bit registers where LLVM would otherwise split each
+    operation in two 256-bit halves, and LLVM carries it over to any function the code
+    is inlined into.  llvmlite's attribute set accepts only a fixed list of names, so
+    the string attributes are added with the plain ``set.add``; if a llvmlite version
+    refuses them, the hint is dropped."""
+    for attribute in _WIDE_ATTRIBUTES:
+        try:
+            set.add(function.attributes, attribute)
+        except TypeError:
+            pass
 
 
 @intrinsic
@@ -56,16 +73,10 @@ def wide_vectors(typingctx):
     On AVX-512 CPUs LLVM defaults to 256-bit vectors (wide ones can lower the clock
     of a whole core), which halves the throughput of compute-bound loops such as
     the polynomial ``exp`` of softmax.  Called in a parallel loop's body function it
-    tags that function with LLVM's ``prefer-vector-width`` attribute; CPUs without
-    512-bit registers ignore it.  llvmlite's attribute set
-    accepts only a fixed list of names, so the string attribute is added with the
-    plain ``set.add``; if a llvmlite version refuses it, the hint is dropped.
+    tags that function (``allow_wide_vectors``); CPUs without 512-bit registers ignore it.
     """
     def codegen(context, builder, signature, args):
-        try:
-            set.add(builder.function.attributes, _PREFER_512)
-        except TypeError:
-            pass
+        allow_wide_vectors(builder.function)
         return context.get_dummy_value()
 
     return types.none(), codegen

@@ -9,12 +9,14 @@ image per task and vectorise across the channels instead: the task copies its im
 values, and the output transform writes its image back in NCHW order, with the bias
 and the activation, from such a buffer.
 
-Tile order: t = (image, tile row, tile column), with the channel innermost:
-V [36, tiles, C], M [36, tiles, Cout].  The matrix products are then
-``M[k] = V[k] @ U[k]`` ([tiles, C] @ [C, Cout]) for the forward, and
-``dU[k] = dM[k]^T @ V[k]`` for the weight gradient, which BLAS runs about twice as
-fast as the same product on ``winograd.py``'s layout (there the long contraction
-over the tiles is the inner dimension of both operands).
+Tile order: t = (image, tile row, tile column), each tile's 36 transformed values
+for every channel together, the channel innermost: V [tiles, 36, C], M [tiles, 36,
+Cout].  A task then writes (or reads) one contiguous block per tile; with the 36
+values outermost, the 36 rows a tile writes lie a whole plane apart, and those
+scattered stores took most of the transform's time.  The matrix products are
+``M[:, k] = V[:, k] @ U[k]`` ([tiles, C] @ [C, Cout]) for the forward and
+``dU[k] = dM[:, k]^T @ V[:, k]`` for the weight gradient, on strided views
+(``block_products.py`` takes them as they lie).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .activations import act_value
-from .jit import helper, kernel
+from .jit import helper, kernel, wide_vectors
 from .parallel import parallel_for
 from .winograd import TILE, _a_adjoint, _a_transform, _b_transform
 
@@ -30,6 +32,7 @@ from .winograd import TILE, _a_adjoint, _a_transform, _b_transform
 @helper
 def _input_image(i, v, x, ph, pw, th, tw, c, h, w, rows, cols):
     """The tiles of image ``i`` for ``input_tiles_``."""
+    wide_vectors()
     t = x.dtype.type
     plane = np.zeros((rows, cols, c), dtype=x.dtype)
     for r in range(min(h, rows - ph)):
@@ -51,14 +54,14 @@ def _input_image(i, v, x, ph, pw, th, tw, c, h, w, rows, cols):
                 for ch in range(c):
                     u = _b_transform(t, down[k, q0, ch], down[k, q0 + 1, ch], down[k, q0 + 2, ch],
                                      down[k, q0 + 3, ch], down[k, q0 + 4, ch], down[k, q0 + 5, ch])
-                    v[6 * k, tile, ch], v[6 * k + 1, tile, ch] = u[0], u[1]
-                    v[6 * k + 2, tile, ch], v[6 * k + 3, tile, ch] = u[2], u[3]
-                    v[6 * k + 4, tile, ch], v[6 * k + 5, tile, ch] = u[4], u[5]
+                    v[tile, 6 * k, ch], v[tile, 6 * k + 1, ch] = u[0], u[1]
+                    v[tile, 6 * k + 2, ch], v[tile, 6 * k + 3, ch] = u[2], u[3]
+                    v[tile, 6 * k + 4, ch], v[tile, 6 * k + 5, ch] = u[4], u[5]
 
 
 @kernel
 def input_tiles_(v, x, ph, pw, th, tw):
-    """Fill v [36, N*th*tw, C] with B^T d B for the 6x6 tiles d of x [N, C, H, W];
+    """Fill v [N*th*tw, 36, C] with B^T d B for the 6x6 tiles d of x [N, C, H, W];
     tile (ty, tx) starts at row 4*ty - ph and column 4*tx - pw (zero outside x)."""
     n, c, h, w = x.shape
     rows, cols = TILE * th + 2, TILE * tw + 2
@@ -68,6 +71,7 @@ def input_tiles_(v, x, ph, pw, th, tw):
 @helper
 def _output_image(i, m, y, bias, code, ho, wo, th, tw, cout):
     """Image ``i`` of ``output_tiles``."""
+    wide_vectors()
     t = m.dtype.type
     plane = np.empty((TILE * th, TILE * tw, cout), dtype=m.dtype)
     across = np.empty((6, TILE, cout), dtype=m.dtype)  # M A: each row of a tile
@@ -76,9 +80,9 @@ def _output_image(i, m, y, bias, code, ho, wo, th, tw, cout):
             tile = (i * th + ty) * tw + tx
             for k in range(6):
                 for co in range(cout):
-                    u = _a_transform(t, m[6 * k, tile, co], m[6 * k + 1, tile, co],
-                                     m[6 * k + 2, tile, co], m[6 * k + 3, tile, co],
-                                     m[6 * k + 4, tile, co], m[6 * k + 5, tile, co])
+                    u = _a_transform(t, m[tile, 6 * k, co], m[tile, 6 * k + 1, co],
+                                     m[tile, 6 * k + 2, co], m[tile, 6 * k + 3, co],
+                                     m[tile, 6 * k + 4, co], m[tile, 6 * k + 5, co])
                     across[k, 0, co], across[k, 1, co], across[k, 2, co], across[k, 3, co] = u
             r0, q0 = TILE * ty, TILE * tx
             for q in range(TILE):
@@ -96,10 +100,10 @@ def _output_image(i, m, y, bias, code, ho, wo, th, tw, cout):
 
 @kernel
 def output_tiles(m, ho, wo, th, tw, bias, code):
-    """y [N, Cout, Ho, Wo] = act(A^T m A + bias) from m [36, N*th*tw, Cout], the tiles
+    """y [N, Cout, Ho, Wo] = act(A^T m A + bias) from m [N*th*tw, 36, Cout], the tiles
     cropped to the plane; ``code`` an ``ACT_CODES`` value."""
     cout = m.shape[2]
-    n = m.shape[1] // (th * tw)
+    n = m.shape[0] // (th * tw)
     y = np.empty((n, cout, ho, wo), dtype=m.dtype)
     parallel_for(_output_image, n, (m, y, bias, code, ho, wo, th, tw, cout))
     return y
@@ -108,6 +112,7 @@ def output_tiles(m, ho, wo, th, tw, bias, code):
 @helper
 def _grad_image(i, mg, g, th, tw, cout, ho, wo, rows, cols):
     """The tiles of image ``i`` for ``grad_tiles_``."""
+    wide_vectors()
     t = g.dtype.type
     plane = np.zeros((rows, cols, cout), dtype=g.dtype)
     for r in range(ho):
@@ -129,14 +134,14 @@ def _grad_image(i, mg, g, th, tw, cout, ho, wo, rows, cols):
                 for co in range(cout):
                     u = _a_adjoint(t, down[k, q0, co], down[k, q0 + 1, co], down[k, q0 + 2, co],
                                    down[k, q0 + 3, co])
-                    mg[6 * k, tile, co], mg[6 * k + 1, tile, co] = u[0], u[1]
-                    mg[6 * k + 2, tile, co], mg[6 * k + 3, tile, co] = u[2], u[3]
-                    mg[6 * k + 4, tile, co], mg[6 * k + 5, tile, co] = u[4], u[5]
+                    mg[tile, 6 * k, co], mg[tile, 6 * k + 1, co] = u[0], u[1]
+                    mg[tile, 6 * k + 2, co], mg[tile, 6 * k + 3, co] = u[2], u[3]
+                    mg[tile, 6 * k + 4, co], mg[tile, 6 * k + 5, co] = u[4], u[5]
 
 
 @kernel
 def grad_tiles_(mg, g, th, tw):
-    """Fill mg [36, N*th*tw, Cout] with A dY A^T for the 4x4 tiles dY of the output
+    """Fill mg [N*th*tw, 36, Cout] with A dY A^T for the 4x4 tiles dY of the output
     gradient g [N, Cout, Ho, Wo] (zero past the plane's edge)."""
     n, cout, ho, wo = g.shape
     rows, cols = TILE * th, TILE * tw
