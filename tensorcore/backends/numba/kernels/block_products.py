@@ -10,10 +10,13 @@ vector registers of columns (16 float32 or 8 float64 values each) of the product
 ``rows * vectors`` sums held in registers for the whole contraction: at each step of
 the contraction it loads ``vectors`` registers of a row of ``b``, broadcasts ``rows``
 values of a column of ``a`` and issues ``rows * vectors`` fused multiply-adds
-(``fma``: one rounding each).  Six rows by two registers is twelve independent sums,
-more than the eight that two FMA units with a four-cycle latency need to stay busy,
-and eight loads per twelve FMAs.  Each output value is summed in the contraction's
-order, one FMA per term, so the result does not depend on the blocking or the threads.
+(``fma``: one rounding each).  Eight rows by two registers is sixteen independent
+sums, twice the eight that two FMA units with a four-cycle latency need to stay
+busy, and ten loads per sixteen FMAs (19 of the 32 registers); eight rows measured
+faster than four or six on the weight gradient's products and no slower elsewhere
+(docs/benchmarks.md#cpu-convolution-algorithms).  Each output value is summed in the
+contraction's order, one FMA per term, so the result does not depend on the
+blocking or the threads.
 
 ``a`` may have any strides (the weight gradient multiplies a transposed view); the rows
 of ``b`` and ``out`` must be contiguous, and ``out``'s width a multiple of one register
@@ -32,7 +35,7 @@ from .jit import allow_wide_vectors, helper, kernel
 from .lanes import _lanes
 from .parallel import parallel_for
 
-BLOCK_ROWS = 6  # rows of a register block
+BLOCK_ROWS = 8  # rows of a register block
 BLOCK_VECTORS = 2  # vector registers of columns of a register block
 
 
