@@ -44,7 +44,7 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list:
 def test_products_match_float64(kernel_calls: list, batch: int, rows: int, depth: int, registers: int,
                                 dtype: type, transposed: bool, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    cols = registers * (64 // np.dtype(dtype).itemsize)
+    cols = registers * (128 // np.dtype(dtype).itemsize)  # whole register blocks
     a = rng.standard_normal((batch, rows, depth)).astype(dtype)
     if transposed:  # the weight gradient's left operand: a transposed view
         a = np.ascontiguousarray(a.transpose(0, 2, 1)).transpose(0, 2, 1)
@@ -58,16 +58,16 @@ def test_products_match_float64(kernel_calls: list, batch: int, rows: int, depth
 
 
 def test_every_row_and_column_block_is_written(kernel_calls: list) -> None:
-    """Rows past the last full block of six and a column register past the last pair,
-    into a strided view of a larger array (left untouched around it)."""
+    """Rows past the last whole block of eight, into a strided view of a larger array
+    (left untouched around it)."""
     a = np.arange(2 * 13 * 3, dtype=np.float32).reshape(2, 13, 3)
-    b = np.arange(2 * 3 * 48, dtype=np.float32).reshape(2, 3, 48)
-    whole = np.full((13, 2, 64), np.nan, np.float32)
-    out = whole[:, :, 8:56].transpose(1, 0, 2)
+    b = np.arange(2 * 3 * 64, dtype=np.float32).reshape(2, 3, 64)
+    whole = np.full((13, 2, 80), np.nan, np.float32)
+    out = whole[:, :, 8:72].transpose(1, 0, 2)
     batched_matmul(a, b, out)
     assert len(kernel_calls) == 1
     np.testing.assert_array_equal(out, np.matmul(a, b))  # small integers: exact
-    assert np.isnan(whole[:, :, :8]).all() and np.isnan(whole[:, :, 56:]).all()
+    assert np.isnan(whole[:, :, :8]).all() and np.isnan(whole[:, :, 72:]).all()
 
 
 def test_same_bits_on_one_thread_and_two() -> None:
@@ -92,7 +92,7 @@ def test_shapes_the_kernel_cannot_take_go_to_numpy(kernel_calls: list, case: str
     b = rng.standard_normal((3, 7, 32)).astype(np.float32)
     out = None
     if case == "odd_columns":
-        b = b[:, :, :20]
+        b = b[:, :, :16]  # half a register block
     elif case == "strided_b":
         b = np.repeat(b, 2, axis=2)[:, :, ::2]  # the same values, every other one
     elif case == "float16":

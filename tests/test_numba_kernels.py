@@ -387,7 +387,7 @@ def test_winograd_matches_direct_convolution(xs, cout, padding, dtype, batch):
     geo = ((1, 1), padding, (1, 1), 1)
     ref = NP.conv2d(x64, w64, *geo)
     if batch:
-        y = spatial._winograd_batch_conv(NB.scratch, x, weight_tiles(w, transposed=True), padding,
+        y = spatial._winograd_batch_conv(NB.scratch, x, weight_tiles(w.transpose(1, 0, 2, 3)), padding,
                                          ref.shape[2:], np.zeros(cout, dtype), ACT_CODES["none"])
     else:
         y = spatial._winograd_conv(NB.scratch, x, weight_tiles(w), padding, ref.shape[2:])

@@ -319,7 +319,7 @@ class NumbaSpatialKernels:
         n, cout, kh, kw = x.shape[0], w.shape[0], w.shape[2], w.shape[3]
         shift = np.zeros(cout, x.dtype) if bias is None else np.ascontiguousarray(bias)
         if algorithm == WINOGRAD_BATCH:
-            return _winograd_batch_conv(self.scratch, x, weight_tiles(w, transposed=True),
+            return _winograd_batch_conv(self.scratch, x, weight_tiles(w.transpose(1, 0, 2, 3)),
                                         padding, (ho, wo), shift, ACT_CODES[act])
         if algorithm == SUBSAMPLED:
             dense_hw = _stride_one_plane(x.shape[2:], padding)
@@ -376,7 +376,7 @@ class NumbaSpatialKernels:
             # output gradient with the flipped, transposed kernel
             full = (2 - padding[0], 2 - padding[1])
             if algorithm == WINOGRAD:
-                u = weight_tiles(w, flipped=True, transposed=True)
+                u = weight_tiles(w.transpose(1, 0, 2, 3), flipped=True)
                 return _winograd_conv(self.scratch, grad, u, full, (h, wd))
             return _winograd_batch_conv(self.scratch, grad, weight_tiles(w, flipped=True), full,
                                         (h, wd), np.zeros(c, w.dtype), ACT_CODES["none"])

@@ -19,8 +19,9 @@ contraction's order, one FMA per term, so the result does not depend on the
 blocking or the threads.
 
 ``a`` may have any strides (the weight gradient multiplies a transposed view); the rows
-of ``b`` and ``out`` must be contiguous, and ``out``'s width a multiple of one register
-(``batched_matmul`` uses NumPy's ``matmul`` otherwise).
+of ``b`` and ``out`` must be contiguous, and ``out``'s width a multiple of a register
+block's (32 float32 or 16 float64 values; ``batched_matmul`` uses NumPy's ``matmul``
+otherwise).  Blocks of one row finish the rows past the last whole block.
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ BLOCK_VECTORS = 2  # vector registers of columns of a register block
 def batched_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``np.matmul(a, b, out=out)`` for [B, M, K] @ [B, K, N] products: on
     ``batched_products_`` when it can take them (float32 or float64 alike, N a whole
-    number of vector registers, the rows of b and out contiguous), else NumPy's.
+    number of register blocks' widths, the rows of b and out contiguous), else NumPy's.
     ``out`` must not overlap ``a`` or ``b``."""
     if out is None:
         out = np.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=np.result_type(a, b))
     if not (a.ndim == b.ndim == out.ndim == 3 and a.dtype == b.dtype == out.dtype
-            and out.dtype in (np.float32, np.float64) and b.shape[2] % (64 // out.itemsize) == 0
+            and out.dtype in (np.float32, np.float64) and b.shape[2] % (BLOCK_VECTORS * 64 // out.itemsize) == 0
             and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1]
             and out.shape == (a.shape[0], a.shape[1], b.shape[2])
             and b.strides[2] == b.itemsize and out.strides[2] == out.itemsize):
@@ -93,7 +94,7 @@ def _register_block(typingctx, rows, vectors, out, out_at, out_row, a, a_at, a_r
     for r < rows and v < vectors * lanes, ``out`` stored at ``out_at + r*out_row + v``
     (flat element offsets into each array's memory)."""
     block_rows = _literal("rows", rows, (1, BLOCK_ROWS))
-    block_vectors = _literal("vectors", vectors, (1, BLOCK_VECTORS))
+    block_vectors = _literal("vectors", vectors, (BLOCK_VECTORS,))
     dtype = out.dtype
     if a.dtype != dtype or b.dtype != dtype or dtype not in (types.float32, types.float64):
         raise errors.TypingError(f"_register_block: out, a and b must share float32 or float64, got "
@@ -172,44 +173,28 @@ def _register_block(typingctx, rows, vectors, out, out_at, out_row, a, a_at, a_r
 
 
 @helper
-def _column_block(out, a, b, g, k, col, vectors, first, last):
-    """Columns [col, col + vectors registers) of rows [first, last) of out[k] = a[k] @ b[k]
+def _column_block(out, a, b, g, k, col):
+    """Columns [col, col + BLOCK_VECTORS registers) of out[k] = a[k] @ b[k], all rows
     (``g``: the geometry ``batched_matmul`` packs)."""
-    depth, out_k, out_row, a_k, a_row, a_step, b_k, b_row = g[2], g[5], g[6], g[8], g[9], g[10], g[12], g[13]
+    m, depth, out_k, out_row, a_k, a_row, a_step, b_k, b_row = g[1], g[2], g[5], g[6], g[8], g[9], g[10], g[12], g[13]
     out_at, a_at, b_at = g[4] + k * out_k + col, g[7] + k * a_k, g[11] + k * b_k + col
-    row = first
-    while row + BLOCK_ROWS <= last:
-        if vectors == BLOCK_VECTORS:
-            _register_block(BLOCK_ROWS, BLOCK_VECTORS, out, out_at + row * out_row, out_row,
-                            a, a_at + row * a_row, a_row, a_step, b, b_at, b_row, depth)
-        else:
-            _register_block(BLOCK_ROWS, 1, out, out_at + row * out_row, out_row,
-                            a, a_at + row * a_row, a_row, a_step, b, b_at, b_row, depth)
+    row = 0
+    while row + BLOCK_ROWS <= m:
+        _register_block(BLOCK_ROWS, BLOCK_VECTORS, out, out_at + row * out_row, out_row,
+                        a, a_at + row * a_row, a_row, a_step, b, b_at, b_row, depth)
         row += BLOCK_ROWS
-    while row < last:
-        if vectors == BLOCK_VECTORS:
-            _register_block(1, BLOCK_VECTORS, out, out_at + row * out_row, out_row,
-                            a, a_at + row * a_row, a_row, a_step, b, b_at, b_row, depth)
-        else:
-            _register_block(1, 1, out, out_at + row * out_row, out_row,
-                            a, a_at + row * a_row, a_row, a_step, b, b_at, b_row, depth)
+    while row < m:
+        _register_block(1, BLOCK_VECTORS, out, out_at + row * out_row, out_row,
+                        a, a_at + row * a_row, a_row, a_step, b, b_at, b_row, depth)
         row += 1
 
 
 @helper
 def _one_product(k, out, a, b, g):
-    """out[k] = a[k] @ b[k]: register blocks of BLOCK_VECTORS registers across the
-    columns, then one register for a remainder."""
-    m, n = g[1], g[3]
-    lanes = 64 // out.itemsize
-    wide = BLOCK_VECTORS * lanes
-    col = 0
-    while col + wide <= n:
-        _column_block(out, a, b, g, k, col, BLOCK_VECTORS, 0, m)
-        col += wide
-    while col < n:
-        _column_block(out, a, b, g, k, col, 1, 0, m)
-        col += lanes
+    """out[k] = a[k] @ b[k], one register block's columns after another."""
+    wide = BLOCK_VECTORS * 64 // out.itemsize
+    for col in range(0, g[3], wide):
+        _column_block(out, a, b, g, k, col)
 
 
 @kernel

@@ -22,15 +22,16 @@ contiguous vector loops, then along each tile's columns.  (``winograd_batch.py``
 the same transforms for batches of small planes: one image per task, vectorised
 across the channels.)
 
-The kernel transforms U = G g G^T and its adjoint run one output channel per task,
-vectorised across the input channels.
+The kernel transforms U = G g G^T and its adjoint are linear maps of the 9 taps of
+every (output channel, input channel) pair, so each is one BLAS product with the
+Kronecker matrix G (x) G for all pairs at once.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .jit import helper, inlined, kernel, wide_vectors
+from .jit import helper, inlined, kernel
 from .parallel import parallel_for
 
 TILE = 4  # output tile side; an input tile is TILE + 2 = 6 wide
@@ -197,107 +198,27 @@ def grad_tiles_(mg, g, th, tw):
     parallel_for(_grad_plane, cout * n, (mg, g, th, n, width, plane_tiles))
 
 
-@inlined
-def _g_transform(t, g0, g1, g2):
-    """The six entries of G g for one column g0..g2 of a 3x3 kernel."""
-    half_sum, half_odd = t(1 / 6) * (g0 + g2), t(1 / 6) * g1
-    quarter = t(1 / 24) * g0 + t(1 / 6) * g2
-    return (t(0.25) * g0, -half_sum - half_odd, half_odd - half_sum,
-            quarter + t(1 / 12) * g1, quarter - t(1 / 12) * g1, g2)
+# G (x) G, [36, 9]: row 6*k + l, column 3*a + b holds G[k, a] * G[l, b], so that
+# (G g G^T)[k, l] = sum over (a, b) of (G (x) G)[6*k + l, 3*a + b] * g[a, b].  Its columns
+# reversed map a kernel flipped in both axes, g[2 - a, 2 - b], the same way.
+_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+               [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
+_KRON_G = {(np.dtype(dtype), flipped): np.ascontiguousarray(np.kron(_G, _G)[:, ::-1] if flipped
+                                                            else np.kron(_G, _G), dtype=dtype)
+           for dtype in (np.float32, np.float64) for flipped in (False, True)}
 
 
-@inlined
-def _g_adjoint(t, x0, x1, x2, x3, x4, x5):
-    """The three entries of G^T x for one column x0..x5 of a transformed kernel."""
-    s12, d12, s34, d34 = x1 + x2, x2 - x1, x3 + x4, x3 - x4
-    return (t(0.25) * x0 - t(1 / 6) * s12 + t(1 / 24) * s34,
-            t(1 / 6) * d12 + t(1 / 12) * d34,
-            t(1 / 6) * (s34 - s12) + x5)
-
-
-@helper
-def _kernel_row_tiles(a, u, w, flipped, transposed):
-    """U[:, a, :] for ``weight_tiles_``: the kernels gathered into a [3, 3, B] buffer
-    (b innermost), transformed along their rows, then their columns."""
-    wide_vectors()
-    t = w.dtype.type
-    nb = u.shape[2]
-    g = np.empty((3, 3, nb), dtype=w.dtype)
-    last = 2 if flipped else 0
-    step = -1 if flipped else 1
-    for b in range(nb):
-        kernel = w[b, a] if transposed else w[a, b]
-        for i in range(3):
-            for j in range(3):
-                g[i, j, b] = kernel[last + step * i, last + step * j]
-    down = np.empty((6, 3, nb), dtype=w.dtype)  # G g: each column of every kernel
-    for j in range(3):
-        for b in range(nb):
-            e = _g_transform(t, g[0, j, b], g[1, j, b], g[2, j, b])
-            down[0, j, b], down[1, j, b], down[2, j, b] = e[0], e[1], e[2]
-            down[3, j, b], down[4, j, b], down[5, j, b] = e[3], e[4], e[5]
-    for k in range(6):
-        for b in range(nb):
-            e = _g_transform(t, down[k, 0, b], down[k, 1, b], down[k, 2, b])
-            u[6 * k, a, b], u[6 * k + 1, a, b], u[6 * k + 2, a, b] = e[0], e[1], e[2]
-            u[6 * k + 3, a, b], u[6 * k + 4, a, b], u[6 * k + 5, a, b] = e[3], e[4], e[5]
-
-
-@kernel
-def weight_tiles_(u, w, flipped, transposed):
-    """Fill u [36, A, B] with G g G^T for the kernels g = w[a, b] of w [A, B, 3, 3]
-    (g = w[b, a] of w [B, A, 3, 3] with ``transposed``), each flipped in both axes
-    with ``flipped``."""
-    parallel_for(_kernel_row_tiles, u.shape[1], (u, w, flipped, transposed))
-
-
-@helper
-def _kernel_row_grad(a, dw, du):
-    """dw[a] for ``weight_grad_``: G^T along each transformed kernel's rows, then its
-    columns, in a [3, 3, B] buffer (b innermost) copied out at the end."""
-    wide_vectors()
-    t = du.dtype.type
-    nb = du.shape[2]
-    across = np.empty((6, 3, nb), dtype=du.dtype)  # dU G: each row of every kernel
-    for k in range(6):
-        for b in range(nb):
-            e = _g_adjoint(t, du[6 * k, a, b], du[6 * k + 1, a, b], du[6 * k + 2, a, b],
-                           du[6 * k + 3, a, b], du[6 * k + 4, a, b], du[6 * k + 5, a, b])
-            across[k, 0, b], across[k, 1, b], across[k, 2, b] = e[0], e[1], e[2]
-    g = np.empty((3, 3, nb), dtype=du.dtype)
-    for j in range(3):
-        for b in range(nb):
-            e = _g_adjoint(t, across[0, j, b], across[1, j, b], across[2, j, b],
-                           across[3, j, b], across[4, j, b], across[5, j, b])
-            g[0, j, b], g[1, j, b], g[2, j, b] = e[0], e[1], e[2]
-    for b in range(nb):
-        for i in range(3):
-            for j in range(3):
-                dw[a, b, i, j] = g[i, j, b]
-
-
-@kernel
-def weight_grad_(dw, du):
-    """Fill dw [A, B, 3, 3] with G^T dU G for the transformed kernels dU = du[:, a, b]
-    of du [36, A, B]."""
-    parallel_for(_kernel_row_grad, du.shape[1], (dw, du))
-
-
-def weight_tiles(w: np.ndarray, flipped: bool = False, transposed: bool = False) -> np.ndarray:
+def weight_tiles(w: np.ndarray, flipped: bool = False) -> np.ndarray:
     """U [36, A, B] for kernels w [A, B, 3, 3]: U[6*k + l, a, b] = (G g G^T)[k, l] for
     g = w[a, b] (flipped in both axes with ``flipped``, as the input gradient convolves
-    with them); with ``transposed``, U [36, B, A] for g = w[b, a] (the forward's
-    [36, C, Cout] from [Cout, C] kernels) without a transposed copy of w."""
-    w = np.ascontiguousarray(w)
-    pairs = w.shape[1::-1] if transposed else w.shape[:2]
-    u = np.empty((36,) + pairs, dtype=w.dtype)
-    weight_tiles_(u, w, flipped, transposed)
-    return u
+    with them), as one BLAS product (G (x) G) @ w over all kernels."""
+    a, b = w.shape[:2]
+    kernels = np.ascontiguousarray(w).reshape(a * b, 9)
+    return np.matmul(_KRON_G[w.dtype, flipped], kernels.T).reshape(36, a, b)
 
 
 def weight_grad(du: np.ndarray) -> np.ndarray:
     """dw [Cout, C, 3, 3] = G^T dU G from du [36, Cout, C] (the adjoint of
-    ``weight_tiles``)."""
-    dw = np.empty(du.shape[1:] + (3, 3), dtype=du.dtype)
-    weight_grad_(dw, du)
-    return dw
+    ``weight_tiles``), as one BLAS product."""
+    cout, c = du.shape[1:]
+    return np.matmul(du.reshape(36, cout * c).T, _KRON_G[du.dtype, False]).reshape(cout, c, 3, 3)
