@@ -85,7 +85,7 @@ def test_same_bits_on_one_thread_and_two() -> None:
     np.testing.assert_array_equal(one, two)
 
 
-@pytest.mark.parametrize("case", ["odd_columns", "strided_b", "float16", "strided_out"])
+@pytest.mark.parametrize("case", ["odd_columns", "strided_b", "float16", "strided_out", "large"])
 def test_shapes_the_kernel_cannot_take_go_to_numpy(kernel_calls: list, case: str) -> None:
     rng = np.random.default_rng(2)
     a = rng.standard_normal((3, 5, 7)).astype(np.float32)
@@ -97,8 +97,12 @@ def test_shapes_the_kernel_cannot_take_go_to_numpy(kernel_calls: list, case: str
         b = np.repeat(b, 2, axis=2)[:, :, ::2]  # the same values, every other one
     elif case == "float16":
         a, b = a.astype(np.float16), b.astype(np.float16)
-    else:
+    elif case == "strided_out":
         out = np.empty((3, 5, 64), np.float32)[:, :, ::2]
+    else:  # one product past LARGEST_PRODUCT: BLAS splits it across threads itself
+        a = rng.standard_normal((2, 256, 128)).astype(np.float32)
+        b = rng.standard_normal((2, 128, 128)).astype(np.float32)
+        assert a.shape[1] * a.shape[2] * b.shape[2] > block_products.LARGEST_PRODUCT
     got = batched_matmul(a, b, out)
     np.testing.assert_allclose(got.astype(np.float64), np.matmul(a.astype(np.float64), b.astype(np.float64)),
                                rtol=1e-2 if case == "float16" else 1e-5, atol=1e-2 if case == "float16" else 1e-5)

@@ -38,18 +38,22 @@ from .parallel import parallel_for
 
 BLOCK_ROWS = 8  # rows of a register block
 BLOCK_VECTORS = 2  # vector registers of columns of a register block
+LARGEST_PRODUCT = 1 << 21  # multiply-adds of one product (M*K*N) up to which the batch runs
+#                            here: BLAS splits larger ones across the threads itself
 
 
 def batched_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``np.matmul(a, b, out=out)`` for [B, M, K] @ [B, K, N] products: on
     ``batched_products_`` when it can take them (float32 or float64 alike, N a whole
-    number of register blocks' widths, the rows of b and out contiguous), else NumPy's.
-    ``out`` must not overlap ``a`` or ``b``."""
+    number of register blocks' widths, the rows of b and out contiguous, each product
+    at most LARGEST_PRODUCT multiply-adds), else NumPy's.  ``out`` must not overlap
+    ``a`` or ``b``."""
     if out is None:
         out = np.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=np.result_type(a, b))
     if not (a.ndim == b.ndim == out.ndim == 3 and a.dtype == b.dtype == out.dtype
             and out.dtype in (np.float32, np.float64) and b.shape[2] % (BLOCK_VECTORS * 64 // out.itemsize) == 0
             and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1]
+            and a.shape[1] * a.shape[2] * b.shape[2] <= LARGEST_PRODUCT
             and out.shape == (a.shape[0], a.shape[1], b.shape[2])
             and b.strides[2] == b.itemsize and out.strides[2] == out.itemsize):
         return np.matmul(a, b, out=out)
