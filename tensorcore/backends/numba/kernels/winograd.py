@@ -8,8 +8,8 @@ writes the tile as
 
 36 products per tile and channel pair instead of the direct form's 144.  Summed over
 input channels, the element-wise products become 36 matrix products
-``M[k] = U[k] @ V[k]`` ([Cout, C] @ [C, tiles]) that the backend runs as one batched
-BLAS call, so the GEMM work drops 4x against im2col; the transformed input holds
+``M[k] = U[k] @ V[k]`` ([Cout, C] @ [C, tiles]) that the backend runs as one batch
+(``block_products.batched_matmul``), so the GEMM work drops 4x against im2col; the transformed input holds
 36/16 = 2.25 values per output position and channel instead of im2col's 9.  The price is
 rounding: the transforms scale values by up to ~100, so float32 results differ from
 the direct sum by a few 1e-6 relative to the output's magnitude (float64 is exact
