@@ -33,7 +33,7 @@ from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
 from .jit import allow_wide_vectors, helper, kernel
-from .lanes import _lanes
+from .lanes import close_loop, open_loop, splat, vector_type
 from .parallel import parallel_for
 
 BLOCK_ROWS = 8  # rows of a register block
@@ -113,26 +113,16 @@ def _register_block(typingctx, rows, vectors, out, out_at, out_row, a, a_at, a_r
                 for k, value in ((3, out_at_v), (4, out_row_v), (6, a_at_v), (7, a_row_v),
                                  (8, a_step_v), (10, b_at_v), (11, b_row_v), (12, depth_v))]
         out_at_v, out_row_v, a_at_v, a_row_v, a_step_v, b_at_v, b_row_v, end = cast
-        scalar = context.get_value_type(dtype)
-        lanes = _lanes(dtype)
-        vector = ir.VectorType(scalar, lanes)
-        align = context.get_abi_sizeof(scalar)
+        vector, align = vector_type(context, dtype)
+        lanes = vector.count
         out_data = context.make_array(out)(context, builder, out_v).data
         a_data = context.make_array(a)(context, builder, a_v).data
         b_data = context.make_array(b)(context, builder, b_v).data
         zero = ir.Constant(vector, [0.0] * lanes)
-        broadcast = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
                                              f"llvm.fma.v{lanes}f{dtype.bitwidth}")
 
-        before = builder.basic_block
-        loop = builder.append_basic_block("block.loop")
-        after = builder.append_basic_block("block.after")
-        builder.cbranch(builder.icmp_signed("<", i64(0), end), loop, after)
-
-        builder.position_at_end(loop)
-        step = builder.phi(i64)
-        step.add_incoming(i64(0), before)
+        before, loop, after, step = open_loop(builder, end, "block")
         sums = []
         for _ in range(block_rows * block_vectors):
             phi = builder.phi(vector)
@@ -146,18 +136,12 @@ def _register_block(typingctx, rows, vectors, out, out_at, out_row, a, a_at, a_r
         updated = []
         for r in range(block_rows):
             value = builder.load(builder.gep(a_data, [builder.add(a_start, builder.mul(i64(r), a_row_v))]))
-            splat = builder.shuffle_vector(
-                builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(ir.IntType(32), 0)),
-                ir.Constant(vector, ir.Undefined), broadcast)
+            broadcast = splat(builder, vector, value)
             for v in range(block_vectors):
-                updated.append(builder.call(fma, [splat, b_regs[v], sums[r * block_vectors + v]]))
-        following = builder.add(step, i64(1))
-        step.add_incoming(following, loop)
+                updated.append(builder.call(fma, [broadcast, b_regs[v], sums[r * block_vectors + v]]))
         for phi, value in zip(sums, updated):
             phi.add_incoming(value, loop)
-        builder.cbranch(builder.icmp_signed("<", following, end), loop, after)
-
-        builder.position_at_end(after)
+        close_loop(builder, step, 1, end, loop, after)
         results = []
         for value in updated:
             result = builder.phi(vector)

@@ -57,6 +57,45 @@ def _lanes(dtype) -> int:
     return _REGISTER_BYTES * 8 // dtype.bitwidth
 
 
+def vector_type(context, dtype) -> tuple[ir.VectorType, int]:
+    """One vector register of the Numba float type ``dtype`` as an LLVM type, and the
+    alignment its loads and stores may assume (one element's: rows start anywhere)."""
+    scalar = context.get_value_type(dtype)
+    return ir.VectorType(scalar, _lanes(dtype)), context.get_abi_sizeof(scalar)
+
+
+def splat(builder, vector: ir.VectorType, value):
+    """``value`` in every lane of a ``vector``."""
+    first = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(first, ir.Constant(vector, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), vector.count), [0] * vector.count))
+
+
+def open_loop(builder, end, name: str):
+    """Start ``for index in range(0, end, step)`` (the step given to ``close_loop``):
+    returns (the block before it, the loop's block, the block after it, the index),
+    the builder in the loop's block.  The loop is skipped when ``end`` <= 0."""
+    i64 = ir.IntType(64)
+    before = builder.basic_block
+    loop = builder.append_basic_block(f"{name}.loop")
+    after = builder.append_basic_block(f"{name}.after")
+    builder.cbranch(builder.icmp_signed("<", i64(0), end), loop, after)
+    builder.position_at_end(loop)
+    index = builder.phi(i64)
+    index.add_incoming(i64(0), before)
+    return before, loop, after, index
+
+
+def close_loop(builder, index, step: int, end, loop, after):
+    """End the loop ``open_loop`` started (add the loop's other phi incomings before):
+    returns the next index, the builder in the block after the loop."""
+    following = builder.add(index, ir.IntType(64)(step))
+    index.add_incoming(following, loop)
+    builder.cbranch(builder.icmp_signed("<", following, end), loop, after)
+    builder.position_at_end(after)
+    return following
+
+
 def _vector_term(builder, kind: int, vx, vy, vm):
     if kind == SUM:
         return vx
@@ -124,15 +163,11 @@ def _vector_part(typingctx, kind, x, y, m, body):
 
     def codegen(context, builder, signature, args):
         _, xv, yv, mv, count = args
-        scalar = context.get_value_type(dtype)
-        lanes = _lanes(dtype)
-        vector = ir.VectorType(scalar, lanes)
-        align = context.get_abi_sizeof(scalar)
+        vector, align = vector_type(context, dtype)
+        lanes = vector.count
         x_data = context.make_array(x)(context, builder, xv).data
         y_data = context.make_array(y)(context, builder, yv).data if code in _READS_Y else x_data
-        splat = builder.insert_element(ir.Constant(vector, ir.Undefined), mv, ir.Constant(ir.IntType(32), 0))
-        vm = builder.shuffle_vector(splat, ir.Constant(vector, ir.Undefined),
-                                    ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+        vm = splat(builder, vector, mv)
 
         def load_term(index):
             vx = builder.load(builder.bitcast(builder.gep(x_data, [index]), vector.as_pointer()), align=align)
@@ -234,32 +269,18 @@ def _axpy_vectors(typingctx, dst, w, src, body):
 
     def codegen(context, builder, signature, args):
         dst_value, w_value, src_value, count = args
-        scalar = context.get_value_type(dtype)
-        lanes = _lanes(dtype)
-        vector = ir.VectorType(scalar, lanes)
-        align = context.get_abi_sizeof(scalar)
+        vector, align = vector_type(context, dtype)
+        lanes = vector.count
         dst_data = context.make_array(dst)(context, builder, dst_value).data
         src_data = context.make_array(src)(context, builder, src_value).data
-        splat = builder.insert_element(ir.Constant(vector, ir.Undefined), w_value, ir.Constant(ir.IntType(32), 0))
-        vw = builder.shuffle_vector(splat, ir.Constant(vector, ir.Undefined),
-                                    ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
-        i64 = ir.IntType(64)
+        vw = splat(builder, vector, w_value)
         end = context.cast(builder, count, signature.args[3], types.int64)
-        before = builder.basic_block
-        loop = builder.append_basic_block("axpy.loop")
-        after = builder.append_basic_block("axpy.after")
-        builder.cbranch(builder.icmp_signed("<", i64(0), end), loop, after)
-        builder.position_at_end(loop)
-        index = builder.phi(i64)
-        index.add_incoming(i64(0), before)
+        _, loop, after, index = open_loop(builder, end, "axpy")
         target = builder.bitcast(builder.gep(dst_data, [index]), vector.as_pointer())
         source = builder.bitcast(builder.gep(src_data, [index]), vector.as_pointer())
         total = builder.fadd(builder.load(target, align=align), builder.fmul(vw, builder.load(source, align=align)))
         builder.store(total, target, align=align)
-        following = builder.add(index, i64(lanes))
-        index.add_incoming(following, loop)
-        builder.cbranch(builder.icmp_signed("<", following, end), loop, after)
-        builder.position_at_end(after)
+        close_loop(builder, index, lanes, end, loop, after)
         return context.get_dummy_value()
 
     return types.none(dst, w, src, body), codegen
