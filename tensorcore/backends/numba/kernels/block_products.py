@@ -32,7 +32,7 @@ from numba import types
 from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
-from .jit import allow_wide_vectors, helper, kernel
+from .jit import helper, kernel
 from .lanes import close_loop, open_loop, splat, vector_type
 from .parallel import parallel_for
 
@@ -107,13 +107,12 @@ def _register_block(typingctx, rows, vectors, out, out_at, out_row, a, a_at, a_r
     def codegen(context, builder, signature, args):
         (_, _, out_v, out_at_v, out_row_v, a_v, a_at_v, a_row_v, a_step_v,
          b_v, b_at_v, b_row_v, depth_v) = args
-        allow_wide_vectors(builder.function)
         i64 = ir.IntType(64)
         cast = [context.cast(builder, value, signature.args[k], types.int64)
                 for k, value in ((3, out_at_v), (4, out_row_v), (6, a_at_v), (7, a_row_v),
                                  (8, a_step_v), (10, b_at_v), (11, b_row_v), (12, depth_v))]
         out_at_v, out_row_v, a_at_v, a_row_v, a_step_v, b_at_v, b_row_v, end = cast
-        vector, align = vector_type(context, dtype)
+        vector, align = vector_type(context, builder, dtype)
         lanes = vector.count
         out_data = context.make_array(out)(context, builder, out_v).data
         a_data = context.make_array(a)(context, builder, a_v).data

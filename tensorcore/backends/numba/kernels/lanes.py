@@ -33,7 +33,7 @@ from numba.core import errors
 from numba.extending import intrinsic, overload
 from numba.np.numpy_support import as_dtype
 
-from .jit import JIT_OPTIONS
+from .jit import JIT_OPTIONS, allow_wide_vectors
 
 SUM, DOT, SQUARED_DEVIATION, DOT_DEVIATION = range(4)
 _READS_Y = (DOT, DOT_DEVIATION)
@@ -57,9 +57,12 @@ def _lanes(dtype) -> int:
     return _REGISTER_BYTES * 8 // dtype.bitwidth
 
 
-def vector_type(context, dtype) -> tuple[ir.VectorType, int]:
+def vector_type(context, builder, dtype) -> tuple[ir.VectorType, int]:
     """One vector register of the Numba float type ``dtype`` as an LLVM type, and the
-    alignment its loads and stores may assume (one element's: rows start anywhere)."""
+    alignment its loads and stores may assume (one element's: rows start anywhere).
+    The function being built may then keep such vectors in 512-bit registers
+    (``jit.allow_wide_vectors``; otherwise LLVM splits each operation in two)."""
+    allow_wide_vectors(builder.function)
     scalar = context.get_value_type(dtype)
     return ir.VectorType(scalar, _lanes(dtype)), context.get_abi_sizeof(scalar)
 
@@ -163,7 +166,7 @@ def _vector_part(typingctx, kind, x, y, m, body):
 
     def codegen(context, builder, signature, args):
         _, xv, yv, mv, count = args
-        vector, align = vector_type(context, dtype)
+        vector, align = vector_type(context, builder, dtype)
         lanes = vector.count
         x_data = context.make_array(x)(context, builder, xv).data
         y_data = context.make_array(y)(context, builder, yv).data if code in _READS_Y else x_data
@@ -269,7 +272,7 @@ def _axpy_vectors(typingctx, dst, w, src, body):
 
     def codegen(context, builder, signature, args):
         dst_value, w_value, src_value, count = args
-        vector, align = vector_type(context, dtype)
+        vector, align = vector_type(context, builder, dtype)
         lanes = vector.count
         dst_data = context.make_array(dst)(context, builder, dst_value).data
         src_data = context.make_array(src)(context, builder, src_value).data
