@@ -4,8 +4,9 @@ Convolution is parallel im2col / col2im plus one BLAS GEMM per group (NumPy's
 ``matmul`` on the column matrix); 3x3 stride-1 convolutions with enough channels run
 all three passes through Winograd F(4x4, 3x3) tile transforms and 36 batched GEMMs
 instead (``kernels/winograd.py`` for large planes, ``kernels/winograd_batch.py`` for
-batches of small ones, ``kernels/block_products.py`` for the GEMMs), and thin convolutions (few output channels per group) run
-direct loops without a column matrix (``kernels/conv_direct.py``).  Shapes are
+batches of small ones, ``kernels/block_products.py`` for the GEMMs), and thin
+convolutions (few output channels per group) run direct loops without a column
+matrix (``kernels/conv_direct.py``).  Shapes are
 validated by the reference's checks before any kernel runs; other dtypes defer to
 the NumPy reference.
 """
