@@ -33,11 +33,12 @@ from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
 from .jit import helper, kernel
-from .lanes import close_loop, open_loop, splat, vector_type
+from .lanes import REGISTER_BYTES, close_loop, open_loop, splat, vector_type
 from .parallel import parallel_for
 
 BLOCK_ROWS = 8  # rows of a register block
 BLOCK_VECTORS = 2  # vector registers of columns of a register block
+BLOCK_BYTES = BLOCK_VECTORS * REGISTER_BYTES  # a block row's width: 32 float32, 16 float64
 LARGEST_PRODUCT = 1 << 21  # multiply-adds of one product (M*K*N) up to which the batch runs
 #                            here: BLAS splits larger ones across the threads itself
 
@@ -51,7 +52,7 @@ def batched_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) 
     if out is None:
         out = np.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=np.result_type(a, b))
     if not (a.ndim == b.ndim == out.ndim == 3 and a.dtype == b.dtype == out.dtype
-            and out.dtype in (np.float32, np.float64) and b.shape[2] % (BLOCK_VECTORS * 64 // out.itemsize) == 0
+            and out.dtype in (np.float32, np.float64) and b.shape[2] % (BLOCK_BYTES // out.itemsize) == 0
             and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1]
             and a.shape[1] * a.shape[2] * b.shape[2] <= LARGEST_PRODUCT
             and out.shape == (a.shape[0], a.shape[1], b.shape[2])
@@ -85,32 +86,26 @@ def _memory(x: np.ndarray) -> tuple[np.ndarray, int] | None:
     return root.reshape(-1), start // x.itemsize
 
 
-def _literal(name, value, allowed):
-    if not isinstance(value, types.IntegerLiteral) or value.literal_value not in allowed:
-        raise errors.TypingError(f"_register_block: {name} must be a compile-time constant in {allowed}, got {value}")
-    return value.literal_value
-
-
 @intrinsic
-def _register_block(typingctx, rows, vectors, out, out_at, out_row, a, a_at, a_row, a_step,
-                    b, b_at, b_row, depth):
+def _register_block(typingctx, rows, out, out_at, out_row, a, a_at, a_row, a_step, b, b_at, b_row, depth):
     """out[r, v] = sum over s < depth of a[a_at + r*a_row + s*a_step] * b[b_at + s*b_row + v]
-    for r < rows and v < vectors * lanes, ``out`` stored at ``out_at + r*out_row + v``
+    for r < rows and v < BLOCK_VECTORS * lanes, ``out`` stored at ``out_at + r*out_row + v``
     (flat element offsets into each array's memory)."""
-    block_rows = _literal("rows", rows, (1, BLOCK_ROWS))
-    block_vectors = _literal("vectors", vectors, (BLOCK_VECTORS,))
+    if not isinstance(rows, types.IntegerLiteral) or rows.literal_value not in (1, BLOCK_ROWS):
+        raise errors.TypingError(f"_register_block: rows must be a compile-time 1 or {BLOCK_ROWS}, got {rows}")
+    block_rows, block_vectors = rows.literal_value, BLOCK_VECTORS
     dtype = out.dtype
     if a.dtype != dtype or b.dtype != dtype or dtype not in (types.float32, types.float64):
         raise errors.TypingError(f"_register_block: out, a and b must share float32 or float64, got "
                                  f"{out.dtype}, {a.dtype}, {b.dtype}")
 
     def codegen(context, builder, signature, args):
-        (_, _, out_v, out_at_v, out_row_v, a_v, a_at_v, a_row_v, a_step_v,
+        (_, out_v, out_at_v, out_row_v, a_v, a_at_v, a_row_v, a_step_v,
          b_v, b_at_v, b_row_v, depth_v) = args
         i64 = ir.IntType(64)
         cast = [context.cast(builder, value, signature.args[k], types.int64)
-                for k, value in ((3, out_at_v), (4, out_row_v), (6, a_at_v), (7, a_row_v),
-                                 (8, a_step_v), (10, b_at_v), (11, b_row_v), (12, depth_v))]
+                for k, value in ((2, out_at_v), (3, out_row_v), (5, a_at_v), (6, a_row_v),
+                                 (7, a_step_v), (9, b_at_v), (10, b_row_v), (11, depth_v))]
         out_at_v, out_row_v, a_at_v, a_row_v, a_step_v, b_at_v, b_row_v, end = cast
         vector, align = vector_type(context, builder, dtype)
         lanes = vector.count
@@ -155,7 +150,7 @@ def _register_block(typingctx, rows, vectors, out, out_at, out_row, a, a_at, a_r
                               align=align)
         return context.get_dummy_value()
 
-    sig = types.none(rows, vectors, out, out_at, out_row, a, a_at, a_row, a_step, b, b_at, b_row, depth)
+    sig = types.none(rows, out, out_at, out_row, a, a_at, a_row, a_step, b, b_at, b_row, depth)
     return sig, codegen
 
 
@@ -167,11 +162,11 @@ def _column_block(out, a, b, g, k, col):
     out_at, a_at, b_at = g[4] + k * out_k + col, g[7] + k * a_k, g[11] + k * b_k + col
     row = 0
     while row + BLOCK_ROWS <= m:
-        _register_block(BLOCK_ROWS, BLOCK_VECTORS, out, out_at + row * out_row, out_row,
+        _register_block(BLOCK_ROWS, out, out_at + row * out_row, out_row,
                         a, a_at + row * a_row, a_row, a_step, b, b_at, b_row, depth)
         row += BLOCK_ROWS
     while row < m:
-        _register_block(1, BLOCK_VECTORS, out, out_at + row * out_row, out_row,
+        _register_block(1, out, out_at + row * out_row, out_row,
                         a, a_at + row * a_row, a_row, a_step, b, b_at, b_row, depth)
         row += 1
 
@@ -179,8 +174,7 @@ def _column_block(out, a, b, g, k, col):
 @helper
 def _one_product(k, out, a, b, g):
     """out[k] = a[k] @ b[k], one register block's columns after another."""
-    wide = BLOCK_VECTORS * 64 // out.itemsize
-    for col in range(0, g[3], wide):
+    for col in range(0, g[3], BLOCK_BYTES // out.itemsize):
         _column_block(out, a, b, g, k, col)
 
 

@@ -37,7 +37,7 @@ from .jit import JIT_OPTIONS, allow_wide_vectors
 
 SUM, DOT, SQUARED_DEVIATION, DOT_DEVIATION = range(4)
 _READS_Y = (DOT, DOT_DEVIATION)
-_REGISTER_BYTES = 64
+REGISTER_BYTES = 64
 _ACCUMULATORS = 4  # vector adds in flight: an add's latency is ~4 cycles
 
 
@@ -54,7 +54,7 @@ def _kind(kind) -> int:
 
 def _lanes(dtype) -> int:
     """Values of ``dtype`` (a Numba float type) in one vector register."""
-    return _REGISTER_BYTES * 8 // dtype.bitwidth
+    return REGISTER_BYTES * 8 // dtype.bitwidth
 
 
 def vector_type(context, builder, dtype) -> tuple[ir.VectorType, int]:
