@@ -74,18 +74,20 @@ def splat(builder, vector: ir.VectorType, value):
                                   ir.Constant(ir.VectorType(ir.IntType(32), vector.count), [0] * vector.count))
 
 
-def open_loop(builder, end, name: str):
-    """Start ``for index in range(0, end, step)`` (the step given to ``close_loop``):
-    returns (the block before it, the loop's block, the block after it, the index),
-    the builder in the loop's block.  The loop is skipped when ``end`` <= 0."""
+def open_loop(builder, end, name: str, start=None):
+    """Start ``for index in range(start, end, step)`` (``start`` an i64 value, 0 when
+    None; the step given to ``close_loop``): returns (the block before it, the loop's
+    block, the block after it, the index), the builder in the loop's block.  The loop
+    is skipped when ``end`` <= ``start``."""
     i64 = ir.IntType(64)
+    start = i64(0) if start is None else start
     before = builder.basic_block
     loop = builder.append_basic_block(f"{name}.loop")
     after = builder.append_basic_block(f"{name}.after")
-    builder.cbranch(builder.icmp_signed("<", i64(0), end), loop, after)
+    builder.cbranch(builder.icmp_signed("<", start, end), loop, after)
     builder.position_at_end(loop)
     index = builder.phi(i64)
-    index.add_incoming(i64(0), before)
+    index.add_incoming(start, before)
     return before, loop, after, index
 
 

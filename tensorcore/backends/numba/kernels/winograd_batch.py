@@ -25,6 +25,7 @@ import numpy as np
 
 from .activations import act_value
 from .jit import helper, kernel, wide_vectors
+from .lane_maps import lane_map
 from .parallel import parallel_for
 from .winograd import TILE, _a_adjoint, _a_transform, _b_transform
 
@@ -33,30 +34,19 @@ from .winograd import TILE, _a_adjoint, _a_transform, _b_transform
 def _input_image(i, v, x, ph, pw, th, tw, c, h, w, rows, cols):
     """The tiles of image ``i`` for ``input_tiles_``."""
     wide_vectors()
-    t = x.dtype.type
     plane = np.zeros((rows, cols, c), dtype=x.dtype)
     for r in range(min(h, rows - ph)):
         for q in range(min(w, cols - pw)):
             for ch in range(c):
                 plane[ph + r, pw + q, ch] = x[i, ch, r, q]
     down = np.empty((6, cols, c), dtype=x.dtype)  # B^T d: each column of a tile row
+    row = cols * c
     for ty in range(th):
-        r0 = TILE * ty
-        for q in range(cols):
-            for ch in range(c):
-                e = _b_transform(t, plane[r0, q, ch], plane[r0 + 1, q, ch], plane[r0 + 2, q, ch],
-                                 plane[r0 + 3, q, ch], plane[r0 + 4, q, ch], plane[r0 + 5, q, ch])
-                down[0, q, ch], down[1, q, ch], down[2, q, ch] = e[0], e[1], e[2]
-                down[3, q, ch], down[4, q, ch], down[5, q, ch] = e[3], e[4], e[5]
+        lane_map(_b_transform, down, 0, row, plane, TILE * ty * row, row, row)
         for tx in range(tw):
-            tile, q0 = (i * th + ty) * tw + tx, TILE * tx
+            tile = (i * th + ty) * tw + tx
             for k in range(6):
-                for ch in range(c):
-                    u = _b_transform(t, down[k, q0, ch], down[k, q0 + 1, ch], down[k, q0 + 2, ch],
-                                     down[k, q0 + 3, ch], down[k, q0 + 4, ch], down[k, q0 + 5, ch])
-                    v[tile, 6 * k, ch], v[tile, 6 * k + 1, ch] = u[0], u[1]
-                    v[tile, 6 * k + 2, ch], v[tile, 6 * k + 3, ch] = u[2], u[3]
-                    v[tile, 6 * k + 4, ch], v[tile, 6 * k + 5, ch] = u[4], u[5]
+                lane_map(_b_transform, v, (36 * tile + 6 * k) * c, c, down, k * row + TILE * tx * c, c, c)
 
 
 @kernel
@@ -72,25 +62,15 @@ def input_tiles_(v, x, ph, pw, th, tw):
 def _output_image(i, m, y, bias, code, ho, wo, th, tw, cout):
     """Image ``i`` of ``output_tiles``."""
     wide_vectors()
-    t = m.dtype.type
     plane = np.empty((TILE * th, TILE * tw, cout), dtype=m.dtype)
     across = np.empty((6, TILE, cout), dtype=m.dtype)  # M A: each row of a tile
+    row = TILE * tw * cout
     for ty in range(th):
         for tx in range(tw):
             tile = (i * th + ty) * tw + tx
             for k in range(6):
-                for co in range(cout):
-                    u = _a_transform(t, m[tile, 6 * k, co], m[tile, 6 * k + 1, co],
-                                     m[tile, 6 * k + 2, co], m[tile, 6 * k + 3, co],
-                                     m[tile, 6 * k + 4, co], m[tile, 6 * k + 5, co])
-                    across[k, 0, co], across[k, 1, co], across[k, 2, co], across[k, 3, co] = u
-            r0, q0 = TILE * ty, TILE * tx
-            for q in range(TILE):
-                for co in range(cout):
-                    u = _a_transform(t, across[0, q, co], across[1, q, co], across[2, q, co],
-                                     across[3, q, co], across[4, q, co], across[5, q, co])
-                    plane[r0, q0 + q, co], plane[r0 + 1, q0 + q, co] = u[0], u[1]
-                    plane[r0 + 2, q0 + q, co], plane[r0 + 3, q0 + q, co] = u[2], u[3]
+                lane_map(_a_transform, across, k * TILE * cout, cout, m, (36 * tile + 6 * k) * cout, cout, cout)
+            lane_map(_a_transform, plane, TILE * (ty * row + tx * cout), row, across, 0, TILE * cout, TILE * cout)
     for co in range(cout):
         shift = bias[co]
         for r in range(ho):
@@ -113,30 +93,20 @@ def output_tiles(m, ho, wo, th, tw, bias, code):
 def _grad_image(i, mg, g, th, tw, cout, ho, wo, rows, cols):
     """The tiles of image ``i`` for ``grad_tiles_``."""
     wide_vectors()
-    t = g.dtype.type
     plane = np.zeros((rows, cols, cout), dtype=g.dtype)
     for r in range(ho):
         for q in range(wo):
             for co in range(cout):
                 plane[r, q, co] = g[i, co, r, q]
     down = np.empty((6, cols, cout), dtype=g.dtype)  # A dY: each column of a tile row
+    row = cols * cout
     for ty in range(th):
-        r0 = TILE * ty
-        for q in range(cols):
-            for co in range(cout):
-                e = _a_adjoint(t, plane[r0, q, co], plane[r0 + 1, q, co], plane[r0 + 2, q, co],
-                               plane[r0 + 3, q, co])
-                down[0, q, co], down[1, q, co], down[2, q, co] = e[0], e[1], e[2]
-                down[3, q, co], down[4, q, co], down[5, q, co] = e[3], e[4], e[5]
+        lane_map(_a_adjoint, down, 0, row, plane, TILE * ty * row, row, row)
         for tx in range(tw):
-            tile, q0 = (i * th + ty) * tw + tx, TILE * tx
+            tile = (i * th + ty) * tw + tx
             for k in range(6):
-                for co in range(cout):
-                    u = _a_adjoint(t, down[k, q0, co], down[k, q0 + 1, co], down[k, q0 + 2, co],
-                                   down[k, q0 + 3, co])
-                    mg[tile, 6 * k, co], mg[tile, 6 * k + 1, co] = u[0], u[1]
-                    mg[tile, 6 * k + 2, co], mg[tile, 6 * k + 3, co] = u[2], u[3]
-                    mg[tile, 6 * k + 4, co], mg[tile, 6 * k + 5, co] = u[4], u[5]
+                lane_map(_a_adjoint, mg, (36 * tile + 6 * k) * cout, cout, down, k * row + TILE * tx * cout,
+                         cout, cout)
 
 
 @kernel
