@@ -260,6 +260,30 @@ def test_products_numpy_computes_otherwise_have_no_native_form():
     assert native_plan.gemm_call(a, a.T.astype(np.float64), np.empty((4, 4), np.float64)) is None
 
 
+def test_a_stack_of_matrices_times_one_is_one_native_product_equal_to_the_backends():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    b = rng.standard_normal((4, 7)).astype(np.float32).T  # a Linear's weight, transposed
+    out = np.empty((3, 5, 4), np.float32)
+    call = native_plan.gemm_call(a, b, out)
+    if blas.gemm_address("float32") is None:
+        pytest.skip("NumPy does not use its bundled OpenBLAS here")
+    assert call is not None
+    native_plan.Segment([call])()
+    assert _bits(out) == _bits(tc.get_backend().matmul(a, b))
+
+
+def test_the_tiny_mlp_on_a_batch_of_sequences_is_one_segment_equal_to_eager():
+    model = _mlp().eval()
+    compiled = tc.compile(model, cache_dir=False)
+    with tc.no_grad():
+        for seed in range(3):
+            x = tc.randn(2, 3, 16) * (seed + 1)
+            assert _bits(compiled(x).numpy()) == _bits(model(x).numpy())
+    steps = _entry(compiled).executor.steps
+    assert len(steps) == 1 and isinstance(steps[0], native_plan.Segment)
+
+
 # ----- the disk cache ---------------------------------------------------------------------
 SCRIPT = """
 import json, sys

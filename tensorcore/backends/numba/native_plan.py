@@ -125,10 +125,13 @@ def copy_call(dest: Any, src: Any) -> NativeCall:
 
 
 def gemm_call(a: Any, b: Any, out: Any) -> NativeCall | None:
-    """``np.matmul(a, b, out=out)`` for 2-D operands, or None where NumPy computes it
+    """The backend's ``matmul(a, b, out=out)`` for 2-D operands (or a stack of matrices
+    times one, ``stacked_rows``), or None where NumPy computes it
     otherwise than by one ``cblas_?gemm`` call (``blas.gemm_arguments``)."""
+    from ..numpy.backend import stacked_rows
     from . import blas
 
+    a, b, out = stacked_rows(a, b, out) or (a, b, out)
     found = blas.gemm_arguments(a, b, out)
     if found is None:
         return None

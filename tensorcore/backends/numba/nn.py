@@ -134,7 +134,7 @@ class NumbaNNKernels:
             return out
         from .kernels import activations as K
 
-        y = np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
+        y = self.matmul(a, b, out=out)
         self._bias_layout("matmul_bias_act", y, bias, -1)
         K.bias_act_rows_(y.reshape(-1, y.shape[-1]), bias, K.ACT_CODES[act])
         return y
