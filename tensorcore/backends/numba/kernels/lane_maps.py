@@ -1,4 +1,5 @@
-"""A small fixed map applied at every index of a few rows, in vector registers.
+"""Rows of channel values moved and combined in vector registers: ``lane_map`` applies
+a small fixed map at every index of a few rows, ``lane_transpose`` transposes a matrix.
 
 ``lane_map(transform, dst, dst_at, dst_step, src, src_at, src_step, n)`` computes, for
 every ``i`` in ``range(n)``,
@@ -20,6 +21,15 @@ register: 16 float32 or 8 float64), each ``+``, ``-`` and ``*`` emitting the vec
 instruction, then once on single values for the indices past the last whole
 register.  Each value is rounded exactly as the scalar ``transform`` rounds it (the
 same operations in the same order, no fused multiply-adds).
+
+``lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols)`` writes
+``dst[dst_at + j*dst_row + i] = src[src_at + i*src_row + j]`` for ``i < rows`` and ``j <
+cols``: Winograd's batch kernels turn an image [C, H*W] into [H*W, C] (and back) with
+it.  A scalar loop does one load and one store per value; here each ``lanes`` x
+``lanes`` block is loaded as ``lanes`` vectors, transposed in registers by log2(lanes)
+rounds of two-vector shuffles (each round swaps the off-diagonal sub-blocks of one
+size) and stored as ``lanes`` vectors.  Values outside whole blocks are copied one by
+one.
 """
 
 from __future__ import annotations
@@ -29,9 +39,10 @@ import inspect
 from llvmlite import ir
 from numba import types
 from numba.core import errors
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from .lanes import close_loop, open_loop, vector_type
+from .jit import JIT_OPTIONS
+from .lanes import close_loop, lane_count, open_loop, vector_type
 
 
 class _Values:
@@ -84,11 +95,7 @@ def lane_map(typingctx, transform, dst, dst_at, dst_step, src, src_at, src_step,
     float64 arrays of one dtype whose rows do not overlap."""
     if not isinstance(transform, types.Dispatcher):
         raise errors.TypingError(f"lane_map: the transform must be a jitted function, got {transform}")
-    for name, array in (("dst", dst), ("src", src)):
-        if not (isinstance(array, types.Array) and array.layout == "C" and array.dtype == dst.dtype
-                and array.dtype in (types.float32, types.float64)):
-            raise errors.TypingError(f"lane_map: {name} must be a C-contiguous float32 or float64 array of "
-                                     f"dst's dtype, got {array}")
+    _check_rows("lane_map", dst, src)
     py_transform = transform.dispatcher.py_func
     inputs = len(inspect.signature(py_transform).parameters) - 1
     outputs = len(py_transform(lambda value: _Count(), *[_Count()] * inputs))
@@ -113,3 +120,83 @@ def lane_map(typingctx, transform, dst, dst_at, dst_step, src, src_at, src_step,
         return context.get_dummy_value()
 
     return types.none(transform, dst, dst_at, dst_step, src, src_at, src_step, n), codegen
+
+
+def _check_rows(op: str, dst, src) -> None:
+    for name, array in (("dst", dst), ("src", src)):
+        if not (isinstance(array, types.Array) and array.layout == "C" and array.dtype == dst.dtype
+                and array.dtype in (types.float32, types.float64)):
+            raise errors.TypingError(f"{op}: {name} must be a C-contiguous float32 or float64 array of "
+                                     f"dst's dtype, got {array}")
+
+
+def _swap_rounds(builder, vectors: list) -> list:
+    """The ``lanes`` vectors (the rows of a square block) transposed: for each sub-block
+    size ``b`` (lanes/2, ..., 1), rows ``i`` and ``i + b`` (``i & b == 0``) swap the
+    off-diagonal ``b`` x ``b`` sub-blocks between them."""
+    lanes = len(vectors)
+    mask_type = ir.VectorType(ir.IntType(32), lanes)
+    size = lanes // 2
+    while size:
+        upper = ir.Constant(mask_type, [k if k & size == 0 else lanes + k - size for k in range(lanes)])
+        lower = ir.Constant(mask_type, [k + size if k & size == 0 else lanes + k for k in range(lanes)])
+        swapped = list(vectors)
+        for i in range(lanes):
+            if i & size == 0:
+                swapped[i] = builder.shuffle_vector(vectors[i], vectors[i + size], upper)
+                swapped[i + size] = builder.shuffle_vector(vectors[i], vectors[i + size], lower)
+        vectors = swapped
+        size //= 2
+    return vectors
+
+
+@intrinsic
+def _transpose_block(typingctx, dst, dst_at, dst_row, src, src_at, src_row):
+    """One ``lanes`` x ``lanes`` block of ``lane_transpose``, at the flat offsets given."""
+    _check_rows("lane_transpose", dst, src)
+    dtype = dst.dtype
+
+    def codegen(context, builder, signature, args):
+        dst_v, dst_at_v, dst_row_v, src_v, src_at_v, src_row_v = args
+        i64 = ir.IntType(64)
+        dst_at_v, dst_row_v, src_at_v, src_row_v = (
+            context.cast(builder, value, signature.args[k], types.int64)
+            for k, value in ((1, dst_at_v), (2, dst_row_v), (4, src_at_v), (5, src_row_v)))
+        vector, align = vector_type(context, builder, dtype)
+        dst_data = context.make_array(dst)(context, builder, dst_v).data
+        src_data = context.make_array(src)(context, builder, src_v).data
+
+        def row(data, at, step, k):
+            return builder.bitcast(builder.gep(data, [builder.add(at, builder.mul(i64(k), step))]),
+                                   vector.as_pointer())
+
+        loaded = [builder.load(row(src_data, src_at_v, src_row_v, k), align=align) for k in range(vector.count)]
+        for k, value in enumerate(_swap_rounds(builder, loaded)):
+            builder.store(value, row(dst_data, dst_at_v, dst_row_v, k), align=align)
+        return context.get_dummy_value()
+
+    return types.none(dst, dst_at, dst_row, src, src_at, src_row), codegen
+
+
+def lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols):
+    """``dst[dst_at + j*dst_row + i] = src[src_at + i*src_row + j]`` for ``i < rows``, ``j <
+    cols`` (see the module docstring); callable from jitted code only.  ``dst`` and
+    ``src`` are C-contiguous float32 or float64 arrays of one dtype, not overlapping."""
+
+
+@overload(lane_transpose, inline="always", jit_options=JIT_OPTIONS)
+def _lane_transpose_impl(dst, dst_at, dst_row, src, src_at, src_row, rows, cols):
+    _check_rows("lane_transpose", dst, src)
+    lanes = lane_count(dst.dtype)
+
+    def impl(dst, dst_at, dst_row, src, src_at, src_row, rows, cols):
+        whole_rows, whole_cols = rows - rows % lanes, cols - cols % lanes
+        for i in range(0, whole_rows, lanes):
+            for j in range(0, whole_cols, lanes):
+                _transpose_block(dst, dst_at + j * dst_row + i, dst_row, src, src_at + i * src_row + j, src_row)
+        out, values = dst.reshape(-1), src.reshape(-1)
+        for i in range(rows):
+            for j in range(whole_cols if i < whole_rows else 0, cols):
+                out[dst_at + j * dst_row + i] = values[src_at + i * src_row + j]
+
+    return impl

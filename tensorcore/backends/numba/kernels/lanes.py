@@ -52,7 +52,7 @@ def _kind(kind) -> int:
     return kind.literal_value
 
 
-def _lanes(dtype) -> int:
+def lane_count(dtype) -> int:
     """Values of ``dtype`` (a Numba float type) in one vector register."""
     return REGISTER_BYTES * 8 // dtype.bitwidth
 
@@ -64,7 +64,7 @@ def vector_type(context, builder, dtype) -> tuple[ir.VectorType, int]:
     (``jit.allow_wide_vectors``; otherwise LLVM splits each operation in two)."""
     allow_wide_vectors(builder.function)
     scalar = context.get_value_type(dtype)
-    return ir.VectorType(scalar, _lanes(dtype)), context.get_abi_sizeof(scalar)
+    return ir.VectorType(scalar, lane_count(dtype)), context.get_abi_sizeof(scalar)
 
 
 def splat(builder, vector: ir.VectorType, value):
@@ -223,7 +223,7 @@ def _lane_sum_impl(kind, x, y, m):
     t = x.dtype
     contiguous = x.layout == "C" and x.ndim == 1 and (code not in _READS_Y or (y.layout == "C" and y.ndim == 1))
 
-    lanes, np_t = _lanes(t), as_dtype(t)
+    lanes, np_t = lane_count(t), as_dtype(t)
     if not contiguous:
         def same_order(kind, x, y, m):
             n = x.size
@@ -298,7 +298,7 @@ def _lane_axpy_impl(dst, w, src):
                 and row.dtype in (types.float32, types.float64)):
             raise errors.TypingError(f"lane_axpy: {name} must be a contiguous 1-D float32 or float64 row of "
                                      f"dst's dtype, got {row}")
-    t, lanes = dst.dtype, _lanes(dst.dtype)
+    t, lanes = dst.dtype, lane_count(dst.dtype)
 
     def impl(dst, w, src):
         n = dst.size

@@ -25,7 +25,7 @@ import numpy as np
 
 from .activations import act_value
 from .jit import helper, kernel, wide_vectors
-from .lane_maps import lane_map
+from .lane_maps import lane_map, lane_transpose
 from .parallel import parallel_for
 from .winograd import TILE, _a_adjoint, _a_transform, _b_transform
 
@@ -93,11 +93,14 @@ def output_tiles(m, ho, wo, th, tw, bias, code):
 def _grad_image(i, mg, g, th, tw, cout, ho, wo, rows, cols):
     """The tiles of image ``i`` for ``grad_tiles_``."""
     wide_vectors()
-    plane = np.zeros((rows, cols, cout), dtype=g.dtype)
-    for r in range(ho):
-        for q in range(wo):
-            for co in range(cout):
-                plane[r, q, co] = g[i, co, r, q]
+    plane = np.zeros((rows, cols, cout), dtype=g.dtype)  # [C, ho, wo] -> [ho, wo, C], zero past the edge
+    if wo == cols:  # the image's positions are the plane's first ones
+        lane_transpose(plane, 0, cout, g, i * cout * ho * wo, ho * wo, cout, ho * wo)
+    else:
+        for r in range(ho):
+            for q in range(wo):
+                for co in range(cout):
+                    plane[r, q, co] = g[i, co, r, q]
     down = np.empty((6, cols, cout), dtype=g.dtype)  # A dY: each column of a tile row
     row = cols * cout
     for ty in range(th):
