@@ -81,25 +81,26 @@ def test_rows_of_a_strided_array_are_refused() -> None:
 
 
 @njit(error_model="numpy")
-def _transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols):
-    lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols)
+def _transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols, wrap, gap):
+    lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols, wrap, gap)
 
 
 @given(dtype=st.sampled_from([np.float32, np.float64]), rows=st.integers(0, 40), cols=st.integers(0, 40),
        src_gap=st.integers(0, 5), dst_gap=st.integers(0, 5), src_at=st.integers(0, 7), dst_at=st.integers(0, 7),
-       seed=st.integers(0, 2**16))
+       wrap=st.sampled_from([1, 2, 4, 5, 8, 16, 32, 48]), gap=st.integers(0, 3), seed=st.integers(0, 2**16))
 def test_a_transpose_moves_every_value_and_nothing_else(dtype: type, rows: int, cols: int, src_gap: int,
-                                                       dst_gap: int, src_at: int, dst_at: int, seed: int) -> None:
+                                                       dst_gap: int, src_at: int, dst_at: int, wrap: int,
+                                                       gap: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     src_row, dst_row = cols + src_gap, rows + dst_gap
     src = rng.standard_normal(src_at + rows * src_row + 2).astype(dtype)
-    dst = rng.standard_normal(dst_at + cols * dst_row + 2).astype(dtype)
+    dst = rng.standard_normal(dst_at + cols * dst_row + (cols // wrap) * gap + 2).astype(dtype)
     before = dst.copy()
-    _transpose(dst.reshape(1, -1), dst_at, dst_row, src.reshape(1, -1), src_at, src_row, rows, cols)
-    matrix = np.lib.stride_tricks.as_strided(src[src_at:], (rows, cols), (src_row * src.itemsize, src.itemsize))
-    target = np.lib.stride_tricks.as_strided(dst[dst_at:], (cols, rows), (dst_row * dst.itemsize, dst.itemsize))
-    assert np.array_equal(target, matrix.T)
+    _transpose(dst.reshape(1, -1), dst_at, dst_row, src.reshape(1, -1), src_at, src_row, rows, cols, wrap, gap)
     written = np.zeros(dst.size, bool)
     for j in range(cols):
-        written[dst_at + j * dst_row:dst_at + j * dst_row + rows] = True
+        start = dst_at + j * dst_row + (j // wrap) * gap
+        column = src[src_at + j:src_at + j + rows * src_row:src_row] if rows else src[:0]
+        assert np.array_equal(dst[start:start + rows], column)
+        written[start:start + rows] = True
     assert np.array_equal(dst[~written], before[~written])

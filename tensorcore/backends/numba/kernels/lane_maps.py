@@ -22,10 +22,10 @@ instruction, then once on single values for the indices past the last whole
 register.  Each value is rounded exactly as the scalar ``transform`` rounds it (the
 same operations in the same order, no fused multiply-adds).
 
-``lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols)`` writes
-``dst[dst_at + j*dst_row + i] = src[src_at + i*src_row + j]`` for ``i < rows`` and ``j <
-cols``: Winograd's batch kernels turn an image [C, H*W] into [H*W, C] (and back) with
-it.  A scalar loop does one load and one store per value; here each ``lanes`` x
+``lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols, wrap, gap)``
+writes ``dst[dst_at + j*dst_row + (j // wrap)*gap + i] = src[src_at + i*src_row + j]``
+for ``i < rows`` and ``j < cols``: Winograd's batch kernels turn an image [C, H*W] into
+[H, W, C] with it, into a plane with ``gap`` values of padding after each image row.  A scalar loop does one load and one store per value; here each ``lanes`` x
 ``lanes`` block is loaded as ``lanes`` vectors, transposed in registers by log2(lanes)
 rounds of two-vector shuffles (each round swaps the off-diagonal sub-blocks of one
 size) and stored as ``lanes`` vectors.  Values outside whole blocks are copied one by
@@ -151,52 +151,61 @@ def _swap_rounds(builder, vectors: list) -> list:
 
 
 @intrinsic
-def _transpose_block(typingctx, dst, dst_at, dst_row, src, src_at, src_row):
-    """One ``lanes`` x ``lanes`` block of ``lane_transpose``, at the flat offsets given."""
+def _transpose_block(typingctx, dst, dst_at, dst_row, wrap, gap, src, src_at, src_row):
+    """One ``lanes`` x ``lanes`` block of ``lane_transpose``: src row ``i`` at ``src_at + i *
+    src_row``, dst row ``k`` at ``dst_at + k * dst_row + (k // wrap) * gap``."""
     _check_rows("lane_transpose", dst, src)
     dtype = dst.dtype
 
     def codegen(context, builder, signature, args):
-        dst_v, dst_at_v, dst_row_v, src_v, src_at_v, src_row_v = args
+        dst_v, _, _, _, _, src_v, _, _ = args
+        dst_at_v, dst_row_v, wrap_v, gap_v, src_at_v, src_row_v = (
+            context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2, 3, 4, 6, 7))
         i64 = ir.IntType(64)
-        dst_at_v, dst_row_v, src_at_v, src_row_v = (
-            context.cast(builder, value, signature.args[k], types.int64)
-            for k, value in ((1, dst_at_v), (2, dst_row_v), (4, src_at_v), (5, src_row_v)))
         vector, align = vector_type(context, builder, dtype)
         dst_data = context.make_array(dst)(context, builder, dst_v).data
         src_data = context.make_array(src)(context, builder, src_v).data
 
-        def row(data, at, step, k):
-            return builder.bitcast(builder.gep(data, [builder.add(at, builder.mul(i64(k), step))]),
-                                   vector.as_pointer())
+        def row(data, at):
+            return builder.bitcast(builder.gep(data, [at]), vector.as_pointer())
 
-        loaded = [builder.load(row(src_data, src_at_v, src_row_v, k), align=align) for k in range(vector.count)]
+        lanes = vector.count
+        loaded = [builder.load(row(src_data, builder.add(src_at_v, builder.mul(i64(k), src_row_v))), align=align)
+                  for k in range(lanes)]
         for k, value in enumerate(_swap_rounds(builder, loaded)):
-            builder.store(value, row(dst_data, dst_at_v, dst_row_v, k), align=align)
+            wrapped = builder.mul(builder.udiv(i64(k), wrap_v), gap_v)
+            at = builder.add(builder.add(dst_at_v, builder.mul(i64(k), dst_row_v)), wrapped)
+            builder.store(value, row(dst_data, at), align=align)
         return context.get_dummy_value()
 
-    return types.none(dst, dst_at, dst_row, src, src_at, src_row), codegen
+    return types.none(dst, dst_at, dst_row, wrap, gap, src, src_at, src_row), codegen
 
 
-def lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols):
-    """``dst[dst_at + j*dst_row + i] = src[src_at + i*src_row + j]`` for ``i < rows``, ``j <
-    cols`` (see the module docstring); callable from jitted code only.  ``dst`` and
-    ``src`` are C-contiguous float32 or float64 arrays of one dtype, not overlapping."""
+def lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols, wrap, gap):
+    """``dst[dst_at + j*dst_row + (j // wrap)*gap + i] = src[src_at + i*src_row + j]`` for
+    ``i < rows``, ``j < cols`` (see the module docstring): ``gap`` extra elements after
+    every ``wrap`` rows of dst (an image's rows into a zero-padded plane; ``gap`` 0 for
+    a plain transpose).  Callable from jitted code only.  ``dst`` and ``src`` are
+    C-contiguous float32 or float64 arrays of one dtype, not overlapping; ``wrap`` >= 1.
+    Columns run in blocks when ``gap`` is 0 or ``wrap`` divides the lane count or is a
+    multiple of it, else one value at a time."""
 
 
 @overload(lane_transpose, inline="always", jit_options=JIT_OPTIONS)
-def _lane_transpose_impl(dst, dst_at, dst_row, src, src_at, src_row, rows, cols):
+def _lane_transpose_impl(dst, dst_at, dst_row, src, src_at, src_row, rows, cols, wrap, gap):
     _check_rows("lane_transpose", dst, src)
     lanes = lane_count(dst.dtype)
 
-    def impl(dst, dst_at, dst_row, src, src_at, src_row, rows, cols):
-        whole_rows, whole_cols = rows - rows % lanes, cols - cols % lanes
+    def impl(dst, dst_at, dst_row, src, src_at, src_row, rows, cols, wrap, gap):
+        blocks = gap == 0 or lanes % wrap == 0 or wrap % lanes == 0
+        whole_rows, whole_cols = rows - rows % lanes, (cols - cols % lanes) if blocks else 0
         for i in range(0, whole_rows, lanes):
             for j in range(0, whole_cols, lanes):
-                _transpose_block(dst, dst_at + j * dst_row + i, dst_row, src, src_at + i * src_row + j, src_row)
+                _transpose_block(dst, dst_at + j * dst_row + (j // wrap) * gap + i, dst_row, wrap, gap,
+                                 src, src_at + i * src_row + j, src_row)
         out, values = dst.reshape(-1), src.reshape(-1)
         for i in range(rows):
             for j in range(whole_cols if i < whole_rows else 0, cols):
-                out[dst_at + j * dst_row + i] = values[src_at + i * src_row + j]
+                out[dst_at + j * dst_row + (j // wrap) * gap + i] = values[src_at + i * src_row + j]
 
     return impl

@@ -34,11 +34,15 @@ from .winograd import TILE, _a_adjoint, _a_transform, _b_transform
 def _input_image(i, v, x, ph, pw, th, tw, c, h, w, rows, cols):
     """The tiles of image ``i`` for ``input_tiles_``."""
     wide_vectors()
-    plane = np.zeros((rows, cols, c), dtype=x.dtype)
-    for r in range(min(h, rows - ph)):
-        for q in range(min(w, cols - pw)):
-            for ch in range(c):
-                plane[ph + r, pw + q, ch] = x[i, ch, r, q]
+    plane = np.zeros((rows, cols, c), dtype=x.dtype)  # [C, h, w] -> [h, w, C] at (ph, pw)
+    height, width = min(h, rows - ph), min(w, cols - pw)
+    if width == w:  # whole image rows, a gap of the padding's columns after each
+        lane_transpose(plane, (ph * cols + pw) * c, c, x, i * c * h * w, h * w, c, height * w, w, (cols - w) * c)
+    else:
+        for r in range(height):
+            for q in range(width):
+                for ch in range(c):
+                    plane[ph + r, pw + q, ch] = x[i, ch, r, q]
     down = np.empty((6, cols, c), dtype=x.dtype)  # B^T d: each column of a tile row
     row = cols * c
     for ty in range(th):
@@ -95,7 +99,7 @@ def _grad_image(i, mg, g, th, tw, cout, ho, wo, rows, cols):
     wide_vectors()
     plane = np.zeros((rows, cols, cout), dtype=g.dtype)  # [C, ho, wo] -> [ho, wo, C], zero past the edge
     if wo == cols:  # the image's positions are the plane's first ones
-        lane_transpose(plane, 0, cout, g, i * cout * ho * wo, ho * wo, cout, ho * wo)
+        lane_transpose(plane, 0, cout, g, i * cout * ho * wo, ho * wo, cout, ho * wo, wo, 0)
     else:
         for r in range(ho):
             for q in range(wo):
