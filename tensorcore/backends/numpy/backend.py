@@ -266,7 +266,7 @@ class NumpyPrimitives:
         rows = stacked_rows(a, b, out)
         if rows is None:
             return self.xp.matmul(a, b, out=out)
-        y = self.xp.matmul(*rows)
+        y = self.xp.matmul(rows[0], rows[1], out=rows[2])
         return y.reshape(*a.shape[:-1], b.shape[1]) if out is None else out
 
     def matmul_bias_act(self, a, b, bias, act: str, residual=None):
