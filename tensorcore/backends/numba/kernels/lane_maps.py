@@ -25,11 +25,11 @@ same operations in the same order, no fused multiply-adds).
 ``lane_transpose(dst, dst_at, dst_row, src, src_at, src_row, rows, cols, wrap, gap)``
 writes ``dst[dst_at + j*dst_row + (j // wrap)*gap + i] = src[src_at + i*src_row + j]``
 for ``i < rows`` and ``j < cols``: Winograd's batch kernels turn an image [C, H*W] into
-[H, W, C] with it, into a plane with ``gap`` values of padding after each image row.  A scalar loop does one load and one store per value; here each ``lanes`` x
-``lanes`` block is loaded as ``lanes`` vectors, transposed in registers by log2(lanes)
-rounds of two-vector shuffles (each round swaps the off-diagonal sub-blocks of one
-size) and stored as ``lanes`` vectors.  Values outside whole blocks are copied one by
-one.
+[H, W, C] with it, into a plane with ``gap`` values of padding after each image row.
+A scalar loop does one load and one store per value; here each ``lanes`` x ``lanes``
+block is loaded as ``lanes`` vectors, transposed in registers by log2(lanes) rounds of
+two-vector shuffles (each round swaps the off-diagonal sub-blocks of one size) and
+stored as ``lanes`` vectors.  Values outside whole blocks are copied one by one.
 """
 
 from __future__ import annotations
@@ -43,6 +43,15 @@ from numba.extending import intrinsic, overload
 
 from .jit import JIT_OPTIONS
 from .lanes import close_loop, lane_count, open_loop, vector_type
+
+
+def _check_rows(op: str, dst, src) -> None:
+    """A TypingError unless ``dst`` and ``src`` are C-contiguous float arrays of one dtype."""
+    for name, array in (("dst", dst), ("src", src)):
+        if not (isinstance(array, types.Array) and array.layout == "C" and array.dtype == dst.dtype
+                and array.dtype in (types.float32, types.float64)):
+            raise errors.TypingError(f"{op}: {name} must be a C-contiguous float32 or float64 array of "
+                                     f"dst's dtype, got {array}")
 
 
 class _Values:
@@ -120,14 +129,6 @@ def lane_map(typingctx, transform, dst, dst_at, dst_step, src, src_at, src_step,
         return context.get_dummy_value()
 
     return types.none(transform, dst, dst_at, dst_step, src, src_at, src_step, n), codegen
-
-
-def _check_rows(op: str, dst, src) -> None:
-    for name, array in (("dst", dst), ("src", src)):
-        if not (isinstance(array, types.Array) and array.layout == "C" and array.dtype == dst.dtype
-                and array.dtype in (types.float32, types.float64)):
-            raise errors.TypingError(f"{op}: {name} must be a C-contiguous float32 or float64 array of "
-                                     f"dst's dtype, got {array}")
 
 
 def _swap_rounds(builder, vectors: list) -> list:
