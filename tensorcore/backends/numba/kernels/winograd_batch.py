@@ -5,9 +5,10 @@ running along the plane's columns: right for large planes, but a 4x4 or 8x8 plan
 (one or four tiles) leaves those loops a few values long.  These kernels run one
 image per task and vectorise across the channels instead: the task copies its image
 [C, H, W] into a zero-padded buffer [rows, columns, C] with the channel innermost
-(a transposition inside L1), so that every transform is a loop over C contiguous
-values, and the output transform writes its image back in NCHW order, with the bias
-and the activation, from such a buffer.
+(register transposes, ``lane_maps.lane_transpose``), so that every transform is a
+loop over C contiguous values (``lane_maps.lane_map``), and the output transform
+writes its image back in NCHW order, with the bias and the activation, from such a
+buffer.
 
 Tile order: t = (image, tile row, tile column), each tile's 36 transformed values
 for every channel together, the channel innermost: V [tiles, 36, C], M [tiles, 36,
