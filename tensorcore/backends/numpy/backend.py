@@ -30,6 +30,7 @@ from .softmax import NumpySoftmaxKernels
 from .special import erf
 from .upsample import NumpyUpsampleKernels
 
+
 def stacked_rows(a: Any, b: Any, out: Any = None) -> tuple[Any, Any, Any] | None:
     """``a @ b`` for a stack of matrices a [..., M, K] (C-contiguous) times one matrix b
     [K, N] as one 2-D product: (a's rows [-1, K], b, ``out``'s rows [-1, N] or None);
