@@ -64,8 +64,8 @@ def _add_training(parser: argparse.ArgumentParser, steps: int, batch_size: int, 
     group.add_argument("--channels", type=int_list, default=channels,
                        help="channels per level, comma-separated (default: %(default)s)")
     group.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                       help="run each training step as one compiled plan (tc.compile); auto = on when "
-                            "training on a GPU (default: %(default)s)")
+                       help="run each training step as one compiled plan (tc.compile); auto = on, except "
+                            "on the NumPy reference backend (default: %(default)s)")
 
 
 def _add_generate(commands: argparse._SubParsersAction) -> None:

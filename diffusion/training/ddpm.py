@@ -42,8 +42,8 @@ def train_ddpm(unet: Any, scheduler: Any, data: Any, *, label_dropout: float = 0
     ``out_dir`` (checkpoints every ``checkpoint_every`` steps, keeping ``keep_checkpoints``,
     ``metrics.csv`` and ``loss.png``), ``resume`` (a checkpoint file, a folder, or True for
     out_dir's latest), ``seed``, ``log_every``, ``progress``, ``callback(step)`` (return False
-    to stop), ``compile`` (True, False or "auto" = on when the UNet is on a GPU: the step
-    runs as one ``tc.compile``d call, see ``Trainer``).  ``run_info``: extra JSON data stored
+    to stop), ``compile`` (True, False or "auto" = on, except on the CPU with the NumPy
+    reference backend: the step runs as one ``tc.compile``d call, see ``Trainer``).  ``run_info``: extra JSON data stored
     in every checkpoint.  Returns a ``TrainResult``; sample with its EMA weights
     (``result.ema.copy_to(unet.parameters())``).
     """

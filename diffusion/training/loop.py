@@ -85,8 +85,11 @@ def warmup_cosine(optimizer: AdamW, warmup_steps: int, total_steps: int, min_lr:
 
 
 def compile_enabled(choice: bool | str, device: str) -> bool:
-    """``TrainOptions.compile`` resolved for a model on ``device``: "auto" is on for a GPU."""
-    return device != "cpu" if choice == "auto" else bool(choice)
+    """``TrainOptions.compile`` resolved for a model on ``device``: "auto" is on, except
+    on the CPU with the NumPy reference backend (there the plain eager path is the point)."""
+    if choice != "auto":
+        return bool(choice)
+    return device != "cpu" or tc.get_backend().name != "numpy"
 
 
 class Trainer:

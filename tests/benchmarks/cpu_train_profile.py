@@ -15,7 +15,10 @@ schedule, each as a user gets them by default.
 Each side runs in a process of its own (``--side ours`` / ``--side torch``), both at
 ``--threads`` threads (``tc.set_num_threads``, ``torch.set_num_threads``): ``--warmup``
 steps (on a cold Numba cache the first compiles the kernels), ``--steps`` steps timed
-whole, then ``--steps`` steps profiled.  ``--rounds`` rounds run the two sides in turn
+whole, then ``--steps`` steps profiled.  Ours keeps two trainers: the step as the CLI
+runs it (``compile="auto"``: a compiled plan on the Numba backend), which the last row
+times, and an eager one, timed in turn with it and profiled (a compiled replay calls
+the kernels it bound, past the timers).  ``--rounds`` rounds run the two sides in turn
 (PyTorch first in every other round), so a change in the machine's load reaches both.
 Every figure is in ms per step: the median over rounds of each round's median over steps.
 
@@ -164,9 +167,12 @@ class BackendTimer:
         return taken
 
 
-def our_step(batch_size: int) -> tuple[Callable[[], Any], Callable[[], Callable[[], dict[str, float]]]]:
-    """(step, profiling): ``step()`` runs one training step; ``profiling()`` installs the
-    timers and returns ``profiled_step()`` -> seconds by kind, ``OTHER`` included."""
+def our_step(batch_size: int, compile: bool | str = False) -> tuple[Callable[[], Any],
+                                                                    Callable[[], Callable[[], dict[str, float]]]]:
+    """(step, profiling): ``step()`` runs one training step (a compiled one as the CLI
+    runs it by default for ``compile="auto"``); ``profiling()`` installs the timers and
+    returns ``profiled_step()`` -> seconds by kind, ``OTHER`` included (an eager step only:
+    a compiled replay calls the kernels it bound, past the timers)."""
     import tensorcore as tc
     from diffusion import DDPMScheduler, UNet2D
     from diffusion.cli.digits import NULL_CLASS_LABEL, unet_config
@@ -179,7 +185,7 @@ def our_step(batch_size: int) -> tuple[Callable[[], Any], Callable[[], Callable[
     trainer = ddpm_trainer(unet, DDPMScheduler(clip_sample=True), (images, labels), label_dropout=LABEL_DROPOUT,
                            null_class_label=NULL_CLASS_LABEL, steps=TOTAL_STEPS, batch_size=batch_size, lr=LR,
                            warmup_steps=WARMUP_STEPS, grad_clip=GRAD_CLIP, ema_decay=EMA_DECAY, progress=False,
-                           compile=False)
+                           compile=compile)
     trainer.model.train()
 
     def step() -> Any:
@@ -268,12 +274,15 @@ def torch_step(batch_size: int) -> tuple[Callable[[], Any], Callable[[], Callabl
 
 # ----- one side in its own process ---------------------------------------------------------
 def run_side(side: str, threads: int, warmup: int, steps: int, batch_size: int) -> dict[str, Any]:
-    """Median ms per step by kind (``"kinds"``) and of the whole step (``"step_ms"``)."""
+    """Median ms per step by kind (``"kinds"``), of the whole step (``"step_ms"``: ours as
+    the CLI runs it, compiled) and, for ours, of the eager step that is profiled."""
+    eager_step = None
     if side == "ours":
         import tensorcore as tc
 
         tc.set_num_threads(threads)
-        step, profiling = our_step(batch_size)
+        step, _ = our_step(batch_size, "auto")
+        eager_step, profiling = our_step(batch_size)
         engine = f"tensorcore, backend {tc.get_backend().name}, {tc.get_num_threads()} threads"
     else:
         import torch
@@ -286,17 +295,22 @@ def run_side(side: str, threads: int, warmup: int, steps: int, batch_size: int) 
     first = time.perf_counter() - start
     for _ in range(warmup - 1):
         step()
-    whole = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        whole.append(time.perf_counter() - start)
+    for _ in range(warmup if eager_step else 0):
+        eager_step()
+    whole, eager = [], []
+    for _ in range(steps):  # the default step and the eager one in turn
+        for run, times in ((step, whole), (eager_step, eager)):
+            if run is not None:
+                start = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - start)
     profiled_step = profiling()
     per_step = [profiled_step() for _ in range(steps)]
     profiled = [sum(s.values()) for s in per_step]
     for s in per_step:  # ours times dgrad and wgrad apart, PyTorch's one op does both
         s.setdefault(CONV_BWD, s.get(CONV_DGRAD, 0.0) + s.get(CONV_WGRAD, 0.0))
     return {"engine": engine, "first_step_s": first, "step_ms": 1e3 * statistics.median(whole),
+            "eager_ms": 1e3 * statistics.median(eager) if eager else None,
             "profiled_ms": 1e3 * statistics.median(profiled),
             "kinds": {kind: 1e3 * statistics.median(s.get(kind, 0.0) for s in per_step) for kind in ROWS}}
 
@@ -312,8 +326,10 @@ def measure(side: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def median_round(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The median over rounds of every figure of one side's results."""
+    eager = [r["eager_ms"] for r in results if r.get("eager_ms") is not None]
     return {"engine": results[0]["engine"],
             "step_ms": statistics.median(r["step_ms"] for r in results),
+            "eager_ms": statistics.median(eager) if eager else None,
             "profiled_ms": statistics.median(r["profiled_ms"] for r in results),
             "kinds": {kind: statistics.median(r["kinds"][kind] for r in results) for kind in ROWS}}
 
@@ -358,7 +374,9 @@ def main() -> None:
         table.row(label, cell(mine), cell(other), ratio)
     table.row("profiled step", cell(ours["profiled_ms"]), cell(theirs["profiled_ms"]),
               f"{ours['profiled_ms'] / theirs['profiled_ms']:.2f}")
-    table.row("step, not profiled", cell(ours["step_ms"]), cell(theirs["step_ms"]),
+    table.row("eager step, not profiled", cell(ours["eager_ms"]), cell(theirs["step_ms"]),
+              f"{ours['eager_ms'] / theirs['step_ms']:.2f}")
+    table.row("step as the CLI runs it", cell(ours["step_ms"]), cell(theirs["step_ms"]),
               f"{ours['step_ms'] / theirs['step_ms']:.2f}")
 
 

@@ -107,6 +107,7 @@ def _normalize_group(src, dst, i, g, m, s, weight, bias):
 def _group_norm_group(ng, x, weight, bias, eps, code, shift, groups, cg, size, out, out_flat, src_all, flat, mean,
                       rstd):
     """Group ``ng`` (sample ng // G, group ng % G) of ``group_norm_groups``."""
+    wide_vectors()
     t = x.dtype.type
     i, g = ng // groups, ng % groups
     if shift is not None:
@@ -148,6 +149,7 @@ def _group_norm_group_backward(ng, grad, x, weight, bias, mean, rstd, code, grou
                                inv_count, grad_flat, dx_flat):
     """dx of group ``ng`` of ``group_norm_groups_backward``, and its channels' dweight/dbias
     sums into row ng // G of the partials."""
+    wide_vectors()
     t = x.dtype.type
     i, g = ng // groups, ng % groups
     m, s = mean[i, g], rstd[i, g]
