@@ -1,4 +1,4 @@
-"""``tc.cuda``: device queries and the CuPy memory pool.
+"""``tc.cuda``: device queries and the memory pools of the CuPy backend.
 
 CuPy is imported only when one of these is called, so CPU-only installs never load it.
 """
@@ -22,17 +22,22 @@ def device_count() -> int:
 
 
 def memory_allocated() -> int:
-    """Bytes held by live arrays in CuPy's default memory pool."""
-    import cupy
-
-    return int(cupy.get_default_memory_pool().used_bytes())
+    """Bytes held by live arrays: CuPy's default memory pool, and the pools of compiled
+    plans and their packed weights."""
+    return int(sum(pool.used_bytes() for pool in _pools()))
 
 
 def memory_reserved() -> int:
-    """Bytes the pool holds from the driver (live arrays plus cached free blocks)."""
+    """Bytes those pools hold from the driver (live arrays plus cached free blocks)."""
+    return int(sum(pool.total_bytes() for pool in _pools()))
+
+
+def _pools() -> list:
     import cupy
 
-    return int(cupy.get_default_memory_pool().total_bytes())
+    from .backends.cupy.pools import private_pools
+
+    return [cupy.get_default_memory_pool(), *private_pools()]
 
 
 def empty_cache() -> None:

@@ -73,6 +73,32 @@ def test_memory_is_flat_over_1000_replays():
         assert tc.cuda.memory_allocated() == before
 
 
+def test_memory_counters_count_the_plans_own_pool_while_the_plan_lives():
+    import cupy
+
+    from tensorcore.backends.cupy.pools import private_pools
+
+    block = _block()
+    x, t = tc.randn(1, 16, 8, 8, device="cuda"), tc.tensor([10.0], device="cuda")
+    with tc.no_grad():
+        block(x, t)
+    tc.cuda.synchronize()
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+    before, private_before = tc.cuda.memory_reserved(), len(private_pools())
+    compiled = tc.compile(block, cache_dir=False)
+    with tc.no_grad():
+        for _ in range(3):
+            out = compiled(x, t)
+    tc.cuda.synchronize()
+    plan_bytes = sum(pool.total_bytes() for pool in private_pools())
+    assert len(private_pools()) > private_before and plan_bytes > 0
+    assert tc.cuda.memory_reserved() >= before + plan_bytes
+    del compiled, out
+    gc.collect()
+    assert len(private_pools()) == private_before
+
+
 def test_outputs_nobody_holds_are_handed_out_again_and_held_ones_never():
     """A loop feeding each call's outputs to the next gets the sets of two calls back
     in turn (no allocation), with every result as eager computes it; outputs still

@@ -15,7 +15,9 @@ Workloads (diffusers' SD-1.5 configs, random weights, batch as a guided call run
 Rows: ours eager, ours compiled (``tc.compile``: one CUDA graph per call), diffusers
 eager, PyTorch CUDA-graph replay and ``torch.compile`` (default mode, ``dynamic=False``)
 captured in a CUDA graph.  Times are medians of CUDA-event timings; each side's peak GPU
-memory is printed (ours: the CuPy pool's high-water mark; PyTorch: ``max_memory_allocated``).
+memory is printed (ours: ``tc.cuda.memory_reserved()`` after the compiled calls, every pool
+the engine holds: weights, the plan's own pool, its packed weights, with the eager calls'
+cached blocks released before compiling; PyTorch: ``max_memory_allocated``).
 Outputs are compared (max |ours - diffusers| over max |diffusers|).  Printed, never asserted.
 """
 
@@ -78,9 +80,9 @@ def torch_graph(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
 
 
 def ours_peak_mb() -> float:
-    import cupy as cp
+    import tensorcore as tc
 
-    return cp.get_default_memory_pool().total_bytes() / 2 ** 20
+    return tc.cuda.memory_reserved() / 2 ** 20
 
 
 def torch_peak_mb() -> float:
@@ -140,6 +142,7 @@ def forward_rows(table: bench_report.Table, label: str, ours_call: Callable[[], 
                  theirs_call: "Call", theirs_module: Any, iters: int, torch_compile: bool,
                  compiled_call: Callable[[Any], Callable[[], Any]]) -> None:
     """One workload: ours eager / compiled, diffusers eager / CUDA graph / torch.compile + graph."""
+    import cupy as cp
     import tensorcore as tc
     import torch
 
@@ -148,6 +151,7 @@ def forward_rows(table: bench_report.Table, label: str, ours_call: Callable[[], 
         reference = theirs_call()
         eager = timed_ms(ours_call, iters)
         diff = relative_diff(ours_call(), reference)
+        cp.get_default_memory_pool().free_all_blocks()  # the eager calls' cached blocks
         compiled = tc.compile(ours_module)
         ours_compiled = compiled_call(compiled)
         compiled_ms = timed_ms(ours_compiled, iters)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ... import versions
 from ..numpy.executor import own_method, pick
-from . import weight_packs
+from . import pools, weight_packs
 from .graph_io import GraphIO
 
 
@@ -48,6 +48,7 @@ class CudaGraphReplay:
         graph = plan.graph
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
+        pools.register(self, self.pool)
         # What the backend keeps for this stream (convolution scratch, counters) is
         # allocated in this plan's pool during the capture, and dies with it: when the
         # plan goes without release(), those buffers must go too, before a new stream

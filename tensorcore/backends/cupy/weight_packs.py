@@ -23,6 +23,7 @@ import cupy
 
 from ...versions import Snapshot, WriteVersion
 from ..geometry import extent
+from . import pools
 
 _active = threading.local()
 
@@ -37,6 +38,7 @@ class WeightPacks:
         # The copies' own pool: memory from the plan's pool that the capture freed is
         # reused by later captured kernels, which would overwrite a copy at each launch.
         self._pool = cupy.cuda.MemoryPool()
+        pools.register(self, self._pool)
         self._held: dict[tuple, Any] = {}
         self._made_from = Snapshot()  # the versions of the weights' storages
         self._fills: list[list[Callable[[], None]]] = []  # per storage in the snapshot
