@@ -43,9 +43,9 @@ def train_ddpm(unet: Any, scheduler: Any, data: Any, *, label_dropout: float = 0
     ``metrics.csv`` and ``loss.png``), ``resume`` (a checkpoint file, a folder, or True for
     out_dir's latest), ``seed``, ``log_every``, ``progress``, ``callback(step)`` (return False
     to stop), ``compile`` (True, False or "auto" = on, except on the CPU with the NumPy
-    reference backend: the step runs as one ``tc.compile``d call, see ``Trainer``).  ``run_info``: extra JSON data stored
-    in every checkpoint.  Returns a ``TrainResult``; sample with its EMA weights
-    (``result.ema.copy_to(unet.parameters())``).
+    reference backend: the step runs as one ``tc.compile``d call, see ``Trainer``).
+    ``run_info``: extra JSON data stored in every checkpoint.  Returns a ``TrainResult``;
+    sample with its EMA weights (``result.ema.copy_to(unet.parameters())``).
     """
     return ddpm_trainer(unet, scheduler, data, label_dropout=label_dropout,
                         null_class_label=null_class_label, run_info=run_info, **options).run()

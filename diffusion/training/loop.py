@@ -41,6 +41,7 @@ import tensorcore as tc
 from layers import Module
 from optim import AdamW, CosineAnnealingLR, LinearWarmup, LRScheduler, SequentialLR, clip_grad_norm_
 from tensorcore import Tensor, distributed
+from tensorcore.backends import cpu_backend_name
 from tensorcore.compile import CacheInfo, Compiled
 
 from .batches import Batches
@@ -89,7 +90,7 @@ def compile_enabled(choice: bool | str, device: str) -> bool:
     on the CPU with the NumPy reference backend (there the plain eager path is the point)."""
     if choice != "auto":
         return bool(choice)
-    return device != "cpu" or tc.get_backend().name != "numpy"
+    return device != "cpu" or cpu_backend_name() != "numpy"
 
 
 class Trainer:

@@ -70,8 +70,9 @@ def _exp_f32(x):
     p = _fma_f32(p, r, np.float32(1.6666665459e-1))
     p = _fma_f32(p, r, np.float32(5.0000001201e-1))
     p = _fma_f32(p, r * r, r + np.float32(1.0))
-    half = np.int32(n) >> 1
-    y = p * _int32_bits_as_float32((half + 127) << 23) * _int32_bits_as_float32((np.int32(n) - half + 127) << 23)
+    low = np.int32(n) >> 1
+    high = np.int32(n) - low
+    y = p * _int32_bits_as_float32((low + 127) << 23) * _int32_bits_as_float32((high + 127) << 23)
     y = y if x >= np.float32(-87.3) else np.float32(0.0)
     return y if x <= np.float32(88.72) else np.float32(np.inf)
 
