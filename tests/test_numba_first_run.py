@@ -104,19 +104,23 @@ def test_an_argument_type_it_cannot_write_is_refused() -> None:
         warmup.decode("complex128")
 
 
-# Two kernels (one per activation code for the second), compiled alone or under
-# BackgroundCompiles; prints what the process compiled itself and whether a second
-# process was started.
+# Two kernels (one per activation code for the second) and a generated fused loop (listed
+# by its program and layout), compiled alone or under BackgroundCompiles; prints what the
+# process compiled itself and whether a second process was started.
+FLAT = {"array": "float32", "ndim": 1, "layout": "C", "readonly": False}
+PROGRAM = [["float32", "float32"], [["binary", "mul", 0, 1], ["binary", "add", 2, 0]]]  # a * b + a
 KERNELS = [
     {"module": "tensorcore.backends.numba.kernels.reductions", "name": "channel_sums",
      "args": [{"array": "float32", "ndim": 3, "layout": "C", "readonly": False}]},
     {"module": "tensorcore.backends.numba.kernels.activations", "name": "act_forward_flat",
-     "args": [{"array": "float32", "ndim": 1, "layout": "C", "readonly": False}, {"literal": 4}]},
+     "args": [FLAT, {"literal": 4}]},
+    {"fused": [PROGRAM, ":cc"], "name": "serial",
+     "args": ["int64", "int64", FLAT, {**FLAT, "readonly": True}, {**FLAT, "readonly": True}]},
 ]
 CALLS = textwrap.dedent("""
     import contextlib, json, sys
     import numpy as np
-    from tensorcore.backends.numba import warmup
+    from tensorcore.backends.numba import fused, warmup
     from tensorcore.backends.numba.kernels import activations, reductions
 
     entries, listing = json.loads(sys.argv[1]), warmup.record() if sys.argv[2] == "record" else contextlib.nullcontext()
@@ -124,8 +128,11 @@ CALLS = textwrap.dedent("""
         rng = np.random.default_rng(0)
         sums = reductions.channel_sums(rng.standard_normal((2, 3, 40), dtype=np.float32))
         silu = activations.act_forward_flat(rng.standard_normal(37, dtype=np.float32), activations.ACT_CODES["silu"])
+        a, b, fma = np.arange(50, dtype=np.float32), np.full(50, 0.5, np.float32), np.empty(50, np.float32)
+        program = (("float32", "float32"), (("binary", "mul", 0, 1), ("binary", "add", 2, 0)))
+        fused.bind(program, [a, b], fma)()
     print(json.dumps({"compiled": compiled, "started": background.process is not None,
-                      "sums": sums.tolist(), "silu": silu.tolist()}))
+                      "sums": sums.tolist(), "silu": silu.tolist(), "fused": fma.tolist()}))
 """)
 
 
@@ -146,6 +153,7 @@ def test_kernels_compiled_by_a_second_process_load_without_compiling(tmp_path) -
     x, v = rng.standard_normal((2, 3, 40), dtype=np.float32), rng.standard_normal(37, dtype=np.float32)
     np.testing.assert_allclose(alone["sums"], x.astype(np.float64).sum(axis=(0, 2)), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(alone["silu"], v / (1 + np.exp(-v.astype(np.float64))), rtol=1e-5, atol=1e-6)
+    assert alone["fused"] == (np.arange(50) * 1.5).tolist()
 
     worker = subprocess.run([sys.executable, "-m", "tensorcore.backends.numba.warmup", "--reverse"],
                             input=json.dumps(KERNELS), env=cold_env(tmp_path / "shared"), capture_output=True,
@@ -153,11 +161,12 @@ def test_kernels_compiled_by_a_second_process_load_without_compiling(tmp_path) -
     assert worker.returncode == 0 and worker.stderr == "", worker.stderr
     loaded = run_calls(tmp_path / "shared", KERNELS)
     assert loaded["compiled"] == [] and not loaded["started"]  # a warm cache starts nothing
-    assert (loaded["sums"], loaded["silu"]) == (alone["sums"], alone["silu"])
+    assert (loaded["sums"], loaded["silu"], loaded["fused"]) == (alone["sums"], alone["silu"], alone["fused"])
 
     background = run_calls(tmp_path / "cold", KERNELS, record=False)
     assert background["started"]  # the first compile on a cold cache starts the second process
-    assert (background["sums"], background["silu"]) == (alone["sums"], alone["silu"])
+    assert (background["sums"], background["silu"], background["fused"]) == (alone["sums"], alone["silu"],
+                                                                              alone["fused"])
 
 
 def test_a_listed_kernel_that_does_not_compile_is_reported_not_fatal(tmp_path) -> None:
@@ -245,6 +254,8 @@ def test_the_second_process_marks_each_kernel_while_it_compiles(tmp_path, monkey
     marker = tmp_path / warmup.marker_name(entry["module"], entry["name"])
 
     class Dispatcher:
+        py_func = type("kernel", (), {"__module__": entry["module"], "__qualname__": entry["name"]})
+
         def compile(self, signature):
             seen.append(marker.exists())
 

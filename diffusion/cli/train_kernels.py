@@ -1,11 +1,12 @@
 """The Numba kernels ``python -m diffusion train`` compiles with its default model, so a
 run on a cold cache can compile half of them in a second process (``numba/warmup.py``).
 
-``train_kernel_list.py`` (generated) lists them in the order the first training step
-compiles them, with the options they were recorded with: the kernels depend on the
+``train_kernel_list.py`` (generated) lists them in the order the first three training
+steps compile them (the third replays the compiled step, whose generated fused loops
+compile then), with the options they were recorded with: the kernels depend on the
 model's shapes and the step's path, not on the data, the seed or the step count.  A
-run whose options differ there (another image size, channel list, batch size, a VAE, a
-compiled step, several ranks) compiles alone.  Regenerate the list after a change to
+run whose options differ there (another image size, channel list, batch size, a VAE,
+``--compile on/off``, several ranks) compiles alone.  Regenerate the list after a change to
 the kernels a step calls (``tests/test_numba_first_run.py`` fails while it is out of
 date)::
 
@@ -31,7 +32,7 @@ from tensorcore.backends.numba import warmup
 from . import train_kernel_list
 
 LIST_MODULE = Path(train_kernel_list.__file__)
-RECORDED_COMMAND = ["train", "--steps", "1", "--no-progress"]  # the defaults, one step
+RECORDED_COMMAND = ["train", "--steps", "3", "--no-progress"]  # the defaults, up to the first replay
 SHAPING_OPTIONS = ("batch_size", "channels", "layers_per_block", "compile", "devices")
 
 

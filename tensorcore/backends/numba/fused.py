@@ -146,6 +146,16 @@ def source(program: tuple, layout: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+_ORIGINS: dict[str, tuple[tuple, str]] = {}  # generated module name -> (program, layout)
+
+
+def origin(module_name: str) -> tuple[tuple, str] | None:
+    """(program, layout) of the generated module ``module_name`` (a cached kernel's
+    ``py_func.__module__``), or None for any other module: what ``numba/warmup.py``
+    lists so that another process can generate and compile the same kernel."""
+    return _ORIGINS.get(module_name)
+
+
 @functools.lru_cache(maxsize=256)
 def kernels(program: tuple, layout: str) -> tuple[Callable, Callable]:
     """(serial, parallel) compiled kernels of ``program`` for a loop ``layout`` (``source``)."""
@@ -159,6 +169,7 @@ def kernels(program: tuple, layout: str) -> tuple[Callable, Callable]:
         namespace: dict[str, Any] = {}
         exec(compile(text.replace("{cache}", "False"), f"<fused {digest}>", "exec"), namespace)  # noqa: S102
         return namespace["serial"], namespace["parallel"]
+    _ORIGINS[module.__name__] = (program, layout)
     return module.serial, module.parallel
 
 

@@ -17,10 +17,12 @@ there when the first process reaches it instead of compiling again.
   waits while the other one is compiling it (it leaves a marker file meanwhile), so
   the two never compile the same kernel at once where they meet.
 
-Only the kernels of the ``kernels`` modules are listed (the functions Python calls;
-the helpers they call compile with them); generated kernels (``numba/fused.py``) are
-not, and compile where they are used.  A listed kernel that no longer exists, or that a
-run does not use, costs the second process its compile time and nothing else.
+The kernels of the ``kernels`` modules are listed by module and name (the functions
+Python calls; the helpers they call compile with them), the generated fused loops of a
+compiled plan (``numba/fused.py``) by their program and loop layout, from which the
+second process generates the same source and so shares the cache file.  A listed kernel
+that no longer exists, or that a run does not use, costs the second process its compile
+time and nothing else.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from . import kernel_cache, threads
 # The kernels' argument types as JSON data: a scalar type's name ("int64", "float64",
 # "bool", "none"), {"literal": 4} for a compile-time constant (an activation code), or
 # {"array": "float32", "ndim": 4, "layout": "C", "readonly": false}.
-Entry = dict[str, Any]  # {"module": ..., "name": ..., "args": [...]}
+Entry = dict[str, Any]  # {"module": ..., "name": ..., "args": [...]} or {"fused": [program, layout], ...}
 
 
 def encode(arg: Any) -> Any:
@@ -90,16 +92,39 @@ def dispatcher_of(module: str, name: str) -> Any:
     return getattr(kernel, "dispatcher", kernel)
 
 
-def _listed(dispatcher: Any) -> tuple[str, str] | None:
-    """(module, name) of a dispatcher that a module of ``kernels`` holds under that name."""
+def entry_dispatcher(entry: Entry) -> Any:
+    """The Numba dispatcher an entry names: a kernel of ``kernels``, or a fused loop
+    generated again from its program and layout (its "serial" or "parallel" kernel)."""
+    if "fused" not in entry:
+        return dispatcher_of(entry["module"], entry["name"])
+    from .fused import kernels
+
+    program, layout = entry["fused"]
+    serial, parallel = kernels(_as_tuples(program), layout)
+    return {"serial": serial, "parallel": parallel}[entry["name"]]
+
+
+def _as_tuples(value: Any) -> Any:
+    """A program read back from JSON (lists) as the nested tuples it was."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _listed(dispatcher: Any) -> Entry | None:
+    """The entry naming ``dispatcher`` (its "args" left to the caller): a kernel that a
+    module of ``kernels`` holds under its name, or a generated fused loop; else None."""
+    from .fused import origin
+
     func = dispatcher.py_func
+    generated = origin(func.__module__)
+    if generated is not None:
+        return {"fused": list(generated), "name": func.__qualname__}
     if not func.__module__.startswith(kernel_cache.KERNELS_PACKAGE):
         return None
     try:
         found = dispatcher_of(func.__module__, func.__qualname__)
     except (ImportError, AttributeError):
         return None
-    return (func.__module__, func.__qualname__) if found is dispatcher else None
+    return {"module": func.__module__, "name": func.__qualname__} if found is dispatcher else None
 
 
 _recording: set = set()  # the recorders active in this process: no second process then
@@ -121,8 +146,7 @@ def record() -> Iterator[list[Entry]]:
             self.depth += 1
             named = _listed(ev.data["dispatcher"]) if self.depth == 1 else None
             if named is not None:
-                compiled.append({"module": named[0], "name": named[1],
-                                 "args": [encode(arg) for arg in ev.data["args"]]})
+                compiled.append({**named, "args": [encode(arg) for arg in ev.data["args"]]})
 
         def on_end(self, ev: event.Event) -> None:
             self.depth -= 1
@@ -144,13 +168,16 @@ def compile_kernels(entries: list[Entry], markers: str | None = None) -> list[st
     there while it compiles."""
     failed = []
     for entry in entries:
-        marker = None if markers is None else os.path.join(markers, marker_name(entry["module"], entry["name"]))
+        marker = None
         try:
-            if marker is not None:
+            dispatcher = entry_dispatcher(entry)
+            if markers is not None:
+                func = dispatcher.py_func
+                marker = os.path.join(markers, marker_name(func.__module__, func.__qualname__))
                 open(marker, "w").close()
-            dispatcher_of(entry["module"], entry["name"]).compile(tuple(decode(a) for a in entry["args"]))
+            dispatcher.compile(tuple(decode(a) for a in entry["args"]))
         except Exception as exc:  # a list made by another version: the run compiles what it needs itself
-            failed.append(f"{entry.get('module')}.{entry.get('name')}: {exc}")
+            failed.append(f"{entry.get('module', 'fused')}.{entry.get('name')}: {exc}")
         finally:
             if marker is not None:
                 with contextlib.suppress(OSError):
