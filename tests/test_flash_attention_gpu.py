@@ -3,9 +3,11 @@
 Inputs come as the UNet's attention makes them: views of a projection's [B, L, H·d]
 output (strided heads), or contiguous [B, H, L, d].  Bounds are on max |error| of outputs
 whose values are averages of v ~ N(0, 1): float16 rounds P to 11 bits before P·V, bfloat16
-to 8.  The op path is checked too: ``scaled_dot_product_attention`` without gradients
-takes the kernel, with gradients the path that keeps the probabilities; and a CUDA graph
-replay equals the eager call.
+to 8.  The backward (``flash_attention_bwd.py``) is checked against float64 gradients of the
+same rounded inputs, bounded relative to the largest gradient (P and dS are rounded to
+16 bits before their MMAs).  The op path is checked too: ``scaled_dot_product_attention``
+takes the forward kernel without gradients and the forward + backward pair with them;
+and CUDA graph replays equal the eager calls.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ cp = pytest.importorskip("cupy")
 
 import tensorcore as tc  # noqa: E402
 import tensorcore.functional as F  # noqa: E402
-from tensorcore.backends.cupy import flash_attention  # noqa: E402
+from tensorcore.backends.cupy import flash_attention, flash_attention_bwd  # noqa: E402
 
 BOUNDS = {"float16": 4e-3, "bfloat16": 3e-2}
+GRAD_BOUNDS = {"float16": 1e-2, "bfloat16": 6e-2}  # relative to the largest gradient
 DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
@@ -35,9 +38,35 @@ def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, scale: 
     if causal:
         lq, lk = scores.shape[-2:]
         scores = np.where(np.arange(lk)[None, :] > np.arange(lq)[:, None], -np.inf, scores)
-    scores -= scores.max(-1, keepdims=True)
-    p = np.exp(scores)
-    return (p / p.sum(-1, keepdims=True)) @ v
+    return probabilities(scores) @ v
+
+
+def probabilities(scores: np.ndarray) -> np.ndarray:
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+def reference_grads(q, k, v, g, causal: bool, scale: float):
+    """(dq, dk, dv, lse) in float64: lse the rows' log2 Σ_j exp(s_ij)."""
+    q, k, v, g = (x.astype(np.float64) for x in (q, k, v, g))
+    scores = q @ k.swapaxes(-1, -2) * scale
+    if causal:
+        lq, lk = scores.shape[-2:]
+        scores = np.where(np.arange(lk)[None, :] > np.arange(lq)[:, None], -np.inf, scores)
+    top = scores.max(-1, keepdims=True)
+    lse = (top[..., 0] + np.log(np.exp(scores - top).sum(-1))) / math.log(2)
+    p = probabilities(scores)
+    dp = g @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ g, lse
+
+
+def on_host(a) -> np.ndarray:
+    return tc.Tensor(a, "cuda").numpy().astype(np.float64)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
 
 
 def heads(rng: np.random.Generator, b: int, h: int, length: int, d: int, dtype: str, strided: bool):
@@ -68,6 +97,44 @@ def test_flash_attention_matches_float64(b, h, d, lq, lk, causal, strided, dtype
     assert np.abs(got - want).max() <= BOUNDS[dtype]
 
 
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 2), h=st.integers(1, 2), d=st.sampled_from([40, 64, 80, 128, 160]),
+       lq=st.sampled_from([1, 17, 64, 77, 130]), lk=st.sampled_from([1, 8, 63, 77, 129]),
+       causal=st.booleans(), strided=st.booleans(), dtype=st.sampled_from(list(BOUNDS)), seed=st.integers(0, 99))
+def test_flash_attention_backward_matches_float64(b, h, d, lq, lk, causal, strided, dtype, seed) -> None:
+    rng = np.random.default_rng(seed)
+    (q, qd), (k, kd), (v, vd), (g, gd) = (heads(rng, b, h, n, d, dtype, strided) for n in (lq, lk, lk, lq))
+    scale = 1 / math.sqrt(d)
+    out, lse = flash_attention.forward(qd, kd, vd, causal, scale, with_lse=True)
+    *want, want_lse = reference_grads(q, k, v, g, causal, scale)
+    assert np.abs(on_host(lse) - want_lse).max() <= 1e-3
+    got = flash_attention_bwd.backward(gd, qd, kd, vd, out, lse, causal, scale)
+    for name, x, w in zip(("dq", "dk", "dv"), got, want):
+        assert x.shape == w.shape
+        assert relative_error(on_host(x), w) <= GRAD_BOUNDS[dtype], name
+
+
+def test_flash_attention_backward_replays_in_a_cuda_graph() -> None:
+    rng = np.random.default_rng(1)
+    (_, q), (_, k), (_, v), (_, g) = (heads(rng, 2, 4, n, 64, "float16", True) for n in (300, 200, 200, 300))
+    out, lse = flash_attention.forward(q, k, v, False, 0.125, with_lse=True)
+    eager = flash_attention_bwd.backward(g, q, k, v, out, lse, False, 0.125)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        flash_attention_bwd.backward(g, q, k, v, out, lse, False, 0.125)
+        stream.synchronize()
+        stream.begin_capture()
+        captured = flash_attention_bwd.backward(g, q, k, v, out, lse, False, 0.125)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+    dq, dk, dv = (on_host(x) for x in captured)
+    want_dq, want_dk, want_dv = (on_host(x) for x in eager)
+    np.testing.assert_array_equal(dk, want_dk)
+    np.testing.assert_array_equal(dv, want_dv)
+    assert relative_error(dq, want_dq) <= 1e-3  # dq sums over key blocks with atomics, in any order
+
+
 def test_unsupported_layouts_and_dtypes_are_refused() -> None:
     x = cp.zeros((1, 2, 16, 40), dtype=cp.float16)
     assert not flash_attention.fits(x.astype(cp.float32), x.astype(cp.float32), x.astype(cp.float32))
@@ -96,7 +163,28 @@ def test_the_op_takes_flash_attention_without_gradients_and_graphs_replay_it(dty
             replayed = compiled(q, k, v)
     assert compiled.cache_info().hits >= 1
     np.testing.assert_array_equal(replayed.to(dtype=tc.float32).numpy(), eager.to(dtype=tc.float32).numpy())
-    before = len(calls)
-    q.requires_grad_(True)
-    F.scaled_dot_product_attention(q, k, v).sum().backward()  # the training path keeps the probabilities
-    assert len(calls) == before and q.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [tc.float16, tc.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_op_trains_through_flash_attention(dtype, causal, monkeypatch) -> None:
+    """With gradients the op takes the forward kernel (saving lse) and the backward
+    kernel; its gradients equal the NumPy backend's on the same rounded inputs."""
+    calls = []
+    real = flash_attention_bwd.backward
+    monkeypatch.setattr(flash_attention_bwd, "backward", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(2)
+    name = str(dtype).split(".")[-1]
+    values = [rng.standard_normal(shape).astype(DTYPES[name]).astype(np.float32)
+              for shape in ((2, 4, 150, 40), (2, 4, 90, 40), (2, 4, 90, 40), (2, 4, 150, 40))]
+
+    def grads(device: str, dt):
+        q, k, v = (tc.tensor(x, device=device).to(dtype=dt).requires_grad_(True) for x in values[:3])
+        weight = tc.tensor(values[3], device=device).to(dtype=dt)
+        (F.scaled_dot_product_attention(q, k, v, is_causal=causal) * weight).sum().backward()
+        return [t.grad.to(dtype=tc.float32).numpy().astype(np.float64) for t in (q, k, v)]
+
+    got = grads("cuda", dtype)
+    assert calls == [1]
+    for x, w in zip(got, grads("cpu", tc.float32)):
+        assert relative_error(x, w) <= GRAD_BOUNDS[name]

@@ -270,6 +270,16 @@ class Backend(Protocol):
                          causal: bool, scale: float) -> Array:
         """``attention``'s output alone, for calls that need no gradient: a backend may
         compute it without the probabilities (flash attention)."""
+    def attention_lse(self, q: Array, k: Array, v: Array, mask: Array | None,
+                      causal: bool, scale: float) -> tuple[Array, Array] | None:
+        """For calls that need gradients: (out, lse), ``attention``'s output and each
+        row's log-sum-exp of the scaled scores in base 2 (lse [B, H, Lq] float32,
+        log2 Σ_j 2^(s_ij · log2 e)), when the backend computes attention without the
+        probabilities (flash attention) -- ``attention_lse_backward`` then recomputes
+        them; None where it keeps them (``attention`` serves the call)."""
+    def attention_lse_backward(self, grad: Array, q: Array, k: Array, v: Array, out: Array,
+                               lse: Array, causal: bool, scale: float) -> tuple[Array, Array, Array]:
+        """(dq, dk, dv) of an ``attention_lse`` call without a mask."""
 
     # ----- embedding ---------------------------------------------------------------
     def embedding_backward(self, grad: Array, indices: Array, num_embeddings: int

@@ -44,7 +44,7 @@ FLOAT32_COMPUTED_OPS = (
     "upsample_nearest2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
     "softmax", "softmax_backward", "log_softmax", "log_softmax_backward",
     "cross_entropy", "cross_entropy_backward", "cross_entropy_reduced", "attention", "attention_backward",
-    "attention_output",
+    "attention_output", "attention_lse_backward",
     "bias_act_backward", "embedding_backward", "index_add_",
     "sgd_update_", "adam_update_", "rmsprop_update_", "adagrad_update_", "lamb_update_",
     "lars_update_", "lion_update_", *_NORM_STATS,

@@ -12,18 +12,28 @@ from .movement import reshape
 
 
 class Attention(Function):
-    """``training``: keep what the backward needs (the probabilities); otherwise the
-    backend's ``attention_output`` may skip them (flash attention on the GPU)."""
+    """``training``: keep what the backward needs -- the output and the rows' log-sum-exp
+    where the backend recomputes the probabilities (flash attention on the GPU), else
+    the probabilities; otherwise the backend's ``attention_output`` may skip them."""
 
     def forward(self, q, k, v, mask, causal, scale, training):
         if not training:
             return self.backend.attention_output(q, k, v, mask, causal, scale)
-        self.q, self.k, self.v, self.scale = q, k, v, scale
+        self.q, self.k, self.v, self.causal, self.scale = q, k, v, causal, scale
+        recomputed = self.backend.attention_lse(q, k, v, mask, causal, scale)
+        if recomputed is not None:
+            self.out, self.lse = recomputed
+            return self.out
+        self.lse = None
         out, self.probs = self.backend.attention(q, k, v, mask, causal, scale)
         return out
 
     def backward(self, g):
-        gq, gk, gv = self.backend.attention_backward(g, self.q, self.k, self.v, self.probs, self.scale)
+        if self.lse is not None:
+            gq, gk, gv = self.backend.attention_lse_backward(g, self.q, self.k, self.v, self.out, self.lse,
+                                                             self.causal, self.scale)
+        else:
+            gq, gk, gv = self.backend.attention_backward(g, self.q, self.k, self.v, self.probs, self.scale)
         return gq, gk, gv, None, None, None, None
 
 

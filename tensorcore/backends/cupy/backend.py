@@ -74,6 +74,8 @@ METHODS: dict[str, Callable] = {
     "attention": CupyLinalgKernels.attention,
     "attention_backward": CupyLinalgKernels.attention_backward,
     "attention_output": CupyLinalgKernels.attention_output,
+    "attention_lse": CupyLinalgKernels.attention_lse,
+    "attention_lse_backward": CupyLinalgKernels.attention_lse_backward,
     "embedding_backward": CupyNNKernels.embedding_backward,
     "rng": CupyRandomKernels.rng,
     "uniform": CupyRandomKernels.uniform,

@@ -22,17 +22,27 @@ from .. import report
 
 SOURCE = "flash_attention.cu"
 HEAD_WIDTHS = (48, 64, 80, 128, 160)  # D: the head dim rounded up to 16
-ROWS, KEYS, THREADS = 64, 64, 128  # query rows per block, keys per tile (as in the kernel)
+KEYS, THREADS = 64, 128  # keys per tile, threads per block (as in the kernel)
 _CTYPES = {"float16": "half_t", "bfloat16": "bf16_t"}
 
 
 def instances() -> list[str]:
     """Every kernel instantiation the host code may launch."""
-    return [f"flash_attention_fwd_kernel<{ctype}, {width}>" for ctype in _CTYPES.values() for width in HEAD_WIDTHS]
+    return [_expression(ctype, width, row_tiles(width)) for ctype in _CTYPES.values() for width in HEAD_WIDTHS]
 
 
 def width(d: int) -> int:
     return -(-d // 16) * 16
+
+
+def row_tiles(width: int) -> int:
+    """16-row tiles per warp: two for narrow heads (each K/V fragment then feeds two MMAs),
+    one where the accumulators of two would not fit the registers."""
+    return 2 if width <= 64 else 1
+
+
+def _expression(ctype: str, width: int, tiles: int) -> str:
+    return f"flash_attention_fwd_kernel<{ctype}, {width}, {tiles}>"
 
 
 def fits(q: Any, k: Any, v: Any) -> bool:
@@ -43,38 +53,59 @@ def fits(q: Any, k: Any, v: Any) -> bool:
     if k.shape[:2] != (b, h) or v.shape[:2] != (b, h) or k.shape[3] != d or v.shape[3] != d \
             or k.shape[2] != v.shape[2] or d % 8 or width(d) not in HEAD_WIDTHS:
         return False
-    item = q.dtype.itemsize
-    for t in (q, k, v):
-        if t.strides[3] != item or any(s % (8 * item) for s in t.strides[:3]) or t.data.ptr % 16:
-            return False
-    return True
+    return all(readable(t) for t in (q, k, v))
 
 
-def forward(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
+def readable(t: Any) -> bool:
+    """Whether the kernels can read [B, H, L, d] ``t`` as it lies: the head dim
+    contiguous, every other stride a multiple of 8 elements, the data 16-byte aligned."""
+    item = t.dtype.itemsize
+    return t.strides[3] == item and not any(s % (8 * item) for s in t.strides[:3]) and t.data.ptr % 16 == 0
+
+
+def forward(q: Any, k: Any, v: Any, causal: bool, scale: float, with_lse: bool = False) -> Any:
     """out [B, H, Lq, d] of softmax(q kᵀ · scale) v, key j hidden from query i when
-    ``causal`` and j > i; the inputs passed ``fits``.  out is a view of a [B, Lq, H, d]
-    array, so ``out.transpose(0, 2, 1, 3).reshape(B, Lq, H * d)`` is free."""
+    ``causal`` and j > i; the inputs passed ``fits`` and ``scale`` > 0.  out is a view of
+    a [B, Lq, H, d] array, so ``out.transpose(0, 2, 1, 3).reshape(B, Lq, H * d)`` is free.
+    ``with_lse`` returns (out, lse) with lse [B, H, Lq] float32 the rows' log-sum-exp of
+    the scaled scores in base 2 (log2 Σ_j 2^(s_ij · scale · log2 e))."""
     import cupy
 
+    if not scale > 0:
+        raise ValueError(f"flash attention: scale must be > 0, got {scale}")
     b, h, lq, d = q.shape
     lk = k.shape[2]
     out = cupy.empty((b, lq, h, d), dtype=q.dtype).transpose(0, 2, 1, 3)
+    lse = cupy.empty((b, h, lq), dtype=cupy.float32) if with_lse else None
     if out.size == 0 or lk == 0:  # no keys: an empty sum, as probabilities [Lq, 0] times v give
         out.fill(0)
-        return out
+        if lse is not None:
+            lse.fill(-math.inf)
+        return (out, lse) if with_lse else out
+    launch(q, k, v, out, lse, causal, scale, row_tiles(width(d)))
+    return (out, lse) if with_lse else out
+
+
+def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: float, tiles: int) -> None:
+    """One kernel launch with ``tiles`` 16-row tiles per warp (``forward`` picks them)."""
+    import cupy
+
+    from .util import ptr
+
+    b, h, lq, d = q.shape
     D = width(d)
-    expression = f"flash_attention_fwd_kernel<{_CTYPES[q.dtype.name]}, {D}>"
-    smem = 5 * ROWS * (D + 8) * 2  # Q, and two stages each of K and V
+    expression = _expression(_CTYPES[q.dtype.name], D, tiles)
+    rows = 4 * 16 * tiles
+    smem = (rows + 4 * KEYS) * (D + 8) * 2  # Q, and two stages each of K and V
     if report.active:
         report.note_kernel(expression)
     item = q.dtype.itemsize
     strides = [s // item for t in (q, k, v) for s in t.strides[:3]]
     _kernel(expression, smem, cupy.cuda.runtime.getDevice())(
-        (-(-lq // ROWS), b * h), (THREADS,),
-        (q, k, v, out, np.int32(h), np.int32(lq), np.int32(lk), np.int32(d), np.float32(scale * math.log2(math.e)),
-         np.int32(bool(causal)), *(np.int64(s) for s in strides)),
+        (-(-lq // rows), b * h), (THREADS,),
+        (q, k, v, out, ptr(lse), np.int32(h), np.int32(lq), np.int32(k.shape[2]), np.int32(d),
+         np.float32(scale * math.log2(math.e)), np.int32(bool(causal)), *(np.int64(s) for s in strides)),
         shared_mem=smem)
-    return out
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,7 +16,7 @@ import cupy
 import numpy
 
 from . import cublas
-from . import conv_igemm, conv_norm, flash_attention
+from . import conv_igemm, conv_norm, flash_attention, flash_attention_bwd
 from .loader import THREADS, kernel, launch
 from ..numpy.act import check_activation
 from .elementwise import ACT_CODES
@@ -360,9 +360,19 @@ class CupyLinalgKernels:
         return out, probs
 
     def attention_output(self, q, k, v, mask, causal, scale):
-        if mask is None and has_kernels(q, k, v) and flash_attention.fits(q, k, v):
+        if _flash(q, k, v, mask, scale):
             return flash_attention.forward(q, k, v, causal, scale)
         return self.attention(q, k, v, mask, causal, scale)[0]
+
+    def attention_lse(self, q, k, v, mask, causal, scale):
+        if _flash(q, k, v, mask, scale):
+            return flash_attention.forward(q, k, v, causal, scale, with_lse=True)
+        return None
+
+    def attention_lse_backward(self, grad, q, k, v, out, lse, causal, scale):
+        if has_kernels(grad, q, k, v) and flash_attention.fits(q, k, v) and scale > 0:
+            return flash_attention_bwd.backward(grad, q, k, v, out, lse, causal, scale)
+        return super().attention_lse_backward(grad, q, k, v, out, lse, causal, scale)
 
     def _masked_probs(self, scores, mask, causal: bool, shape: tuple[int, int, int, int]):
         """softmax(scores + mask) over the last axis, j > i hidden when ``causal``: the
@@ -399,6 +409,11 @@ class CupyLinalgKernels:
         dk = cupy.empty((b * h, lk, d), dtype=q.dtype)
         bmm(dscores, q3, dk, trans_a=True)
         return dq.reshape(q.shape), dk.reshape(k.shape), dv_.reshape(v.shape)
+
+
+def _flash(q, k, v, mask, scale: float) -> bool:
+    """Whether flash attention computes this call (no additive mask, scale > 0)."""
+    return mask is None and scale > 0 and has_kernels(q, k, v) and flash_attention.fits(q, k, v)
 
 
 def _channels_last(x) -> bool:

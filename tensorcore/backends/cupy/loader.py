@@ -32,7 +32,8 @@ C_TYPES = {"float32": "float", "float64": "double", "float16": "half_t", "bfloat
 # (pure Python, importable without CuPy) whose ``instances()`` lists every instantiation
 # the host code may ask for, so the CPU CI can compile them all.
 INSTANCE_MODULES = {"conv_igemm.cu": "tensorcore.backends.cupy.conv_plan",
-                    "flash_attention.cu": "tensorcore.backends.cupy.flash_attention"}
+                    "flash_attention.cu": "tensorcore.backends.cupy.flash_attention",
+                    "flash_attention_bwd.cu": "tensorcore.backends.cupy.flash_attention_bwd"}
 
 # a kernel definition; launch bounds and upper-case attribute macros may sit before the name
 _KERNEL = re.compile(r"(template\s*<([^>]*)>\s*)?__global__\s+void\s+"

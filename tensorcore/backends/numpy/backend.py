@@ -435,6 +435,8 @@ METHODS: dict[str, Callable] = {
     "attention": computes_in_float32(NumpySoftmaxKernels.attention),
     "attention_backward": computes_in_float32(NumpySoftmaxKernels.attention_backward),
     "attention_output": computes_in_float32(NumpySoftmaxKernels.attention_output),
+    "attention_lse": NumpySoftmaxKernels.attention_lse,
+    "attention_lse_backward": computes_in_float32(NumpySoftmaxKernels.attention_lse_backward),
     # normalisation
     "layer_norm": computes_in_float32(NumpyNormKernels.layer_norm),
     "layer_norm_backward": computes_in_float32(NumpyNormKernels.layer_norm_backward),

@@ -5,6 +5,8 @@ All reductions subtract the row maximum first, so large logits never overflow.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import numpy
@@ -148,15 +150,21 @@ class NumpySoftmaxKernels:
         if not fits:
             raise ValueError(f"attention: expected q [B, H, Lq, D], k [B, H, Lk, D], "
                              f"v [B, H, Lk, Dv], got {q.shape}, {k.shape}, {v.shape}")
-        scores = xp.matmul(q, k.swapaxes(-1, -2)) * scale
+        scores = self._attention_scores(q, k, causal, scale)
         if mask is not None:
             scores = scores + mask.astype(scores.dtype, copy=False)
+        probs = self.softmax(scores)
+        return xp.matmul(probs, v), probs
+
+    def _attention_scores(self, q: Array, k: Array, causal: bool, scale: float) -> Array:
+        """q kᵀ · scale, -inf where ``causal`` hides key j from query i (j > i)."""
+        xp = self.xp
+        scores = xp.matmul(q, k.swapaxes(-1, -2)) * scale
         if causal:
             lq, lk = scores.shape[-2:]
             above = xp.arange(lk)[None, :] > xp.arange(lq)[:, None]
             scores = xp.where(above, -xp.inf, scores)
-        probs = self.softmax(scores)
-        return xp.matmul(probs, v), probs
+        return scores
 
     def attention_output(self, q: Array, k: Array, v: Array, mask: Array | None,
                          causal: bool, scale: float) -> Array:
@@ -172,3 +180,21 @@ class NumpySoftmaxKernels:
         dq = xp.matmul(dscores, k)
         dk = xp.matmul(dscores.swapaxes(-1, -2), q)
         return dq, dk, dv
+
+    def attention_lse(self, q: Array, k: Array, v: Array, mask: Array | None,
+                      causal: bool, scale: float) -> tuple[Array, Array] | None:
+        """None: on the CPU keeping the probabilities costs less than recomputing them
+        in the backward, so ``attention`` serves training calls here."""
+        return None
+
+    def attention_lse_backward(self, grad: Array, q: Array, k: Array, v: Array, out: Array,
+                               lse: Array, causal: bool, scale: float) -> tuple[Array, Array, Array]:
+        """(dq, dk, dv) from the output and the rows' base-2 log-sum-exp, the
+        probabilities recomputed: P = 2^(S · log2 e - lse), dS = P (dP - rowsum(grad · out))."""
+        xp = self.xp
+        scores = self._attention_scores(q, k, causal, scale)
+        probs = xp.exp2(scores * math.log2(math.e) - lse[..., None].astype(scores.dtype))
+        dv = xp.matmul(probs.swapaxes(-1, -2), grad)
+        delta = (grad * out).sum(-1, keepdims=True)
+        dscores = probs * (xp.matmul(grad, v.swapaxes(-1, -2)) - delta) * scale
+        return xp.matmul(dscores, k), xp.matmul(dscores.swapaxes(-1, -2), q), dv
