@@ -18,6 +18,7 @@ import cupy
 from . import conv_igemm, counters
 from .elementwise import CupyElementwiseKernels
 from .executor import CudaGraphReplay
+from .layout import dense_copy
 from .streams import AsyncStream
 from .fused import CupyFusedKernels
 from .linalg import CupyLinalgKernels
@@ -135,16 +136,19 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
         """A C-contiguous copy: one device-to-device memcpy when ``a`` is C-contiguous
         (a copy kernel's launch costs the host several times more)."""
         if not dense(a):
-            return a.copy()
+            return dense_copy(a)
         out = cupy.empty(a.shape, dtype=a.dtype)
         out.data.copy_from_device_async(a.data, a.nbytes)
         return out
 
     def copy_(self, dst, src) -> None:
-        """dst[...] = src, as one memcpy when both are C-contiguous of one shape and dtype."""
-        if type(src) is cupy.ndarray and src.shape == dst.shape and src.dtype == dst.dtype \
-                and dense(src) and dense(dst):
+        """dst[...] = src, as one memcpy when both are C-contiguous of one shape and dtype,
+        as a tiled transpose when only dst is (``layout.dense_copy``)."""
+        same = type(src) is cupy.ndarray and src.shape == dst.shape and src.dtype == dst.dtype
+        if same and dense(src) and dense(dst):
             dst.data.copy_from_device_async(src.data, src.nbytes)
+        elif same and dense(dst):
+            dense_copy(src, out=dst)
         else:
             dst[...] = src
 

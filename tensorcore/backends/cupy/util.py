@@ -8,7 +8,7 @@ from typing import Any, Callable
 import cupy
 import numpy
 
-from . import loader
+from . import layout, loader
 
 NULL = numpy.uint64(0)  # a null pointer argument for optional kernel inputs
 INT32_LIMIT = 2**31 - 1
@@ -40,7 +40,7 @@ def empty_as(a: Any) -> Any:
 
 def contiguous(a: Any) -> Any:
     """a itself when C-contiguous (no call into CuPy), else a contiguous copy."""
-    return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
+    return a if a.flags.c_contiguous else layout.dense_copy(a)
 
 
 def dense(a: Any) -> bool:
