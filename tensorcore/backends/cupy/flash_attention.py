@@ -23,12 +23,12 @@ from .. import report
 SOURCE = "flash_attention.cu"
 HEAD_WIDTHS = (48, 64, 80, 128, 160)  # D: the head dim rounded up to 16
 KEYS, THREADS = 64, 128  # keys per tile, threads per block (as in the kernel)
-_CTYPES = {"float16": "half_t", "bfloat16": "bf16_t"}
+CTYPES = {"float16": "half_t", "bfloat16": "bf16_t"}
 
 
 def instances() -> list[str]:
     """Every kernel instantiation the host code may launch."""
-    return [_expression(ctype, width, row_tiles(width)) for ctype in _CTYPES.values() for width in HEAD_WIDTHS]
+    return [_expression(ctype, width, row_tiles(width)) for ctype in CTYPES.values() for width in HEAD_WIDTHS]
 
 
 def width(d: int) -> int:
@@ -47,7 +47,7 @@ def _expression(ctype: str, width: int, tiles: int) -> str:
 
 def fits(q: Any, k: Any, v: Any) -> bool:
     """Whether the kernel computes this attention (see the module docstring)."""
-    if not (q.ndim == k.ndim == v.ndim == 4 and q.dtype == k.dtype == v.dtype and q.dtype.name in _CTYPES):
+    if not (q.ndim == k.ndim == v.ndim == 4 and q.dtype == k.dtype == v.dtype and q.dtype.name in CTYPES):
         return False
     b, h, _, d = q.shape
     if k.shape[:2] != (b, h) or v.shape[:2] != (b, h) or k.shape[3] != d or v.shape[3] != d \
@@ -94,14 +94,14 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: floa
 
     b, h, lq, d = q.shape
     D = width(d)
-    expression = _expression(_CTYPES[q.dtype.name], D, tiles)
+    expression = _expression(CTYPES[q.dtype.name], D, tiles)
     rows = 4 * 16 * tiles
     smem = (rows + 4 * KEYS) * (D + 8) * 2  # Q, and two stages each of K and V
     if report.active:
         report.note_kernel(expression)
     item = q.dtype.itemsize
     strides = [s // item for t in (q, k, v) for s in t.strides[:3]]
-    _kernel(expression, smem, cupy.cuda.runtime.getDevice())(
+    loaded_instance(SOURCE, expression, smem, cupy.cuda.runtime.getDevice())(
         (-(-lq // rows), b * h), (THREADS,),
         (q, k, v, out, ptr(lse), np.int32(h), np.int32(lq), np.int32(k.shape[2]), np.int32(d),
          np.float32(scale * math.log2(math.e)), np.int32(bool(causal)), *(np.int64(s) for s in strides)),
@@ -109,8 +109,8 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: floa
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(expression: str, smem: int, device: int) -> Any:
-    """One instantiation, allowed its dynamic shared memory."""
-    raw = loader.raw_instance(SOURCE, expression)
+def loaded_instance(source: str, expression: str, smem: int, device: int) -> Any:
+    """One instantiation of ``source`` on ``device``, allowed its dynamic shared memory."""
+    raw = loader.raw_instance(source, expression)
     raw.max_dynamic_shared_size_bytes = smem
     return raw.kernel

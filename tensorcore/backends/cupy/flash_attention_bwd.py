@@ -10,7 +10,6 @@ loader's PTX test.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from . import loader
 from .. import report
-from .flash_attention import _CTYPES, HEAD_WIDTHS, KEYS, THREADS, readable, width
+from .flash_attention import CTYPES, HEAD_WIDTHS, KEYS, THREADS, loaded_instance, readable, width
 
 SOURCE = "flash_attention_bwd.cu"
 QUERY_ROWS = 64  # queries per tile (as in the kernel)
@@ -26,7 +25,7 @@ QUERY_ROWS = 64  # queries per tile (as in the kernel)
 
 def instances() -> list[str]:
     """Every kernel instantiation the host code may launch."""
-    return [f"flash_attention_bwd_kernel<{ctype}, {w}>" for ctype in _CTYPES.values() for w in HEAD_WIDTHS]
+    return [f"flash_attention_bwd_kernel<{ctype}, {w}>" for ctype in CTYPES.values() for w in HEAD_WIDTHS]
 
 
 def backward(grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool,
@@ -59,12 +58,12 @@ def backward(grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool
 
     dq_acc = cupy.zeros((b, h, lq, d), dtype=cupy.float32)
     D = width(d)
-    expression = f"flash_attention_bwd_kernel<{_CTYPES[q.dtype.name]}, {D}>"
+    expression = f"flash_attention_bwd_kernel<{CTYPES[q.dtype.name]}, {D}>"
     if report.active:
         report.note_kernel(expression)
     smem = 6 * 64 * (D + 8) * 2 + KEYS * (QUERY_ROWS + 8) * 2 + 4 * QUERY_ROWS * 4
     strides = [s // item for t in (q, k, v, grad) for s in t.strides[:3]]
-    _kernel(expression, smem, cupy.cuda.runtime.getDevice())(
+    loaded_instance(SOURCE, expression, smem, cupy.cuda.runtime.getDevice())(
         (-(-lk // KEYS), b * h), (THREADS,),
         (q, k, v, grad, lse, delta, dq_acc, dk, dv, np.int32(h), np.int32(lq), np.int32(lk), np.int32(d),
          np.float32(scale * math.log2(math.e)), np.float32(scale), np.int32(bool(causal)),
@@ -77,10 +76,3 @@ def backward(grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool
         (min(-(-n // (256 * pack_width(q.dtype))), 4096),), (256,), (dq_acc, dq, np.int64(n)))
     return dq, dk, dv
 
-
-@functools.lru_cache(maxsize=None)
-def _kernel(expression: str, smem: int, device: int) -> Any:
-    """One instantiation, allowed its dynamic shared memory."""
-    raw = loader.raw_instance(SOURCE, expression)
-    raw.max_dynamic_shared_size_bytes = smem
-    return raw.kernel
