@@ -34,7 +34,7 @@ def backward(grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool
     which gave ``out`` and ``lse``, for the output gradient ``grad`` [B, H, Lq, d]."""
     import cupy
 
-    from .util import pack_width
+    from .util import contiguous, pack_width
 
     if not scale > 0:
         raise ValueError(f"flash attention backward: scale must be > 0, got {scale}")
@@ -46,7 +46,7 @@ def backward(grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool
         dv.fill(0)
         return cupy.zeros(q.shape, dtype=q.dtype), dk, dv
     if not readable(grad):
-        grad = cupy.ascontiguousarray(grad)
+        grad = contiguous(grad)
     item = q.dtype.itemsize
 
     rows = b * h * lq
@@ -61,7 +61,8 @@ def backward(grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool
     expression = f"flash_attention_bwd_kernel<{CTYPES[q.dtype.name]}, {D}>"
     if report.active:
         report.note_kernel(expression)
-    smem = 6 * 64 * (D + 8) * 2 + KEYS * (QUERY_ROWS + 8) * 2 + 4 * QUERY_ROWS * 4
+    # K and V, two stages each of Q and dout, dSᵀ [keys][queries + 8], two stages of lse and delta
+    smem = (2 * KEYS + 4 * QUERY_ROWS) * (D + 8) * 2 + KEYS * (QUERY_ROWS + 8) * 2 + 4 * QUERY_ROWS * 4
     strides = [s // item for t in (q, k, v, grad) for s in t.strides[:3]]
     loaded_instance(SOURCE, expression, smem, cupy.cuda.runtime.getDevice())(
         (-(-lk // KEYS), b * h), (THREADS,),

@@ -370,7 +370,7 @@ class CupyLinalgKernels:
         return None
 
     def attention_lse_backward(self, grad, q, k, v, out, lse, causal, scale):
-        if has_kernels(grad, q, k, v) and flash_attention.fits(q, k, v) and scale > 0:
+        if has_kernels(grad, q) and _flash(q, k, v, None, scale):  # grad of q's dtype too
             return flash_attention_bwd.backward(grad, q, k, v, out, lse, causal, scale)
         return super().attention_lse_backward(grad, q, k, v, out, lse, causal, scale)
 

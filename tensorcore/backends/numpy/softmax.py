@@ -6,7 +6,6 @@ All reductions subtract the row maximum first, so large logits never overflow.
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import numpy
