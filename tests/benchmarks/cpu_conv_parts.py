@@ -55,10 +55,11 @@ def winograd_parts(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> Parts:
     v = np.empty((36, c, n * th * tw), x.dtype)
     m = np.empty((36, w.shape[0], n * th * tw), x.dtype)
     u = K.weight_tiles(w)
+    y = np.empty((n, w.shape[0], h, wd), x.dtype)
     return {"input transform": lambda: K.input_tiles_(v, x, 1, 1, th, tw),
             "weight transform": lambda: K.weight_tiles(w),
             "36 GEMMs U @ V": lambda: np.matmul(u, v, out=m),
-            "output transform": lambda: K.output_tiles(m, n, h, wd, th, tw),
+            "output transform": lambda: K.output_tiles_(y, m, th, tw),
             "output-gradient transform": lambda: K.grad_tiles_(m, g, th, tw),
             "36 GEMMs dM @ V^T": lambda: np.matmul(m, v.transpose(0, 2, 1)),
             "weight-gradient transform": lambda: K.weight_grad(m[:, :, :c])}
@@ -75,11 +76,12 @@ def im2col_parts(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> Parts:
     flat, w_rows = cols.reshape(c * 9, -1), w.reshape(cout, -1)
     g_rows = K.swap_leading_axes(g).reshape(cout, -1)
     out = np.empty((cout, n * h * wd), x.dtype)
+    dx = np.empty_like(x)
     return {"im2col (channel-major)": lambda: K.im2col_same_(cols, K.swap_leading_axes(x), 1, 1, 1, 1),
             "GEMM W @ cols": lambda: np.matmul(w_rows, flat, out=out),
             "swap to NCHW": lambda: K.swap_leading_axes(out.reshape(cout, n, h, wd)),
             "GEMM W^T @ dY": lambda: np.matmul(w_rows.T, g_rows, out=flat),
-            "col2im (channel-major)": lambda: K.col2im_same_(cols, n, h, wd, 1, 1, 1, 1),
+            "col2im (channel-major)": lambda: K.col2im_same_(dx, cols, 1, 1, 1, 1),
             "GEMM cols @ dY^T": lambda: np.matmul(flat, g_rows.T)}
 
 

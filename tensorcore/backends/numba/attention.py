@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from . import results
 from .kernels import fast_path
 
 Array = Any
@@ -43,9 +44,11 @@ class NumbaAttentionKernels:
     reference."""
 
     def attention(self, q: Array, k: Array, v: Array, mask: Array | None,
-                  causal: bool, scale: float) -> tuple[Array, Array]:
+                  causal: bool, scale: float, out: tuple | None = None) -> tuple[Array, Array]:
+        """The reference's attention; ``out`` (output, probabilities) as ``results.py``
+        takes it, the output of any strides."""
         if not _fits(q, k, v):
-            return super().attention(q, k, v, mask, causal, scale)
+            return results.deliver_all("attention", out, super().attention(q, k, v, mask, causal, scale))
         from .kernels.attention import attention_heads
 
         (b, h, lq, _), (lk, dv) = q.shape, v.shape[2:]
@@ -53,22 +56,33 @@ class NumbaAttentionKernels:
             mask = np.zeros((1, 1, 1, 1), dtype=q.dtype)
         try:
             mask = np.broadcast_to(mask.astype(q.dtype, copy=False), (b, h, lq, lk))
-        except ValueError:
-            return super().attention(q, k, v, mask, causal, scale)  # its message names the shapes
-        out = _heads_last(b, h, lq, dv, q.dtype)
-        probs = np.empty((b, h, lq, lk), dtype=q.dtype)
-        attention_heads(q, k, v, mask, bool(causal), float(scale), out, probs)
-        return out, probs
+        except ValueError:  # its message names the shapes
+            return results.deliver_all("attention", out, super().attention(q, k, v, mask, causal, scale))
+        given = results.items("attention", out, 2)
+        results.check("attention", given[0], (b, h, lq, dv), q.dtype)
+        results.check("attention", given[1], (b, h, lq, lk), q.dtype)
+        output = _heads_last(b, h, lq, dv, q.dtype) if given[0] is None else given[0]
+        probs = results.target(given[1], (b, h, lq, lk), q.dtype)
+        attention_heads(q, k, v, mask, bool(causal), float(scale), output, probs)
+        return output, results.deliver(given[1], probs)
 
     def attention_backward(self, grad: Array, q: Array, k: Array, v: Array,
-                           probs: Array, scale: float) -> tuple[Array, Array, Array]:
+                           probs: Array, scale: float, out: tuple | None = None
+                           ) -> tuple[Array, Array, Array]:
+        """The reference's attention backward; ``out`` (dq, dk, dv) as ``results.py``
+        takes it, of any strides."""
         if not (_fits(q, k, v, grad, probs) and grad.shape == q.shape[:3] + v.shape[3:]
                 and probs.shape == q.shape[:3] + k.shape[2:3]):
-            return super().attention_backward(grad, q, k, v, probs, scale)
+            return results.deliver_all("attention_backward", out,
+                                       super().attention_backward(grad, q, k, v, probs, scale))
         (b, h, lq, d), (lk, dv) = q.shape, v.shape[2:]
         from .kernels.attention import attention_heads_backward
 
-        dq, dk, dv_ = _heads_last(b, h, lq, d, q.dtype), _heads_last(b, h, lk, d, q.dtype), \
-            _heads_last(b, h, lk, dv, q.dtype)
+        given = results.items("attention_backward", out, 3)
+        shapes = ((b, h, lq, d), (b, h, lk, d), (b, h, lk, dv))
+        for g, shape in zip(given, shapes):
+            results.check("attention_backward", g, shape, q.dtype)
+        dq, dk, dv_ = (_heads_last(b, h, shape[2], shape[3], q.dtype) if g is None else g
+                       for g, shape in zip(given, shapes))
         attention_heads_backward(grad, q, k, v, np.ascontiguousarray(probs), float(scale), dq, dk, dv_)
         return dq, dk, dv_

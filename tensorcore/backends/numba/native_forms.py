@@ -46,9 +46,12 @@ def _contiguous(*arrays: Array) -> bool:
     return all(a.flags.c_contiguous for a in arrays)
 
 
-def _flat(buffers: tuple) -> tuple:
-    """Each planned buffer as a 1-D view (results are copied into them in C order)."""
-    return tuple(None if b is None else b.reshape(-1) for b in buffers)
+def _buffers(out: tuple, shapes: tuple, dtype: Any) -> tuple:
+    """The arrays a kernel writes a tuple result into: each item's planned buffer seen
+    in the kernel's ``shapes``, a buffer made now (and bound with the call) for an item
+    the plan keeps nothing of."""
+    out = tuple(out) + (None,) * (len(shapes) - len(out))
+    return tuple(np.empty(shape, dtype) if b is None else b.reshape(shape) for b, shape in zip(out, shapes))
 
 
 def _code(act: str) -> Literal:
@@ -243,7 +246,8 @@ class NumbaNativeForms:
                 return None
             shift = shift.reshape(x.shape[:2])
         w, b = self._affine_params(weight, bias, x.shape[1], x.dtype)
-        return [kernel_call(K.group_norm_groups, blocks, w, b, float(eps), _code(act), shift, into=_flat(out))]
+        y, mean, rstd = _buffers(out, (blocks.shape, blocks.shape[:2], blocks.shape[:2]), x.dtype)
+        return [kernel_call(K.group_norm_groups, blocks, w, b, float(eps), _code(act), shift, y, mean, rstd)]
 
     def _native_group_norm_backward(self, out: Any, grad: Array, x: Array, weight: Array | None,
                                     bias: Array | None, mean: Array, rstd: Array, groups: int,
@@ -256,9 +260,10 @@ class NumbaNativeForms:
             return None
         blocks = self._group_blocks("group_norm_backward", x, groups)
         w, b = self._affine_params(weight, bias, x.shape[1], x.dtype)
+        dx, dw, db = _buffers(out, (blocks.shape, (x.shape[1],), (x.shape[1],)), x.dtype)
         return [kernel_call(K.group_norm_groups_backward, grad.reshape(blocks.shape), blocks, w, b,
                             mean.reshape(blocks.shape[:2]), rstd.reshape(blocks.shape[:2]), _code(act),
-                            into=_flat(out))]
+                            dx, dw, db)]
 
     def _native_adam_update_(self, out: None, p: Array, g: Array, m: Array, v: Array, vmax: Array | None,
                              lr: Array, step: Array, beta1: float, beta2: float, eps: float,

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from . import results
 from .kernels import fast_path
 from ..numpy.act import check_activation
 from ..numpy.softmax import check_reduction
@@ -327,11 +328,13 @@ class NumbaNNKernels:
         return np.ascontiguousarray(x).reshape(n, groups, c // groups, math.prod(x.shape[2:]))
 
     def group_norm(self, x: Array, weight: Array | None, bias: Array | None,
-                   groups: int, eps: float, act: str = "none", shift: Array | None = None
-                   ) -> tuple[Array, Array, Array]:
+                   groups: int, eps: float, act: str = "none", shift: Array | None = None,
+                   out: tuple | None = None) -> tuple[Array, Array, Array]:
+        """The reference's group norm; ``out`` (y, mean, rstd) as ``results.py`` takes it."""
         check_activation("group_norm", act)
         if not fast_path(x, weight, bias, shift) or x.size == 0:
-            return super().group_norm(x, weight, bias, groups, eps, act, shift)
+            return results.deliver_all("group_norm", out,
+                                       super().group_norm(x, weight, bias, groups, eps, act, shift))
         from .kernels import activations, norms as K
 
         blocks = self._group_blocks("group_norm", x, groups)
@@ -340,26 +343,44 @@ class NumbaNNKernels:
         if shift is not None:
             shift = np.ascontiguousarray(self._shift_planes("group_norm", x, shift)).reshape(x.shape[:2])
         w, b = self._affine_params(weight, bias, x.shape[1], x.dtype)
-        y, mean, rstd = K.group_norm_groups(blocks, w, b, float(eps), activations.ACT_CODES[act], shift)
-        return y.reshape(x.shape), mean, rstd
+        given = results.items("group_norm", out, 3)
+        shapes = (x.shape, blocks.shape[:2], blocks.shape[:2])
+        for g, shape in zip(given, shapes):
+            results.check("group_norm", g, shape, x.dtype)
+        y, mean, rstd = (results.target(g, shape, x.dtype) for g, shape in zip(given, shapes))
+        K.group_norm_groups(blocks, w, b, float(eps), activations.ACT_CODES[act], shift,
+                            y.reshape(blocks.shape), mean, rstd)
+        return tuple(results.deliver(g, r) for g, r in zip(given, (y, mean, rstd)))
 
     def group_norm_backward(self, grad: Array, x: Array, weight: Array | None,
                             bias: Array | None, mean: Array, rstd: Array, groups: int,
-                            act: str = "none"
+                            act: str = "none", out: tuple | None = None
                             ) -> tuple[Array, Array | None, Array | None]:
+        """The reference's group norm backward; ``out`` (dx, dweight, dbias) as
+        ``results.py`` takes it (an item for a missing weight or bias is left alone)."""
         check_activation("group_norm_backward", act)
         if (not fast_path(grad, x, weight, bias, mean, rstd) or x.size == 0
                 or grad.shape != x.shape):
-            return super().group_norm_backward(grad, x, weight, bias, mean, rstd, groups, act)
+            return results.deliver_all("group_norm_backward", out, super().group_norm_backward(
+                grad, x, weight, bias, mean, rstd, groups, act))
         from .kernels import activations, norms as K
 
         blocks = self._group_blocks("group_norm_backward", x, groups)
         w, b = self._affine_params(weight, bias, x.shape[1], x.dtype)
-        dx, dw, db = K.group_norm_groups_backward(
+        given = results.items("group_norm_backward", out, 3)
+        if weight is None or bias is None:  # no result there: the kernel's sums go to scratch
+            given = (given[0], given[1] if weight is not None else None, given[2] if bias is not None else None)
+        shapes = (x.shape, (x.shape[1],), (x.shape[1],))
+        for g, shape in zip(given, shapes):
+            results.check("group_norm_backward", g, shape, x.dtype)
+        dx, dw, db = (results.target(g, shape, x.dtype) for g, shape in zip(given, shapes))
+        K.group_norm_groups_backward(
             np.ascontiguousarray(grad).reshape(blocks.shape), blocks, w, b,
             np.ascontiguousarray(mean).reshape(blocks.shape[:2]),
-            np.ascontiguousarray(rstd).reshape(blocks.shape[:2]), activations.ACT_CODES[act])
-        return dx.reshape(x.shape), None if weight is None else dw, None if bias is None else db
+            np.ascontiguousarray(rstd).reshape(blocks.shape[:2]), activations.ACT_CODES[act],
+            dx.reshape(blocks.shape), dw, db)
+        dx, dw, db = (results.deliver(g, r) for g, r in zip(given, (dx, dw, db)))
+        return dx, None if weight is None else dw, None if bias is None else db
 
     def batch_norm(self, x: Array, weight: Array | None, bias: Array | None,
                    running_mean: Array | None, running_var: Array | None,

@@ -122,6 +122,11 @@ def _zeros_between(grad: Array, stride: Pair, dense_hw: Pair) -> Array:
     return dense
 
 
+def _target(dest: Array | None, shape: Shape, dtype: Any) -> Array:
+    """``dest`` (a C-contiguous array of the result's shape and dtype), else a new array."""
+    return np.empty(shape, dtype) if dest is None else dest
+
+
 def _pointwise(w_shape: Shape, stride: Pair, padding: Pair) -> bool:
     """A 1x1 kernel at stride 1 without padding: every output pixel is a product of the
     weight matrix with the input pixel's channels."""
@@ -211,24 +216,27 @@ def _tile_products(scratch: Scratch, a: Array, b: Array, tile_major: bool = Fals
     return batched_matmul(a, b, m)
 
 
-def _winograd_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, out_hw: Pair) -> Array:
-    """Stride-1 3x3 convolution of x [N, C, H, W] with the transformed kernels u
-    [36, Cout, C] by Winograd F(4x4, 3x3): transform, 36 batched GEMMs, inverse transform."""
+def _winograd_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, y: Array) -> Array:
+    """y [N, Cout, Ho, Wo] (C-contiguous) = the stride-1 3x3 convolution of x [N, C, H, W]
+    with the transformed kernels u [36, Cout, C] by Winograd F(4x4, 3x3): transform,
+    36 batched GEMMs, inverse transform."""
     from .kernels import winograd
 
-    v, tiles = _winograd_input(scratch, x, padding, out_hw, batch=False)
-    return winograd.output_tiles(_tile_products(scratch, u, v), x.shape[0], *out_hw, *tiles)
+    v, tiles = _winograd_input(scratch, x, padding, y.shape[2:], batch=False)
+    winograd.output_tiles_(y, _tile_products(scratch, u, v), *tiles)
+    return y
 
 
-def _winograd_batch_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, out_hw: Pair,
+def _winograd_batch_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, y: Array,
                          shift: Array, code: int) -> Array:
     """``_winograd_conv`` in ``winograd_batch``'s layout, the kernels u [36, C, Cout]:
-    act(y + shift) with the epilogue applied as the output transform writes y."""
+    y = act(conv + shift), the epilogue applied as the output transform writes y."""
     from .kernels import winograd_batch
 
-    v, tiles = _winograd_input(scratch, x, padding, out_hw, batch=True)
+    v, tiles = _winograd_input(scratch, x, padding, y.shape[2:], batch=True)
     m = _tile_products(scratch, v, u, tile_major=True).transpose(1, 0, 2)
-    return winograd_batch.output_tiles(m, *out_hw, *tiles, shift, code)
+    winograd_batch.output_tiles_(y, m, *tiles, shift, code)
+    return y
 
 
 def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair,
@@ -290,6 +298,8 @@ class NumbaSpatialKernels:
                groups: int, bias: Array | None = None, act: str = "none",
                residual: Array | None = None, residual_scale: float = 1.0,
                out: Array | None = None) -> Array:
+        """The reference's conv2d with its epilogue; with ``out`` the kernels write the
+        result there where they can (the residual added and the scale applied in place)."""
         if not fast_path(x, w):
             return super().conv2d(x, w, stride, padding, dilation, groups, bias, act, residual,
                                   residual_scale, out=out)
@@ -299,14 +309,22 @@ class NumbaSpatialKernels:
         if bias is not None and not fast_path(x, bias):  # the generic epilogue converts it
             y = self._conv2d_plain(x, w, stride, padding, dilation, groups, (ho, wo), None, "none")
             return self._into(out, self._conv_epilogue(y, bias, act, residual, residual_scale))
-        y = self._conv2d_plain(x, w, stride, padding, dilation, groups, (ho, wo), bias, act)
-        return self._into(out, self._conv_epilogue(y, None, "none", residual, residual_scale))
+        y = self._conv2d_plain(x, w, stride, padding, dilation, groups, (ho, wo), bias, act, out)
+        if y is not out or (residual is not None and not fast_path(y, residual)):
+            return self._into(out, self._conv_epilogue(y, None, "none", residual, residual_scale))
+        if residual is not None:  # the epilogue's add and multiply, in place
+            self.binary("add", y, residual, out=y)
+        if residual_scale != 1.0:
+            self.binary("mul", y, self.full((), residual_scale, y.dtype), out=y)
+        return y
 
     def _conv2d_plain(self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair,
-                      groups: int, out_hw: Pair, bias: Array | None, act: str) -> Array:
-        """act(conv2d(x, w) + bias); the direct, few-output and im2col paths apply the
-        bias and the activation as they write the output in NCHW order, sparing a pass
-        over it."""
+                      groups: int, out_hw: Pair, bias: Array | None, act: str,
+                      dest: Array | None = None) -> Array:
+        """act(conv2d(x, w) + bias), written into ``dest`` (C-contiguous, of the result's
+        shape and dtype) where the algorithm's kernels can write it; the direct,
+        few-output and im2col paths apply the bias and the activation as they write the
+        output in NCHW order, sparing a pass over it."""
         from .kernels import conv as K
         from .kernels.activations import ACT_CODES
         from .kernels.winograd import weight_tiles
@@ -314,58 +332,68 @@ class NumbaSpatialKernels:
         ho, wo = out_hw
         algorithm = conv_algorithm("forward", w.shape, stride, padding, dilation, groups,
                                    x.shape[0], (ho, wo))
-        if algorithm == WINOGRAD:
-            y = _winograd_conv(self.scratch, x, weight_tiles(w), padding, (ho, wo))
-            return y if bias is None and act == "none" else self.bias_act(y, bias, act, 1)
         n, cout, kh, kw = x.shape[0], w.shape[0], w.shape[2], w.shape[3]
+        shape = (n, cout, ho, wo)
+        plain = bias is None and act == "none"  # nothing to apply after the product
+        if algorithm in (WINOGRAD, POINTWISE):  # the product into dest, unless the epilogue follows
+            y = dest if dest is not None and plain else np.empty(shape, x.dtype)
+            if algorithm == WINOGRAD:
+                _winograd_conv(self.scratch, x, weight_tiles(w), padding, y)
+            else:
+                np.matmul(np.ascontiguousarray(w).reshape(groups, cout // groups, -1),
+                          x.reshape(n, groups, -1, ho * wo), out=y.reshape(n, groups, cout // groups, ho * wo))
+            return y if plain else self.bias_act(y, bias, act, 1)
         shift = np.zeros(cout, x.dtype) if bias is None else np.ascontiguousarray(bias)
         if algorithm == WINOGRAD_BATCH:
-            return _winograd_batch_conv(self.scratch, x, weight_tiles(w.transpose(1, 0, 2, 3)),
-                                        padding, (ho, wo), shift, ACT_CODES[act])
+            return _winograd_batch_conv(self.scratch, x, weight_tiles(w.transpose(1, 0, 2, 3)), padding,
+                                        _target(dest, shape, x.dtype), shift, ACT_CODES[act])
         if algorithm == SUBSAMPLED:
             dense_hw = _stride_one_plane(x.shape[2:], padding)
-            y = self._conv2d_plain(x, w, (1, 1), padding, dilation, groups, dense_hw, bias, act)
-            return np.ascontiguousarray(y[:, :, :ho * stride[0]:stride[0], :wo * stride[1]:stride[1]])
-        if algorithm == POINTWISE:
-            y = np.matmul(np.ascontiguousarray(w).reshape(groups, cout // groups, -1),
-                          x.reshape(n, groups, -1, ho * wo)).reshape(n, cout, ho, wo)
-            return y if bias is None and act == "none" else self.bias_act(y, bias, act, 1)
+            dense = self._conv2d_plain(x, w, (1, 1), padding, dilation, groups, dense_hw, bias, act)
+            y = _target(dest, shape, x.dtype)
+            y[...] = dense[:, :, :ho * stride[0]:stride[0], :wo * stride[1]:stride[1]]
+            return y
         if algorithm == FEW_OUT:
             from .kernels import conv_direct as D
 
-            y = np.empty((n, cout, ho, wo), dtype=x.dtype)
+            y = _target(dest, shape, x.dtype)
             D.forward_(y, np.ascontiguousarray(x), np.ascontiguousarray(w), shift,
                        ACT_CODES[act], *stride, *padding, *dilation)
             return y
         cols = self._columns(x, (kh, kw), (ho, wo), stride, padding, dilation, groups)
         w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
         if algorithm == DIRECT:
-            y = np.empty((n, cout, ho * wo), dtype=x.dtype)
-            K.small_k_forward_(y, w_rows, cols.reshape(groups, -1, n, ho * wo), shift, ACT_CODES[act])
-        else:
-            y = K.unswap_bias_act(np.matmul(w_rows, cols).reshape(cout, n, ho * wo), shift,
-                                  ACT_CODES[act])
-        return y.reshape(n, cout, ho, wo)
+            y = _target(dest, shape, x.dtype)
+            K.small_k_forward_(y.reshape(n, cout, ho * wo), w_rows, cols.reshape(groups, -1, n, ho * wo), shift,
+                               ACT_CODES[act])
+            return y
+        return K.unswap_bias_act(np.matmul(w_rows, cols).reshape(cout, n, ho * wo), shift,
+                                 ACT_CODES[act]).reshape(n, cout, ho, wo)
 
     def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
-                          padding: Pair, dilation: Pair, groups: int) -> Array:
+                          padding: Pair, dilation: Pair, groups: int, out: Array | None = None) -> Array:
+        """The reference's input gradient, written into ``out`` when given (a C-contiguous
+        array of the input's shape and dtype, as ``conv2d``'s ``out``)."""
         if not fast_path(grad, w):
-            return super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
+            y = super().conv2d_grad_input(grad, w, x_shape, stride, padding, dilation, groups)
+            self._check_out("conv2d_grad_input", out, y.shape, y.dtype)
+            return self._into(out, y)
         from .kernels import conv as K
 
         ho, wo = self._conv_grad_geometry("conv2d_grad_input", grad, x_shape, w.shape, stride,
                                           padding, dilation, groups)
+        self._check_out("conv2d_grad_input", out, x_shape, w.dtype)
         n, c, h, wd = x_shape
         cout, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         algorithm = conv_algorithm("grad_input", w.shape, stride, padding, dilation, groups, n,
                                    (h, wd))
         if algorithm == SUBSAMPLED:
             dense = _zeros_between(grad, stride, _stride_one_plane((h, wd), padding))
-            return self.conv2d_grad_input(dense, w, x_shape, (1, 1), padding, dilation, groups)
+            return self.conv2d_grad_input(dense, w, x_shape, (1, 1), padding, dilation, groups, out=out)
+        dx = _target(out, (n, c, h, wd), w.dtype)
         if algorithm == FEW_OUT:
             from .kernels import conv_direct as D
 
-            dx = np.empty((n, c, h, wd), dtype=w.dtype)
             D.grad_input_(dx, np.ascontiguousarray(grad), np.ascontiguousarray(w), *stride,
                           *padding, *dilation)
             return dx
@@ -378,13 +406,14 @@ class NumbaSpatialKernels:
             full = (2 - padding[0], 2 - padding[1])
             if algorithm == WINOGRAD:
                 u = weight_tiles(w.transpose(1, 0, 2, 3), flipped=True)
-                return _winograd_conv(self.scratch, grad, u, full, (h, wd))
+                return _winograd_conv(self.scratch, grad, u, full, dx)
             return _winograd_batch_conv(self.scratch, grad, weight_tiles(w, flipped=True), full,
-                                        (h, wd), np.zeros(c, w.dtype), ACT_CODES["none"])
+                                        dx, np.zeros(c, w.dtype), ACT_CODES["none"])
         w_rows = np.ascontiguousarray(w).reshape(groups, cout // groups, -1)
         if algorithm == POINTWISE:
-            return np.matmul(w_rows.transpose(0, 2, 1),
-                             grad.reshape(n, groups, cout // groups, h * wd)).reshape(x_shape)
+            np.matmul(w_rows.transpose(0, 2, 1), grad.reshape(n, groups, cout // groups, h * wd),
+                      out=dx.reshape(n, groups, c // groups, h * wd))
+            return dx
         shape = (c, kh, kw, n, ho * wo)
         cols = self.scratch.take(math.prod(shape), w.dtype).reshape(groups, -1, n * ho * wo)
         # cols = w^T grad, computed as its transpose grad^T w written through a transposed
@@ -392,8 +421,10 @@ class NumbaSpatialKernels:
         np.matmul(self._grad_columns(grad, groups).transpose(0, 2, 1), w_rows,
                   out=cols.transpose(0, 2, 1))
         if _small_same_plane(x_shape, stride, (ho, wo)):
-            return K.col2im_same_(cols.reshape(shape), n, h, wd, *padding, *dilation)
-        return K.col2im_(cols.reshape(shape), h, wd, *stride, *padding, *dilation, ho, wo)
+            K.col2im_same_(dx, cols.reshape(shape), *padding, *dilation)
+        else:
+            K.col2im_(dx, cols.reshape(shape), *stride, *padding, *dilation, ho, wo)
+        return dx
 
     def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
                            padding: Pair, dilation: Pair, groups: int) -> Array:

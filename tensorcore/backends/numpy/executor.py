@@ -7,11 +7,12 @@ its storage's address and its recorded geometry, so each step is a pre-bound cal
 step is, in order of preference: the backend's ``prepare``d form of the call (the
 kernel itself bound to its arrays, checks done once -- NumPy's ufuncs and matmul
 writing into the arena, the Numba activation kernels), the method called with
-``out=`` where it takes one (where, clip, concatenate), or the method called as in
-eager mode with its result copied into the arena.  The first two allocate nothing
-for the NumPy primitives; kernels that allocate their results (the Numba and fused
-kernels) still do, and the copy puts the result in its planned buffer.  Replay is a
-loop over those calls.
+``out=`` where it takes one (where, clip, concatenate, the Numba convolutions; for a
+tuple result a tuple of the items' buffers: the Numba norms and attention), or the
+method called as in eager mode with its result copied into the arena.  The first two
+allocate nothing for the NumPy primitives; kernels that allocate their results still
+do, and the copy puts the result in its planned buffer.  Replay is a loop over those
+calls.
 
 It takes the external buffers as live root arrays (``roots``, by storage) and the
 opaque objects (random generators) by position, so a plan loaded from disk binds the
@@ -128,6 +129,9 @@ class CpuReplay:
             if "out" not in kwargs and self._out_form(type(backend), node.op, args, dest):
                 return functools.partial(fn, *args, out=dest, **kwargs)
             return lambda: copy_(dest, fn(*args, **kwargs))
+        out = self._out_items(type(backend), node.op, args, kwargs, made)
+        if out is not None:
+            return functools.partial(fn, *args, out=out, **kwargs)
 
         def step() -> None:
             result = fn(*args, **kwargs)
@@ -174,6 +178,22 @@ class CpuReplay:
         if not _accepts_out(cls, name) or not dest.flags.c_contiguous or dest.dtype.name == "bfloat16":
             return False
         return not any(getattr(getattr(a, "dtype", None), "name", "") == "bfloat16" for a in args)
+
+    def _out_items(self, cls: type, name: str, args: tuple, kwargs: dict, made: list) -> tuple | None:
+        """The ``out=`` tuple of a call with a tuple result whose method takes one: the
+        planned buffers of its items (None for an item the plan keeps nothing of), which
+        the method writes its results into, whatever their strides (``numba/results.py``);
+        None where the method takes no ``out``, the call passes its own, or a bfloat16
+        array is involved (those kernels compute on float32 copies)."""
+        if "out" in kwargs or not _accepts_out(cls, name) or not all(len(path) == 1 for path, _ in made):
+            return None
+        out = [None] * (1 + max(path[0] for path, _ in made))
+        for (i,), v in made:
+            out[i] = self.values[v]
+        if any(d.dtype.name == "bfloat16" for d in out if d is not None) or any(
+                getattr(getattr(a, "dtype", None), "name", "") == "bfloat16" for a in args):
+            return None
+        return tuple(out)
 
     def run(self, arrays: list[Any], fresh: bool = True) -> list[Any]:
         """Copy the inputs in, run every step, write modified inputs back; the outputs

@@ -138,15 +138,14 @@ def _col2im_plane(task, cols, dx, h, w, sh, sw, ph, pw, dh, dw, ho, wo, n, kh, k
 
 
 @kernel
-def col2im_(cols, h, w, sh, sw, ph, pw, dh, dw, ho, wo):
-    """Adjoint of ``im2col_``: columns [C, kh, kw, N, Ho*Wo] -> x-shaped [N, C, H, W],
-    adding every tap's value into the input position it read.  Overwrites the entries
-    of ``cols`` whose tap reads padding with zeros."""
+def col2im_(dx, cols, sh, sw, ph, pw, dh, dw, ho, wo):
+    """Adjoint of ``im2col_``: columns [C, kh, kw, N, Ho*Wo] -> dx [N, C, H, W]
+    (C-contiguous), adding every tap's value into the input position it read.
+    Overwrites the entries of ``cols`` whose tap reads padding with zeros."""
     c, kh, kw, n, _ = cols.shape
-    dx = np.empty((n, c, h, w), dtype=cols.dtype)
+    h, w = dx.shape[2], dx.shape[3]
     shifted = sh == 1 and sw == 1 and wo == w
     parallel_for(_col2im_plane, c * n, (cols, dx, h, w, sh, sw, ph, pw, dh, dw, ho, wo, n, kh, kw, shifted))
-    return dx
 
 
 @helper
@@ -204,17 +203,16 @@ def _col2im_same_channel(ch, cols, dx, n, h, w, ph, pw, dh, dw, kh, kw, plane, s
 
 
 @kernel
-def col2im_same_(cols, n, h, w, ph, pw, dh, dw):
-    """Adjoint of ``im2col_same_``: columns [C, kh, kw, N, H*W] -> x-shaped [N, C, H, W],
-    one channel per task, which sums its N planes back to back (channel-major, in its
-    own buffer) and then writes them out in NCHW order.  Overwrites the entries of
-    ``cols`` whose tap reads padding with zeros."""
+def col2im_same_(dx, cols, ph, pw, dh, dw):
+    """Adjoint of ``im2col_same_``: columns [C, kh, kw, N, H*W] -> dx [N, C, H, W]
+    (C-contiguous), one channel per task, which sums its N planes back to back
+    (channel-major, in its own buffer) and then writes them out in NCHW order.
+    Overwrites the entries of ``cols`` whose tap reads padding with zeros."""
     c, kh, kw = cols.shape[:3]
+    n, h, w = dx.shape[0], dx.shape[2], dx.shape[3]
     plane = h * w
     size = n * plane
-    dx = np.empty((n, c, h, w), dtype=cols.dtype)
     parallel_for(_col2im_same_channel, c, (cols, dx, n, h, w, ph, pw, dh, dw, kh, kw, plane, size))
-    return dx
 
 
 @helper

@@ -15,7 +15,7 @@ from .activations import act_grad_row, act_row
 from .jit import helper, inlined, kernel, wide_vectors
 from .lanes import DOT_DEVIATION, SUM, lane_sum
 from .parallel import parallel_for
-from .reductions import column_sums, moments
+from .reductions import column_sums, column_sums_into, moments
 
 
 @helper
@@ -127,21 +127,17 @@ def _group_norm_group(ng, x, weight, bias, eps, code, shift, groups, cg, size, o
 
 
 @kernel
-def group_norm_groups(x, weight, bias, eps, code, shift):
-    """act(group_norm) for x [N, G, Cg, S] with weight/bias [G*Cg]; returns
-    (y, mean [N, G], rstd [N, G]).  ``shift`` [N, G*Cg] (or None) is added to x first:
-    each group's sum goes into its rows of y, the statistics and the normalisation
-    read it from there."""
+def group_norm_groups(x, weight, bias, eps, code, shift, out, mean, rstd):
+    """act(group_norm) for x [N, G, Cg, S] with weight/bias [G*Cg], written into
+    out [N, G, Cg, S] (C-contiguous, not overlapping x), mean [N, G] and rstd [N, G].
+    ``shift`` [N, G*Cg] (or None) is added to x first: each group's sum goes into its
+    rows of out, the statistics and the normalisation read it from there."""
     n, groups, cg, size = x.shape
-    out = np.empty_like(x)
     src_all = x if shift is None else out
     flat = src_all.reshape(n * groups, cg * size)
     out_flat = out.reshape(n * groups, cg * size)
-    mean = np.empty((n, groups), dtype=x.dtype)
-    rstd = np.empty((n, groups), dtype=x.dtype)
     parallel_for(_group_norm_group, n * groups,
                  (x, weight, bias, eps, code, shift, groups, cg, size, out, out_flat, src_all, flat, mean, rstd))
-    return out, mean, rstd
 
 
 @helper
@@ -179,12 +175,12 @@ def _group_norm_group_backward(ng, grad, x, weight, bias, mean, rstd, code, grou
 
 
 @kernel
-def group_norm_groups_backward(grad, x, weight, bias, mean, rstd, code):
-    """(dx, dweight, dbias) of ``group_norm_groups``; the activation's derivative is
-    taken at the recomputed pre-activation."""
+def group_norm_groups_backward(grad, x, weight, bias, mean, rstd, code, dx, dweight, dbias):
+    """dx [N, G, Cg, S] (C-contiguous, not overlapping the inputs), dweight [G*Cg] and
+    dbias [G*Cg] of ``group_norm_groups``, written into the given arrays; the
+    activation's derivative is taken at the recomputed pre-activation."""
     t = x.dtype.type
     n, groups, cg, size = x.shape
-    dx = np.empty_like(x)
     part_w = np.zeros((n, groups * cg), dtype=x.dtype)
     part_b = np.zeros((n, groups * cg), dtype=x.dtype)
     inv_count = t(1.0) / t(cg * size)
@@ -192,7 +188,8 @@ def group_norm_groups_backward(grad, x, weight, bias, mean, rstd, code):
     parallel_for(_group_norm_group_backward, n * groups,
                  (grad, x, weight, bias, mean, rstd, code, groups, cg, size, dx, part_w, part_b, inv_count,
                   grad.reshape(flat), dx.reshape(flat)))
-    return dx, column_sums(part_w), column_sums(part_b)
+    column_sums_into(part_w, dweight)
+    column_sums_into(part_b, dbias)
 
 
 @helper

@@ -53,12 +53,21 @@ def column_sums(partial):
     """[C] sums of partial [K, C] over its rows, in order (the per-task partial sums of
     a weight gradient).  A loop rather than ``partial.sum(axis=0)``, whose axis check
     builds its error message from strings: several seconds of compiling."""
-    out = np.zeros(partial.shape[1], dtype=partial.dtype)
+    out = np.empty(partial.shape[1], dtype=partial.dtype)
+    column_sums_into(partial, out)
+    return out
+
+
+@helper
+def column_sums_into(partial, out):
+    """``column_sums`` written into out [C]."""
+    t = out.dtype.type
+    for c in range(out.size):
+        out[c] = t(0.0)
     for k in range(partial.shape[0]):
         row = partial[k]
         for c in range(row.size):
             out[c] += row[c]
-    return out
 
 
 _BLOCK = 4096

@@ -135,7 +135,7 @@ def input_tiles_(v, x, ph, pw, th, tw):
 
 @helper
 def _output_plane(task, m, y, n, ho, wo, th, tw, plane_tiles):
-    """The (output channel, image) plane ``task`` of ``output_tiles``."""
+    """The (output channel, image) plane ``task`` of ``output_tiles_``."""
     t = m.dtype.type
     co, i = task // n, task % n
     g = m[:, co, i * plane_tiles:(i + 1) * plane_tiles]
@@ -159,14 +159,12 @@ def _output_plane(task, m, y, n, ho, wo, th, tw, plane_tiles):
 
 
 @kernel
-def output_tiles(m, n, ho, wo, th, tw):
-    """y [N, Cout, Ho, Wo] from m [36, Cout, N*th*tw]: A^T m A per tile, the tiles
-    cropped to the plane."""
-    cout = m.shape[1]
-    y = np.empty((n, cout, ho, wo), dtype=m.dtype)
+def output_tiles_(y, m, th, tw):
+    """Fill y [N, Cout, Ho, Wo] from m [36, Cout, N*th*tw]: A^T m A per tile, the
+    tiles cropped to the plane."""
+    n, cout, ho, wo = y.shape
     plane_tiles = th * tw
     parallel_for(_output_plane, cout * n, (m, y, n, ho, wo, th, tw, plane_tiles))
-    return y
 
 
 @helper

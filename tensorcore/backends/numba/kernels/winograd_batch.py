@@ -65,7 +65,7 @@ def input_tiles_(v, x, ph, pw, th, tw):
 
 @helper
 def _output_image(i, m, y, bias, code, ho, wo, th, tw, cout):
-    """Image ``i`` of ``output_tiles``."""
+    """Image ``i`` of ``output_tiles_``."""
     wide_vectors()
     plane = np.empty((TILE * th, TILE * tw, cout), dtype=m.dtype)
     across = np.empty((6, TILE, cout), dtype=m.dtype)  # M A: each row of a tile
@@ -84,14 +84,11 @@ def _output_image(i, m, y, bias, code, ho, wo, th, tw, cout):
 
 
 @kernel
-def output_tiles(m, ho, wo, th, tw, bias, code):
-    """y [N, Cout, Ho, Wo] = act(A^T m A + bias) from m [N*th*tw, 36, Cout], the tiles
-    cropped to the plane; ``code`` an ``ACT_CODES`` value."""
-    cout = m.shape[2]
-    n = m.shape[0] // (th * tw)
-    y = np.empty((n, cout, ho, wo), dtype=m.dtype)
+def output_tiles_(y, m, th, tw, bias, code):
+    """Fill y [N, Cout, Ho, Wo] with act(A^T m A + bias) from m [N*th*tw, 36, Cout],
+    the tiles cropped to the plane; ``code`` an ``ACT_CODES`` value."""
+    n, cout, ho, wo = y.shape
     parallel_for(_output_image, n, (m, y, bias, code, ho, wo, th, tw, cout))
-    return y
 
 
 @helper
