@@ -152,8 +152,8 @@ class DiffusionConv(Module):
         out = F.bias_act(features @ self.weight.T, self.bias, self.activation, -1)
         return out if batched else out.squeeze(0)
 
-    def to(self, device: Any = None, dtype: Any = None) -> "DiffusionConv":
-        super().to(device, dtype)
+    def to(self, device: Any = None, dtype: Any = None, memory_format: Any = None) -> "DiffusionConv":
+        super().to(device, dtype, memory_format)
         with self._lock:  # keep the basis only where the layer now lives
             for key in [key for key in self._device_cache if key[0] != self.weight.device]:
                 del self._device_cache[key]

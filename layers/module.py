@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import tensorcore as tc
 from tensorcore import Tensor
+from tensorcore import memory_format as formats
 from tensorcore.devices import canonical, is_device
 
 from . import serialization
@@ -289,8 +290,11 @@ class Module:
                     p.grad.zero_()
 
     # ----- device and dtype ------------------------------------------------------------
-    def to(self, device: Any = None, dtype: Any = None) -> "Module":
-        """Move every parameter and buffer to ``device`` and/or cast floating ones to ``dtype``.
+    def to(self, device: Any = None, dtype: Any = None, memory_format: Any = None) -> "Module":
+        """Move every parameter and buffer to ``device`` and/or cast floating ones to
+        ``dtype``; with ``memory_format`` (``tc.channels_last``, ``tc.contiguous_format``)
+        also lay the 4-D ones out in memory so (convolution weights channels-last are
+        what the GPU's convolution kernels read, with no packed copy).
 
         Parameters keep their identity (their data is swapped), so references held
         elsewhere stay valid.  ``to(tc.float64)`` is accepted as a dtype-only call.
@@ -298,14 +302,16 @@ class Module:
         if device is not None and not is_device(device):
             device, dtype = None, device
         device = canonical(device) if device is not None else None
+        if memory_format is not None:
+            memory_format = formats.check(memory_format, "Module.to")
         moved = False
         for module in self.modules():
             for p in module._parameters.values():
                 if p is not None:
-                    moved |= _move_parameter(p, device, dtype)
+                    moved |= _move_parameter(p, device, dtype, memory_format)
             for name, b in module._buffers.items():
                 if b is not None:
-                    new = _moved(b, device, dtype)
+                    new = _moved(b, device, dtype, memory_format)
                     if new is not b:
                         module._buffers[name] = new
                         moved = True
@@ -411,21 +417,25 @@ class Module:
         return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
 
 
-def _moved(t: Tensor, device: str | None, dtype: Any) -> Tensor:
-    """``t`` on ``device`` with floating values cast to ``dtype`` (``t`` itself if unchanged)."""
+def _moved(t: Tensor, device: str | None, dtype: Any, memory_format: Any = None) -> Tensor:
+    """``t`` on ``device`` with floating values cast to ``dtype`` and, when 4-D, laid out
+    in ``memory_format`` (``t`` itself if unchanged)."""
     cast = dtype if dtype is not None and tc.dtypes.is_floating(t.dtype) and tc.dtypes.as_dtype(dtype) != t.dtype else None
-    if device in (None, t.device) and cast is None:
-        return t
-    return t.detach().to(device, dtype=cast)
+    if device not in (None, t.device) or cast is not None:
+        t = t.detach().to(device, dtype=cast)
+    if memory_format is not None and t.ndim == 4 and not formats.is_laid_out(t.data, memory_format):
+        with tc.no_grad():
+            t = formats.laid_out(t.detach(), memory_format)
+    return t
 
 
-def _move_parameter(p: Parameter, device: str | None, dtype: Any) -> bool:
-    new = _moved(p, device, dtype)
+def _move_parameter(p: Parameter, device: str | None, dtype: Any, memory_format: Any = None) -> bool:
+    new = _moved(p, device, dtype, memory_format)
     if new is p:
         return False
     p._set_storage(new.data, new.device)
     if p.grad is not None:
-        p.grad = _moved(p.grad, device, dtype)
+        p.grad = _moved(p.grad, device, dtype, memory_format)
     return True
 
 

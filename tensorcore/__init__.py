@@ -13,6 +13,7 @@ from .backends.numba.threads import get_num_threads, set_num_threads
 from .creation import (arange, as_tensor, empty, empty_like, eye, from_dlpack, from_numpy, full, full_like,
                        linspace, ones, ones_like, tensor, zeros, zeros_like)
 from .devices import device
+from .memory_format import channels_last, contiguous_format
 from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64, uint8
 from .ops import (abs, argmax, argmin, cat, chunk, clip, concatenate, cos, exp, flatten, flip, log, log1p,
                   logsumexp, matmul, max, maximum, mean, min, minimum, pad, permute, prod, relu, repeat,

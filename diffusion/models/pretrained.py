@@ -15,10 +15,12 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
+import tensorcore as tc
 from layers import Module
 from layers.files import inside, read_json
 from layers.serialization import save_file
 from tensorcore.atomic import write_atomic
+from tensorcore.devices import canonical
 
 from .config import init_kwargs
 from .weights import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, Found, check_weights, open_weights, read_found
@@ -80,7 +82,8 @@ def build_from_folder(cls: type, path: str | os.PathLike, config: Mapping[str, A
                       variant: str | None, dtype: Any, device: str | None,
                       rename: Callable[[Module, Found], Found] | None = None) -> Any:
     """``cls.from_config(config)`` cast to ``dtype`` on ``device``, loaded from the folder's
-    ``weights_name`` (or its sharded index; ``variant`` inserted in both names), in eval mode.
+    ``weights_name`` (or its sharded index; ``variant`` inserted in both names), in eval mode,
+    its 4-D weights channels-last on the GPU (see ``tensorcore/memory_format.py``).
     ``rename`` maps the checkpoint's key names to the model's (default: early diffusers
     attention names); every header is compared with the model before any data is read."""
     folder = Path(path)
@@ -93,6 +96,8 @@ def build_from_folder(cls: type, path: str | os.PathLike, config: Mapping[str, A
         if rename is not None:
             found = rename(model, found)
         load_found(model, folder, found, owner)
+    if device is not None and canonical(device) == "cuda":
+        model.to(memory_format=tc.channels_last)  # what the GPU's convolutions read, with no packed copy
     return model.eval()
 
 
