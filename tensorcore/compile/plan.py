@@ -71,6 +71,17 @@ class Plan:
         return (substitute(node.args, lambda r: value(r.value), lambda o: obj(o.index)),
                 substitute(node.kwargs, lambda r: value(r.value), lambda o: obj(o.index)))
 
+    def storages_ending(self) -> dict[int, list[int]]:
+        """The intermediates whose lifetime ends at each step position (an index into
+        ``steps``): after that step no later one touches them, so an executor that
+        allocates as it goes may free them (outputs live to the end and never appear)."""
+        const = set().union(*(made_by(self.graph, self.graph.nodes[i]) for i in self.init))
+        ending: dict[int, list[int]] = {}
+        for s, (_, last) in _lifetimes(self.graph, self.steps, const).items():
+            if last < len(self.steps):
+                ending.setdefault(last, []).append(s)
+        return ending
+
     def info(self) -> dict:
         """Sizes for ``cache_info``/``plan_info``: the arena against the intermediates;
         ``fused``: the replayed calls that are fused elementwise kernels; ``passes``:

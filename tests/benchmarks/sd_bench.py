@@ -14,10 +14,15 @@ Workloads (diffusers' SD-1.5 configs, random weights, batch as a guided call run
 
 Rows: ours eager, ours compiled (``tc.compile``: one CUDA graph per call), diffusers
 eager, PyTorch CUDA-graph replay and ``torch.compile`` (default mode, ``dynamic=False``)
-captured in a CUDA graph.  Times are medians of CUDA-event timings; each side's peak GPU
-memory is printed (ours: ``tc.cuda.memory_reserved()`` after the compiled calls, every pool
-the engine holds: weights, the plan's own pool, its packed weights, with the eager calls'
-cached blocks released before compiling; PyTorch: ``max_memory_allocated``).
+captured in a CUDA graph.  Ours holds its convolution weights channels-last
+(``Module.to(memory_format=tc.channels_last)``, as ``from_pretrained`` does on the GPU), so
+no plan keeps a packed copy of them.  Times are medians of CUDA-event timings.  Each
+side's GPU memory while its fastest form replays is printed as the bytes it holds from
+the driver once cached free blocks are returned ("MB": ours ``tc.cuda.memory_reserved()``,
+every pool: weights, workspaces, each plan's whole pool; PyTorch ``memory_reserved()``
+after ``empty_cache()``, its graph's pool included, the earlier graph dropped), and
+PyTorch's ``max_memory_allocated`` over those replays, counted from after the capture
+(live tensors only: the blocks its capture freed and its graph reuses are not counted).
 Outputs are compared (max |ours - diffusers| over max |diffusers|).  Printed, never asserted.
 """
 
@@ -28,6 +33,7 @@ import sys
 sys.path.append(".gpu-vendor")  # the GPU machine vendors diffusers here
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -79,10 +85,23 @@ def torch_graph(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
     return capture(fn)
 
 
-def ours_peak_mb() -> float:
+def ours_held_mb() -> float:
+    """Device memory the engine holds once cached free blocks are returned: every pool's
+    reserved bytes (weights, workspaces, each plan's whole pool)."""
+    import cupy as cp
+
     import tensorcore as tc
 
+    cp.get_default_memory_pool().free_all_blocks()
     return tc.cuda.memory_reserved() / 2 ** 20
+
+
+def torch_held_mb() -> float:
+    """The same for PyTorch: reserved bytes after ``empty_cache`` (a graph's pool stays)."""
+    import torch
+
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved() / 2 ** 20
 
 
 def torch_peak_mb() -> float:
@@ -120,7 +139,8 @@ def unet_twins(config: dict, dtype_name: str) -> tuple[Any, Any]:
     ours = UNet2DConditionModel(**config)
     ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
     dtype = getattr(torch, dtype_name)
-    return ours.to("cuda", dtype=getattr(tc, dtype_name)).eval(), theirs.to("cuda", dtype=dtype)
+    ours.to("cuda", dtype=getattr(tc, dtype_name), memory_format=tc.channels_last)
+    return ours.eval(), theirs.to("cuda", dtype=dtype)
 
 
 def vae_twins() -> tuple[Any, Any]:
@@ -134,7 +154,8 @@ def vae_twins() -> tuple[Any, Any]:
     theirs = diffusers.AutoencoderKL(**SD15_VAE).eval()
     ours = AutoencoderKL(**SD15_VAE)
     ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
-    return ours.to("cuda", dtype=tc.float16).eval(), theirs.to("cuda", dtype=torch.float16)
+    ours.to("cuda", dtype=tc.float16, memory_format=tc.channels_last)
+    return ours.eval(), theirs.to("cuda", dtype=torch.float16)
 
 
 # ----- rows -------------------------------------------------------------------------------------------
@@ -142,7 +163,6 @@ def forward_rows(table: bench_report.Table, label: str, ours_call: Callable[[], 
                  theirs_call: "Call", theirs_module: Any, iters: int, torch_compile: bool,
                  compiled_call: Callable[[Any], Callable[[], Any]]) -> None:
     """One workload: ours eager / compiled, diffusers eager / CUDA graph / torch.compile + graph."""
-    import cupy as cp
     import tensorcore as tc
     import torch
 
@@ -151,29 +171,38 @@ def forward_rows(table: bench_report.Table, label: str, ours_call: Callable[[], 
         reference = theirs_call()
         eager = timed_ms(ours_call, iters)
         diff = relative_diff(ours_call(), reference)
-        cp.get_default_memory_pool().free_all_blocks()  # the eager calls' cached blocks
+        tc.cuda.empty_cache()  # the eager calls' scratch and cached blocks
         compiled = tc.compile(ours_module)
         ours_compiled = compiled_call(compiled)
         compiled_ms = timed_ms(ours_compiled, iters)
         compiled_diff = relative_diff(ours_compiled(), reference)
-        ours_mb = ours_peak_mb()
+        ours_mb = ours_held_mb()
         theirs_eager = timed_ms(theirs_call, iters)
-        replay, _ = torch_graph(theirs_call)
+        replay, kept = torch_graph(theirs_call)
+        torch.cuda.reset_peak_memory_stats()  # from here: the peak while the graph replays
         graph_ms = timed_ms(replay, iters)
+        theirs_mb = torch_peak_mb()
+        theirs_held = torch_held_mb()
         row = [label, f"{eager:.2f}", f"{compiled_ms:.2f}", f"{theirs_eager:.2f}", f"{graph_ms:.2f}"]
         if torch_compile:
+            del replay, kept
+            gc.collect()
+            torch.cuda.empty_cache()
             module_compiled = torch.compile(theirs_module, dynamic=False)
             built = time.perf_counter()
             call = theirs_call.rebound(module_compiled)
             call()
             build_s = time.perf_counter() - built
-            replay_c, _ = torch_graph(call)
+            replay_c, kept_c = torch_graph(call)
+            torch.cuda.reset_peak_memory_stats()
             compile_ms = timed_ms(replay_c, iters)
+            theirs_mb = torch_peak_mb()
+            theirs_held = torch_held_mb()
             row += [f"{compile_ms:.2f}", f"{compile_ms / compiled_ms:.2f}x", f"{build_s:.0f} s"]
         else:
             row += ["-", "-", "-"]
         row += [f"{graph_ms / compiled_ms:.2f}x", f"{diff:.1e} / {compiled_diff:.1e}", f"{ours_mb:.0f}",
-                f"{torch_peak_mb():.0f}"]
+                f"{theirs_held:.0f}", f"{theirs_mb:.0f}"]
         table.row(*row)
 
 
@@ -197,7 +226,7 @@ def unet_table(args: argparse.Namespace, which: str) -> None:
     config, size, text = (SD15_UNET, 64, 768) if which == "unet" else (SDXL_UNET, 128, 2048)
     columns = ["dtype", "ours eager", "ours compiled", "diffusers eager", "torch graph", "torch.compile+graph",
                "speed-up vs compile", "compile build", "speed-up vs graph", "rel diff eager/compiled",
-               "ours MB", "torch MB"]
+               "ours MB", "torch MB", "torch MB allocated"]
     name = "SD-1.5 UNet" if which == "unet" else "SDXL UNet"
     table = bench_report.Table(f"{name} forward [2, 4, {size}, {size}], text [2, 77, {text}], ms", columns, first=8)
     rng = np.random.default_rng(0)
@@ -235,7 +264,7 @@ def vae_table(args: argparse.Namespace) -> None:
 
     columns = ["dtype", "ours eager", "ours compiled", "diffusers eager", "torch graph", "torch.compile+graph",
                "speed-up vs compile", "compile build", "speed-up vs graph", "rel diff eager/compiled",
-               "ours MB", "torch MB"]
+               "ours MB", "torch MB", "torch MB allocated"]
     table = bench_report.Table("SD VAE decode [1, 4, 64, 64] -> [1, 3, 512, 512], ms", columns, first=8)
     ours, theirs = vae_twins()
     z = np.random.default_rng(2).standard_normal((1, 4, 64, 64)).astype(np.float32)
@@ -287,21 +316,22 @@ def txt2img_table(args: argparse.Namespace) -> None:
                           latents=torch.tensor(latents, device="cuda", dtype=torch.float16)).images
 
     table = bench_report.Table(f"SD-1.5 txt2img 512², {steps} steps, guidance 7.5, float16, ms per image",
-                               ["side", "ms", "ours vs this", "max |image diff|", "peak MB"], first=30)
+                               ["side", "ms", "ours vs this", "max |image diff|", "MB held"], first=30)
     reset_peaks()
     ours_ms, ours_images = wall_ms(run_ours, 3)
-    ours_mb = ours_peak_mb()
+    ours_mb = ours_held_mb()
     table.row("ours (compiled chain)", f"{ours_ms:.1f}", "1.00x", "-", f"{ours_mb:.0f}")
     eager_ms, eager_images = wall_ms(run_theirs, 3)
     table.row("diffusers eager", f"{eager_ms:.1f}", f"{eager_ms / ours_ms:.2f}x",
-              f"{float(np.abs(ours_images - eager_images).max()):.1e}", f"{torch_peak_mb():.0f}")
+              f"{float(np.abs(ours_images - eager_images).max()):.1e}", f"{torch_held_mb():.0f}")
     if not args.no_torch_compile:
+        torch.cuda.reset_peak_memory_stats()
         theirs.unet = torch.compile(theirs_unet, mode="reduce-overhead", dynamic=False)
         theirs.vae.decode = torch.compile(theirs_vae.decode, mode="reduce-overhead", dynamic=False)
         compiled_ms, compiled_images = wall_ms(run_theirs, 3)
         table.row("diffusers, UNet + VAE torch.compile (CUDA graphs)", f"{compiled_ms:.1f}",
                   f"{compiled_ms / ours_ms:.2f}x", f"{float(np.abs(ours_images - compiled_images).max()):.1e}",
-                  f"{torch_peak_mb():.0f}")
+                  f"{torch_held_mb():.0f}")
 
 
 def _torch_tokenizer(ours: Any) -> Any:

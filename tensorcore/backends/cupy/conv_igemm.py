@@ -12,8 +12,10 @@ memory, never written to device memory:
 Operands are first packed channels-last by one transpose kernel (NHWC, channels padded
 with zeros to a 16-byte multiple, rounded to TF32 when the matmul precision is "high"),
 so every global-to-shared copy is a 16-byte ``cp.async``; any input strides are read
-as they are.  A CUDA-graph plan being captured keeps the forward's packed weights
-itself when they are its modules' parameters (``weight_packs``).  Outputs are written NCHW through shared memory (the forward's
+as they are.  A forward weight stored channels-last (``Module.to(memory_format=
+tc.channels_last)``) with no padding needed is read where it lies; otherwise a CUDA-graph
+plan being captured keeps the forward's packed weights itself when they are its
+modules' parameters (``weight_packs``).  Outputs are written NCHW through shared memory (the forward's
 accumulators staged there so that stores coalesce), with bias, activation, residual
 add and scale fused in.  Problems whose output tiles would not
 fill the GPU split K into float32 partials, summed (and finished by the epilogue) in a
@@ -21,9 +23,9 @@ reduce kernel.  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
 small * big), accurate to float32.  On Hopper (sm_90) the forward and input-gradient
 GEMMs in TF32 and 16-bit run on warpgroup MMA (``wgmma``) tiles.
 
-Scratch memory (packed operands, partials) comes from one buffer per (device, stream)
-that only grows, so the kernels allocate nothing and can be captured in a CUDA graph
-once a call of the same size has run.  Calls the kernels do not cover return None and
+Scratch memory (packed operands, partials) is allocated per call from the current pool,
+except inside a user's own CUDA-graph capture, where it comes from a buffer kept per
+(device, stream) (``_scratch_arrays``).  Calls the kernels do not cover return None and
 are counted (``tc.cuda.conv_stats()``); the caller runs the im2col + GEMM path.
 """
 
@@ -43,7 +45,7 @@ from .. import report
 from . import loader
 from .elementwise import ACT_CODES
 from .util import NULL, contiguous
-from . import conv_norm, conv_plan, counters, weight_packs
+from . import conv_norm, conv_plan, counters, pools, weight_packs
 from .conv_norm import GroupNormIn
 from .conv_plan import FPROP, PREC_16, PREC_3XTF32, PREC_TF32, SOURCE, WGRAD, Plan
 
@@ -111,22 +113,39 @@ _scratch_lock = threading.Lock()
 
 
 def _scratch_arrays(*layout: tuple[tuple[int, ...], Any]) -> list[Any]:
-    """Arrays of the given (shape, dtype) carved from this stream's scratch buffer.
-    A buffer that is outgrown is kept alive: a captured graph may still use it."""
+    """Arrays of the given (shape, dtype) for one call, carved from one allocation.
+
+    Outside a CUDA-graph capture, and while a plan is captured into its own pool
+    (``pools.capturing_plan``), that is a block of the current pool, freed after the
+    call (the pool caches it; a plan's pool hands it to later captured kernels in stream
+    order).  Inside any other capture it is the stream's kept buffer: a freed block of
+    the default pool could be reused by work outside the graph while the graph still
+    reads it."""
     sizes = [-(-math.prod(shape) * numpy.dtype(dtype).itemsize // _ALIGN) * _ALIGN
              for shape, dtype in layout]
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
-    held = _scratch.get(key)
-    if held is None or held[-1].nbytes < sum(sizes):
-        with _scratch_lock:
-            held = _scratch.setdefault(key, [])
-            grown = max(sum(sizes), 2 * held[-1].nbytes if held else 0, 1 << 20)
-            held.append(cupy.empty(grown, dtype=numpy.uint8))
-    buffer, arrays, offset = held[-1], [], 0
+    stream = cupy.cuda.get_current_stream()
+    if pools.plan_capture() or stream.ptr == 0 or not stream.is_capturing():
+        buffer = cupy.empty(sum(sizes), dtype=numpy.uint8)
+    else:
+        buffer = _captured_scratch(stream.ptr, sum(sizes))
+    arrays, offset = [], 0
     for (shape, dtype), size in zip(layout, sizes):
         arrays.append(cupy.ndarray(shape, dtype, memptr=buffer.data + offset))
         offset += size
     return arrays
+
+
+def _captured_scratch(stream: int, nbytes: int) -> Any:
+    """The capturing stream's kept scratch buffer, grown to at least ``nbytes``.  An
+    outgrown buffer stays alive (a graph captured earlier may still use it); doubling
+    bounds what the kept buffers add up to."""
+    key = (cupy.cuda.runtime.getDevice(), stream)
+    held = _scratch.get(key)
+    if held is None or held[-1].nbytes < nbytes:
+        with _scratch_lock:
+            held = _scratch.setdefault(key, [])
+            held.append(cupy.empty(max(nbytes, 2 * held[-1].nbytes if held else 0, 1 << 20), dtype=numpy.uint8))
+    return held[-1]
 
 
 def clear_scratch(stream: int | None = None) -> None:
@@ -258,8 +277,8 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     rounded = prec == PREC_TF32
     plan = conv_plan.choose(FPROP, prec, itemsize, n * ho * wo, cout, r * s * cp, 1,
                             n * cout * ho * wo, loader.sm_count(), loader.has_wgmma())
-    reuse_w = (r == s == 1 and cp == c and not rounded and w.flags.c_contiguous
-               and w.data.ptr % 16 == 0)
+    w_rsc = w.transpose(0, 2, 3, 1)  # [Cout][R][S][C]: the packed layout when dense
+    reuse_w = cp == c and not rounded and w_rsc.flags.c_contiguous and w.data.ptr % 16 == 0
     kept = None if reuse_w else _kept_weight(w, (cout, r, s, cp), rounded)
     pack_w = not reuse_w and kept is None  # packed here, into scratch
     if out is None:
@@ -273,8 +292,8 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
         conv_norm.coefficients(x, norm, *stats)
     _pack(_Pack(x, xh, c, h, wd, _strides(x)), packed_w, rounded,
           conv_norm.pack_args(norm, stats[0], n) if norm else ())
-    if reuse_w:  # a 1x1 weight [Cout, C] is already the packed layout
-        wp = w
+    if reuse_w:  # a 1x1 weight, or one stored channels-last, is already packed
+        wp = w_rsc
     elif kept is not None:
         wp = kept
     bias = None if bias is None else contiguous(bias)  # the kernels index both densely

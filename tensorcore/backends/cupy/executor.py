@@ -3,9 +3,10 @@
 ``CudaGraphReplay`` (CuPy) captures the steps into a CUDA graph on a private stream
 (the trace has compiled every kernel and opened the capture-safe cuBLAS handle; a
 separate warm-up run would repeat the plan's effects), with every allocation served by
-a private memory pool: the pool is the plan's arena -- blocks freed during the capture
-are reused by later kernels in stream order -- and it lives as long as the graph, so
-every buffer the graph touches stays valid.  A call launches the graph on the
+a private memory pool: the pool is the plan's arena -- each intermediate is dropped
+after the last step that touches it (``Plan.storages_ending``), and its block is reused
+by later kernels in stream order -- and it lives as long as the graph, so every buffer
+the graph touches stays valid.  A call launches the graph on the
 caller's stream (a graph runs on whichever stream launches it), and the graph copies
 the call's inputs in and its outputs out itself (``backends/cupy/graph_io.py``), so
 stream order alone puts the launch after the caller's earlier work and the caller's
@@ -83,12 +84,23 @@ class CudaGraphReplay:
             # graph, again only after their memory was written (weight_packs)
             self.weight_packs = weight_packs.WeightPacks(_read_only_spans(graph, roots))
             backend.reserve_stream()  # its counters made now: a memset node slows every launch
+            # the capture allocates first fit inside one block sized from the plan's own
+            # placement, with room for the kernels' temporaries (pools.CaptureArena)
+            room = plan.arena_bytes // 4 + min(ARENA_SLACK, plan.arena_bytes // 4)
+            self.arena = pools.CaptureArena(self.pool, max(plan.arena_bytes + room, plan.align), plan.align)
+            ending = plan.storages_ending()
+            values_of: dict[int, list[int]] = {}  # storage -> its values
+            for v in graph.values:
+                values_of.setdefault(v.storage, []).append(v.index)
             self.stream.begin_capture()
             try:
                 self.io.capture_inputs(self.inputs)
-                with weight_packs.collecting(self.weight_packs):
-                    for position in plan.steps:
+                with weight_packs.collecting(self.weight_packs), pools.capturing_plan(), \
+                        cupy.cuda.using_allocator(self.arena.malloc):
+                    for step, position in enumerate(plan.steps):
                         self._run_node(graph.nodes[position], env, dynamic)
+                        for s in ending.get(step, ()):
+                            _forget(s, values_of[s], env, dynamic)
                 self.outputs = [self._value(r.value, env, dynamic) for r in graph.output_refs()]
                 self.io.capture_outputs(self.outputs)
             finally:
@@ -106,7 +118,7 @@ class CudaGraphReplay:
         self.fresh_bytes = block
         # the last calls' output sets, each with the handle of the stream it was made on
         self.handed_out: list[tuple[int, list[Any]]] = []
-        self.env = env  # every array the graph touches lives as long as the graph
+        self.env = env  # the arrays still bound (inputs, outputs, constants) live with the graph
         self.writeback = [(i, self.inputs[i]) for i in plan.writeback]
         self.arena_bytes = int(self.pool.total_bytes())
         # the stream of the previous call; at first the plan's own, so the first call
@@ -200,12 +212,23 @@ class CudaGraphReplay:
             self.last_user.synchronize()
         self.graph = self.env = self.memory = self.last_user = None
         self.inputs, self.outputs, self.writeback, self.blocks, self.handed_out = [], [], [], [], []
-        self.weight_packs = None
+        self.weight_packs = self.arena = None
         self.forget_stream()  # the buffers the backend kept for the capture (once)
         self.io.release()
         self.pool.free_all_blocks()
 
 
+def _forget(storage: int, values: list[int], env: dict[int, Any], dynamic: dict[int, Any]) -> None:
+    """Drop every reference to an intermediate no later step touches: its block goes
+    back to the plan's pool and later captured kernels reuse it in stream order (the
+    pool keeps it for the graph's lifetime), so the plan holds its largest live set
+    rather than every intermediate at once."""
+    dynamic.pop(storage, None)
+    for v in values:
+        env.pop(v, None)
+
+
+ARENA_SLACK = 16 << 20  # at most this many bytes of a capture's arena beyond 5/4 of the plan's placement
 RECYCLED_SETS = 2  # output sets a CUDA-graph replay keeps to hand out again
 
 

@@ -1,0 +1,89 @@
+"""Memory on the GPU path.
+
+* Convolution weights stored channels-last (``Module.to(memory_format=tc.channels_last)``)
+  are read by the implicit-GEMM forward where they lie: the same results bit for bit as
+  contiguous weights, eager and compiled, and a CUDA-graph plan keeps no packed copy.
+* A CUDA-graph plan frees each intermediate after the last step that touches it, so its
+  pool holds its largest live set, not every intermediate at once; the capture allocates
+  first fit inside one block (``pools.CaptureArena``), freed ranges merging at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import layers
+import tensorcore as tc
+import tensorcore.functional as F
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("cupy")
+
+
+class _Block(layers.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.first = layers.Conv2d(channels, channels, 3, padding=1)
+        self.norm = layers.GroupNorm(8, channels)
+        self.second = layers.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: tc.Tensor) -> tc.Tensor:
+        return x + self.second(F.silu(self.norm(self.first(x))))
+
+
+def _executor(compiled):
+    (entry,) = compiled._plans.values()
+    return entry.executor
+
+
+@pytest.mark.parametrize("dtype", [tc.float16, tc.bfloat16])
+def test_channels_last_weights_convolve_like_contiguous_ones_with_no_packed_copy(dtype) -> None:
+    tc.manual_seed(0)
+    plain = _Block(64).to("cuda", dtype).eval()
+    laid = _Block(64).to("cuda", dtype).eval()
+    laid.load_state_dict(plain.state_dict())
+    laid.to(memory_format=tc.channels_last)
+    x = tc.tensor(np.random.default_rng(1).standard_normal((2, 64, 24, 20)), device="cuda").to(dtype)
+    with tc.no_grad():
+        np.testing.assert_array_equal(laid(x).float().numpy(), plain(x).float().numpy())
+        compiled, compiled_plain = tc.compile(laid, cache_dir=False), tc.compile(plain, cache_dir=False)
+        compiled(x), compiled_plain(x)  # traced: the next calls replay the plans
+        np.testing.assert_array_equal(compiled(x).float().numpy(), compiled_plain(x).float().numpy())
+    assert len(_executor(compiled).weight_packs) == 0 < len(_executor(compiled_plain).weight_packs)
+
+
+def test_a_plan_holds_its_largest_live_set_not_every_intermediate() -> None:
+    tc.manual_seed(0)
+    depth, rows, width = 12, 2048, 1024
+    model = layers.Sequential(*[layers.Sequential(layers.Linear(width, width, bias=False), layers.ReLU())
+                                for _ in range(depth)]).to("cuda").eval()
+    x = tc.tensor(np.random.default_rng(0).standard_normal((rows, width)).astype(np.float32), device="cuda")
+    with tc.no_grad():
+        compiled = tc.compile(model)
+        got = compiled(x).numpy()
+        np.testing.assert_array_equal(got, model(x).numpy())
+        np.testing.assert_array_equal(compiled(x * 2).numpy(), model(x * 2).numpy())
+    intermediate = rows * width * 4
+    held = _executor(compiled).pool.total_bytes()  # its peak: freed blocks stay in the pool
+    assert held <= 5 * intermediate, f"the plan holds {held} bytes for {depth} intermediates of {intermediate}"
+
+
+def test_the_capture_arena_reuses_and_merges_freed_ranges_and_sends_the_rest_to_the_pool() -> None:
+    import cupy
+
+    from tensorcore.backends.cupy.pools import CaptureArena
+
+    pool = cupy.cuda.MemoryPool()
+    arena = CaptureArena(pool, 4096, 256)
+    first, second, third = arena.malloc(1000), arena.malloc(256), arena.malloc(512)
+    assert [p.ptr - arena.block.ptr for p in (first, second, third)] == [0, 1024, 1280]
+    del second
+    kept = arena.malloc(100)
+    assert kept.ptr - arena.block.ptr == 1024  # the lowest range that fits
+    del first
+    assert arena.free[0] == [0, 1024]
+    del third
+    assert arena.free == [[0, 1024], [1280, 4096 - 1280]]  # the 100-byte block still holds 1024..1280
+    outside = arena.malloc(8192)
+    assert not arena.block.ptr <= outside.ptr < arena.block.ptr + 4096 and pool.used_bytes() >= 4096 + 8192
