@@ -3,7 +3,8 @@
 //
 // One block of 4 warps takes 64·M query rows of one (batch, head); each warp owns M tiles
 // of 16 rows (M = 2 for narrow heads: each K/V fragment read from shared memory then
-// feeds two MMAs).  The block walks the keys 64 at a time: K and V tiles come into shared
+// feeds two MMAs).  The block walks the keys KEYS at a time (128 up to head width 80:
+// half the per-tile softmax bookkeeping and barriers of 64): K and V tiles come into shared
 // memory with cp.async (the next tile's copy runs under the current tile's math), S = Q Kᵀ
 // is computed with mma.sync m16n8k16 into float registers, and the online softmax keeps,
 // per row, the running maximum m and sum l in the exp2 domain: P = 2^(S·c - m) with
@@ -23,7 +24,7 @@
 // [B, Lq, H·d], so merging the heads back costs no copy).
 #include "flash_attention.cuh"
 
-template <typename T, int D, int M>
+template <typename T, int D, int M, int KEYS>
 __global__ void __launch_bounds__(FA_WARPS * 32)
 flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                            T* __restrict__ out, float* __restrict__ lse, int heads, int lq, int lk, int d,
@@ -31,9 +32,9 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
                            long long kb, long long kh, long long kl, long long vb, long long vh, long long vl) {
     constexpr int ROWS = FA_WARPS * 16 * M;  // query rows per block
     constexpr int KSTEPS = D / 16;           // mma k-steps over the head dim
-    constexpr int NT = FA_KEYS / 8;          // 8-key tiles of S per row tile
+    constexpr int NT = KEYS / 8;             // 8-key tiles of S per row tile
     constexpr int OT = D / 8;                // 8-column tiles of O per row tile
-    constexpr int KV_TILE = FA_KEYS * (D + 8);
+    constexpr int KV_TILE = KEYS * (D + 8);
     extern __shared__ __align__(16) unsigned short smem[];
     const unsigned s_q = smem_addr(smem), s_k = s_q + ROWS * (D + 8) * 2, s_v = s_k + 2 * KV_TILE * 2;
 
@@ -47,10 +48,10 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
     const unsigned short* vp = (const unsigned short*)v + b * vb + h * vh;
 
     const int last_key = causal ? min(lk, row0 + ROWS) : lk;  // keys any row of the block sees
-    const int tiles = (last_key + FA_KEYS - 1) / FA_KEYS;
+    const int tiles = (last_key + KEYS - 1) / KEYS;
     load_tile<ROWS, D>(s_q, qp, ql, lq - row0, d);
-    load_tile<FA_KEYS, D>(s_k, kp, kl, lk, d);
-    load_tile<FA_KEYS, D>(s_v, vp, vl, lk, d);
+    load_tile<KEYS, D>(s_k, kp, kl, lk, d);
+    load_tile<KEYS, D>(s_v, vp, vl, lk, d);
     cp_async_commit();
 
     unsigned qa[M][KSTEPS][4];
@@ -67,9 +68,9 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
     for (int tile = 0; tile < tiles; ++tile) {
         const int stage = tile & 1;
         if (tile + 1 < tiles) {  // the next tile's copy runs under this tile's math
-            const int next = (tile + 1) * FA_KEYS;
-            load_tile<FA_KEYS, D>(s_k + (stage ^ 1) * KV_TILE * 2, kp + next * kl, kl, lk - next, d);
-            load_tile<FA_KEYS, D>(s_v + (stage ^ 1) * KV_TILE * 2, vp + next * vl, vl, lk - next, d);
+            const int next = (tile + 1) * KEYS;
+            load_tile<KEYS, D>(s_k + (stage ^ 1) * KV_TILE * 2, kp + next * kl, kl, lk - next, d);
+            load_tile<KEYS, D>(s_v + (stage ^ 1) * KV_TILE * 2, vp + next * vl, vl, lk - next, d);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -107,8 +108,8 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
         }
 
         // hide keys past lk and, when causal, keys after the row: only edge tiles hold them
-        const int key0 = tile * FA_KEYS;
-        if (key0 + FA_KEYS > lk || (causal && key0 + FA_KEYS - 1 > warp_row0)) {
+        const int key0 = tile * KEYS;
+        if (key0 + KEYS > lk || (causal && key0 + KEYS - 1 > warp_row0)) {
 #pragma unroll
             for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -158,7 +159,7 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
 
         // O += P V: P's accumulators of key tiles 2kk, 2kk+1 are the A fragment of k-step kk
 #pragma unroll
-        for (int kk = 0; kk < FA_KEYS / 16; ++kk) {
+        for (int kk = 0; kk < KEYS / 16; ++kk) {
             unsigned pa[M][4];
 #pragma unroll
             for (int mi = 0; mi < M; ++mi) {
