@@ -240,9 +240,9 @@ def _winograd_batch_conv(scratch: Scratch, x: Array, u: Array, padding: Pair, y:
 
 
 def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair,
-                          batch: bool) -> Array:
-    """dL/dw [Cout, C, 3, 3] of a Winograd-shaped convolution: G^T (dM @ V^T) G with
-    dM = A dY A^T per tile."""
+                          batch: bool, out: Array | None = None) -> Array:
+    """dL/dw [Cout, C, 3, 3] (into ``out`` when given) of a Winograd-shaped convolution:
+    G^T (dM @ V^T) G with dM = A dY A^T per tile."""
     from .kernels import winograd, winograd_batch
     from .kernels.block_products import batched_matmul
 
@@ -258,7 +258,7 @@ def _winograd_weight_grad(scratch: Scratch, grad: Array, x: Array, padding: Pair
         mg = scratch.take(size, grad.dtype, 2).reshape(36, cout, -1)
         winograd.grad_tiles_(mg, grad, *tiles)
         du = np.matmul(mg, v.transpose(0, 2, 1))
-    return winograd.weight_grad(du)
+    return winograd.weight_grad(du, out)
 
 
 class NumbaSpatialKernels:
@@ -427,24 +427,29 @@ class NumbaSpatialKernels:
         return dx
 
     def conv2d_grad_weight(self, grad: Array, x: Array, w_shape: Shape, stride: Pair,
-                           padding: Pair, dilation: Pair, groups: int) -> Array:
+                           padding: Pair, dilation: Pair, groups: int, out: Array | None = None) -> Array:
+        """The reference's weight gradient, written into ``out`` when given (a C-contiguous
+        array of the weight's shape and dtype, as ``conv2d``'s ``out``)."""
         if not fast_path(grad, x):
-            return super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
+            dw = super().conv2d_grad_weight(grad, x, w_shape, stride, padding, dilation, groups)
+            self._check_out("conv2d_grad_weight", out, dw.shape, dw.dtype)
+            return self._into(out, dw)
         ho, wo = self._conv_grad_geometry("conv2d_grad_weight", grad, x.shape, w_shape, stride,
                                           padding, dilation, groups)
+        self._check_out("conv2d_grad_weight", out, w_shape, x.dtype)
         algorithm = conv_algorithm("grad_weight", w_shape, stride, padding, dilation, groups,
                                    x.shape[0], (ho, wo))
         if algorithm == SUBSAMPLED:
             dense = _zeros_between(grad, stride, _stride_one_plane(x.shape[2:], padding))
-            return self.conv2d_grad_weight(dense, x, w_shape, (1, 1), padding, dilation, groups)
+            return self.conv2d_grad_weight(dense, x, w_shape, (1, 1), padding, dilation, groups, out=out)
         if algorithm in (WINOGRAD, WINOGRAD_BATCH):
             return _winograd_weight_grad(self.scratch, grad, x, padding,
-                                         batch=algorithm == WINOGRAD_BATCH)
+                                         batch=algorithm == WINOGRAD_BATCH, out=out)
         if algorithm == FEW_OUT:
             from .kernels import conv_direct as D
 
-            return D.grad_weight(np.ascontiguousarray(grad), np.ascontiguousarray(x), groups,
-                                 w_shape[2], w_shape[3], *stride, *padding, *dilation)
+            return self._into(out, D.grad_weight(np.ascontiguousarray(grad), np.ascontiguousarray(x), groups,
+                                                 w_shape[2], w_shape[3], *stride, *padding, *dilation))
         cols = self._columns(x, (w_shape[2], w_shape[3]), (ho, wo), stride, padding, dilation,
                              groups)
         if algorithm == DIRECT:
@@ -453,11 +458,13 @@ class NumbaSpatialKernels:
             n, cout = grad.shape[:2]
             dw = K.small_k_weight_grad(np.ascontiguousarray(grad).reshape(n, cout, -1),
                                        cols.reshape(groups, cols.shape[1], n, -1))
-            return dw.reshape(w_shape)
+            return self._into(out, dw.reshape(w_shape))
         # computed transposed, [groups, K, Cout/groups]: BLAS runs this shape (long
         # contraction, the wide column matrix as the left operand) faster
         dw_t = np.matmul(cols, self._grad_columns(grad, groups).transpose(0, 2, 1))
-        return np.ascontiguousarray(dw_t.transpose(0, 2, 1)).reshape(w_shape)
+        dw = _target(out, w_shape, x.dtype)
+        dw.reshape(dw_t.shape[0], dw_t.shape[2], dw_t.shape[1])[...] = dw_t.transpose(0, 2, 1)
+        return dw
 
     # ----- pooling -----------------------------------------------------------------
     def max_pool2d(self, x: Array, kernel: Pair, stride: Pair,

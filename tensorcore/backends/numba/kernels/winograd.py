@@ -215,8 +215,10 @@ def weight_tiles(w: np.ndarray, flipped: bool = False) -> np.ndarray:
     return np.matmul(_KRON_G[w.dtype, flipped], kernels.T).reshape(36, a, b)
 
 
-def weight_grad(du: np.ndarray) -> np.ndarray:
+def weight_grad(du: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """dw [Cout, C, 3, 3] = G^T dU G from du [36, Cout, C] (the adjoint of
-    ``weight_tiles``), as one BLAS product."""
+    ``weight_tiles``), as one BLAS product (into ``out``, C-contiguous, when given)."""
     cout, c = du.shape[1:]
-    return np.matmul(du.reshape(36, cout * c).T, _KRON_G[du.dtype, False]).reshape(cout, c, 3, 3)
+    dw = np.empty((cout, c, 3, 3), du.dtype) if out is None else out
+    np.matmul(du.reshape(36, cout * c).T, _KRON_G[du.dtype, False], out=dw.reshape(cout * c, 9))
+    return dw
