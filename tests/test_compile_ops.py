@@ -200,3 +200,22 @@ def test_host_data_of_any_layout_is_a_constant(backend):
         for g, w in zip(compiled(x), f(x)):
             assert _same(g, w)
     assert compiled.cache_info().hits == 2
+
+
+def test_a_reshape_that_copies_replays_as_one_copy_into_its_buffer(backend, monkeypatch):
+    """A reshape of a transposed view copies; the replay copies the values straight into
+    the planned buffer (``NumpyBackend.prepare``), never calling ``reshape`` itself."""
+    calls = []
+    cls = type(tc.get_backend())
+    reshape = cls.reshape
+    monkeypatch.setattr(cls, "reshape", lambda self, a, shape: calls.append(shape) or reshape(self, a, shape))
+    compiled = tc.compile(lambda x: (x.transpose(0, 2) * 2.0).reshape(-1, 3) + 1.0, cache_dir=False)
+    compiled(tc.randn(3, 4, 5))  # traces
+    assert calls
+    for _ in range(2):
+        x = tc.randn(3, 4, 5)
+        want = (x.transpose(0, 2) * 2.0).reshape(-1, 3) + 1.0
+        calls.clear()
+        assert _same(compiled(x), want)
+        assert not calls
+    assert compiled.cache_info().hits == 2

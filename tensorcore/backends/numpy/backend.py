@@ -294,8 +294,9 @@ class NumpyPrimitives:
 
     # ----- compiled replay -----------------------------------------------------------
     def prepare(self, op: str, args: tuple, kwargs: dict, out: Any) -> Callable[[], Any] | None:
-        """The elementwise ufuncs and matmul bound to their arrays and ``out`` (NumPy
-        arrays only: the CuPy backend runs its own kernels for these)."""
+        """The elementwise ufuncs and matmul bound to their arrays and ``out``, and a
+        reshape that copies as one copy into ``out`` (NumPy arrays only: the CuPy backend
+        runs its own kernels for these)."""
         if type(self).xp is not numpy or kwargs or out is None or out.dtype == bfloat16:
             return None
         if op == "binary" and args[0] in _BINARY:
@@ -307,6 +308,9 @@ class NumpyPrimitives:
             return functools.partial(numpy.matmul, a, b, out=rows_out)
         if op == "fused_elementwise":
             return self._prepare_fused(*args, out)
+        if op == "reshape" and isinstance(args[0], numpy.ndarray) and args[0].dtype == out.dtype \
+                and args[0].size == out.size and out.flags.c_contiguous:  # a reshape that copies: one copy
+            return functools.partial(numpy.copyto, out.reshape(args[0].shape), args[0])
         return None
 
     def _prepare_fused(self, program: tuple, inputs: Sequence[Any], out: Any) -> Callable[[], Any]:
