@@ -421,11 +421,12 @@ def _moved(t: Tensor, device: str | None, dtype: Any, memory_format: Any = None)
     """``t`` on ``device`` with floating values cast to ``dtype`` and, when 4-D, laid out
     in ``memory_format`` (``t`` itself if unchanged)."""
     cast = dtype if dtype is not None and tc.dtypes.is_floating(t.dtype) and tc.dtypes.as_dtype(dtype) != t.dtype else None
-    if device not in (None, t.device) or cast is not None:
-        t = t.detach().to(device, dtype=cast)
-    if memory_format is not None and t.ndim == 4 and not formats.is_laid_out(t.data, memory_format):
-        with tc.no_grad():
-            t = formats.laid_out(t.detach(), memory_format)
+    device = None if device == t.device else device
+    if memory_format is not None and t.ndim == 4:
+        with tc.no_grad():  # laid out on the way: the target device holds one copy
+            return formats.laid_out(t, memory_format, device, cast)
+    if device is not None or cast is not None:
+        return t.detach().to(device, dtype=cast)
     return t
 
 

@@ -46,15 +46,22 @@ def is_laid_out(a: Any, memory_format: MemoryFormat) -> bool:
     return bool(a.transpose(memory_format.order).flags.c_contiguous)
 
 
-def laid_out(t: Any, memory_format: MemoryFormat) -> Any:
-    """Tensor ``t`` (detached) with its elements in ``memory_format``: ``t`` itself when
-    they are already, else a copy (4-D only; other tensors are returned contiguous)."""
+def laid_out(t: Any, memory_format: MemoryFormat, device: Any = None, dtype: Any = None) -> Any:
+    """Tensor ``t`` (detached) with its elements in ``memory_format``, moved to ``device``
+    and cast to ``dtype`` when given: ``t`` itself when nothing changes.  A 4-D tensor is
+    permuted to the format's order and made dense where it lies, moved, and viewed back,
+    so the target device receives one dense copy and never holds a second (other tensors
+    are returned contiguous)."""
     from . import ops
 
-    if is_laid_out(t.data, memory_format):
+    if device is None and dtype is None and is_laid_out(t.data, memory_format):
         return t
     if memory_format is contiguous_format or t.ndim != 4:
-        return ops.clone(t)
+        t = t.to(device, dtype=dtype)
+        return t if t.data.flags.c_contiguous else ops.clone(t)
     order = memory_format.order
+    dense = ops.permute(t, order)
+    if not dense.data.flags.c_contiguous:
+        dense = ops.clone(dense)
     inverse = tuple(order.index(axis) for axis in range(4))
-    return ops.permute(ops.clone(ops.permute(t, order)), inverse)
+    return ops.permute(dense.to(device, dtype=dtype), inverse)

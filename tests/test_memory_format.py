@@ -75,3 +75,13 @@ def test_an_unknown_memory_format_is_a_type_error_before_anything_moves() -> Non
         net.to(tc.float16, memory_format="channels_last")
     assert net.conv.weight.data is data and net.conv.weight.dtype == tc.float32
     assert repr(tc.channels_last) == "tensorcore.channels_last"
+
+
+def test_a_cast_and_a_layout_in_one_call() -> None:
+    source = _Net()
+    net = _Net()
+    net.load_state_dict(source.state_dict())
+    weight = net.conv.weight
+    net.to(tc.float16, memory_format=tc.channels_last)
+    assert net.conv.weight is weight and weight.dtype == tc.float16 and _channels_last_strides(weight.data)
+    np.testing.assert_array_equal(weight.numpy(), source.conv.weight.numpy().astype(np.float16))

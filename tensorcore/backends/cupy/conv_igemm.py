@@ -23,9 +23,10 @@ reduce kernel.  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
 small * big), accurate to float32.  On Hopper (sm_90) the forward and input-gradient
 GEMMs in TF32 and 16-bit run on warpgroup MMA (``wgmma``) tiles.
 
-Scratch memory (packed operands, partials) is allocated per call from the current pool,
-except inside a user's own CUDA-graph capture, where it comes from a buffer kept per
-(device, stream) (``_scratch_arrays``).  Calls the kernels do not cover return None and
+Scratch memory (packed operands, partials) comes from one buffer per (device, stream),
+so the kernels allocate nothing and can be captured in a CUDA graph once a call of the
+same size has run; a plan's capture takes it from the plan's own pool instead
+(``_scratch_arrays``).  Calls the kernels do not cover return None and
 are counted (``tc.cuda.conv_stats()``); the caller runs the im2col + GEMM path.
 """
 
@@ -110,24 +111,23 @@ def _padded(channels: int, itemsize: int) -> int:
 # ----- scratch memory ----------------------------------------------------------------------
 _scratch: dict[tuple[int, int], list[Any]] = {}
 _scratch_lock = threading.Lock()
+_captured: set[tuple[int, int]] = set()  # (device, stream) keys used inside a capture
 
 
 def _scratch_arrays(*layout: tuple[tuple[int, ...], Any]) -> list[Any]:
-    """Arrays of the given (shape, dtype) for one call, carved from one allocation.
-
-    Outside a CUDA-graph capture, and while a plan is captured into its own pool
-    (``pools.capturing_plan``), that is a block of the current pool, freed after the
-    call (the pool caches it; a plan's pool hands it to later captured kernels in stream
-    order).  Inside any other capture it is the stream's kept buffer: a freed block of
-    the default pool could be reused by work outside the graph while the graph still
-    reads it."""
+    """Arrays of the given (shape, dtype) for one call, carved from one buffer: the
+    stream's kept scratch buffer, or while a plan is captured into its own pool
+    (``pools.capturing_plan``) a block of that pool, freed after the call so that later
+    captured kernels reuse it in stream order.  (Per-call blocks of the default pool
+    would not do for eager calls: once other arrays split the freed blocks, the large
+    requests reach cudaMalloc, which synchronizes: the SD-1.5 UNet's eager forward went
+    from 47 to 72 ms.)"""
     sizes = [-(-math.prod(shape) * numpy.dtype(dtype).itemsize // _ALIGN) * _ALIGN
              for shape, dtype in layout]
-    stream = cupy.cuda.get_current_stream()
-    if pools.plan_capture() or stream.ptr == 0 or not stream.is_capturing():
+    if pools.plan_capture():
         buffer = cupy.empty(sum(sizes), dtype=numpy.uint8)
     else:
-        buffer = _captured_scratch(stream.ptr, sum(sizes))
+        buffer = _stream_scratch(sum(sizes))
     arrays, offset = [], 0
     for (shape, dtype), size in zip(layout, sizes):
         arrays.append(cupy.ndarray(shape, dtype, memptr=buffer.data + offset))
@@ -135,16 +135,25 @@ def _scratch_arrays(*layout: tuple[tuple[int, ...], Any]) -> list[Any]:
     return arrays
 
 
-def _captured_scratch(stream: int, nbytes: int) -> Any:
-    """The capturing stream's kept scratch buffer, grown to at least ``nbytes``.  An
-    outgrown buffer stays alive (a graph captured earlier may still use it); doubling
-    bounds what the kept buffers add up to."""
-    key = (cupy.cuda.runtime.getDevice(), stream)
+def _stream_scratch(nbytes: int) -> Any:
+    """The current stream's scratch buffer, grown to at least ``nbytes``.  A buffer
+    outgrown on a stream ever captured into a CUDA graph stays alive (the graph may still
+    use it; doubling bounds what the kept buffers add up to); on any other stream it is
+    dropped and the new one is just large enough."""
+    stream = cupy.cuda.get_current_stream()
+    key = (cupy.cuda.runtime.getDevice(), stream.ptr)
+    if stream.ptr != 0 and key not in _captured and stream.is_capturing():
+        _captured.add(key)
     held = _scratch.get(key)
     if held is None or held[-1].nbytes < nbytes:
         with _scratch_lock:
             held = _scratch.setdefault(key, [])
-            held.append(cupy.empty(max(nbytes, 2 * held[-1].nbytes if held else 0, 1 << 20), dtype=numpy.uint8))
+            if key in _captured:
+                grown = max(nbytes, 2 * held[-1].nbytes if held else 0, 1 << 20)
+            else:
+                grown = max(nbytes, 1 << 20)
+                held.clear()
+            held.append(cupy.empty(grown, dtype=numpy.uint8))
     return held[-1]
 
 
@@ -154,6 +163,7 @@ def clear_scratch(stream: int | None = None) -> None:
     with _scratch_lock:
         for key in [k for k in _scratch if stream is None or k[1] == stream]:
             del _scratch[key]
+            _captured.discard(key)
     counters.clear(stream)
 
 
