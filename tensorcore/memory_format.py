@@ -17,9 +17,9 @@ from typing import Any
 class MemoryFormat:
     """A named memory format (compare by identity, as ``torch.memory_format``)."""
 
-    def __init__(self, name: str, order: tuple[int, ...] | None) -> None:
+    def __init__(self, name: str, order: tuple[int, ...]) -> None:
         self.name = name
-        self.order = order  # axes from outermost to innermost in memory (4-D); None: as given
+        self.order = order  # a 4-D tensor's axes from outermost to innermost in memory
 
     def __repr__(self) -> str:
         return f"tensorcore.{self.name}"
@@ -39,16 +39,16 @@ def check(memory_format: Any, op: str) -> MemoryFormat:
 
 
 def is_laid_out(a: Any, memory_format: MemoryFormat) -> bool:
-    """Whether backend array ``a`` lies in memory in ``memory_format`` (always, for a
-    tensor that is not 4-D and a format that only orders 4-D ones)."""
-    if memory_format is contiguous_format or a.ndim != 4:
+    """Whether backend array ``a`` lies in memory in ``memory_format`` (a tensor that is
+    not 4-D: whether it is C-contiguous)."""
+    if a.ndim != 4:
         return bool(a.flags.c_contiguous)
     return bool(a.transpose(memory_format.order).flags.c_contiguous)
 
 
 def laid_out(t: Any, memory_format: MemoryFormat, device: Any = None, dtype: Any = None) -> Any:
-    """Tensor ``t`` (detached) with its elements in ``memory_format``, moved to ``device``
-    and cast to ``dtype`` when given: ``t`` itself when nothing changes.  A 4-D tensor is
+    """Tensor ``t`` with its elements in ``memory_format``, moved to ``device`` and cast
+    to ``dtype`` when given (call it under ``no_grad``): ``t`` itself when nothing changes.  A 4-D tensor is
     permuted to the format's order and made dense where it lies, moved, and viewed back,
     so the target device receives one dense copy and never holds a second (other tensors
     are returned contiguous)."""
@@ -56,7 +56,7 @@ def laid_out(t: Any, memory_format: MemoryFormat, device: Any = None, dtype: Any
 
     if device is None and dtype is None and is_laid_out(t.data, memory_format):
         return t
-    if memory_format is contiguous_format or t.ndim != 4:
+    if t.ndim != 4:
         t = t.to(device, dtype=dtype)
         return t if t.data.flags.c_contiguous else ops.clone(t)
     order = memory_format.order

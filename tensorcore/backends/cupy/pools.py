@@ -80,9 +80,11 @@ class CaptureArena:
         import cupy
 
         size = -(-nbytes // self.align) * self.align
+        if size == 0:
+            return self.pool.malloc(0)
         with self.lock:
             for i, (offset, room) in enumerate(self.free):
-                if size and room >= size:
+                if room >= size:
                     if room == size:
                         del self.free[i]
                     else:
