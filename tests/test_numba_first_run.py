@@ -155,8 +155,8 @@ def test_kernels_compiled_by_a_second_process_load_without_compiling(tmp_path) -
     np.testing.assert_allclose(alone["silu"], v / (1 + np.exp(-v.astype(np.float64))), rtol=1e-5, atol=1e-6)
     assert alone["fused"] == (np.arange(50) * 1.5).tolist()
 
-    worker = subprocess.run([sys.executable, "-m", "tensorcore.backends.numba.warmup", "--reverse"],
-                            input=json.dumps(KERNELS), env=cold_env(tmp_path / "shared"), capture_output=True,
+    worker = subprocess.run([sys.executable, "-m", "tensorcore.backends.numba.warmup"],
+                            input=json.dumps(warmup.background_order(KERNELS)), env=cold_env(tmp_path / "shared"), capture_output=True,
                             text=True, timeout=300)
     assert worker.returncode == 0 and worker.stderr == "", worker.stderr
     loaded = run_calls(tmp_path / "shared", KERNELS)
@@ -167,6 +167,16 @@ def test_kernels_compiled_by_a_second_process_load_without_compiling(tmp_path) -
     assert background["started"]  # the first compile on a cold cache starts the second process
     assert (background["sums"], background["silu"], background["fused"]) == (alone["sums"], alone["silu"],
                                                                               alone["fused"])
+
+
+def test_the_second_process_compiles_the_eager_kernels_from_the_back_first() -> None:
+    eager = [{"module": "m", "name": f"k{i}", "args": []} for i in range(4)]
+    fused = [{"fused": [PROGRAM, ":cc"], "name": name, "args": []} for name in ("serial", "parallel")]
+    later = {"module": "m", "name": "after_the_plan", "args": []}
+    assert warmup.background_order(eager + fused[:1] + [later] + fused[1:]) == (
+        eager[::-1] + [fused[1], later, fused[0]])
+    assert warmup.background_order(eager) == eager[::-1]
+    assert warmup.background_order([]) == []
 
 
 def test_a_listed_kernel_that_does_not_compile_is_reported_not_fatal(tmp_path) -> None:

@@ -11,11 +11,13 @@ there when the first process reaches it instead of compiling again.
 * ``compile_kernels`` compiles such a list (``python -m tensorcore.backends.numba.warmup``
   runs it in a process of its own, the list as JSON on its standard input).
 * ``BackgroundCompiles`` starts that process when the first kernel compiles in this
-  one (a warm cache starts nothing), compiling the list from its last entry back while
-  this process compiles from the first: they meet in the middle, and whichever comes
-  second to a kernel loads it from the cache.  A kernel's first call in this process
-  waits while the other one is compiling it (it leaves a marker file meanwhile), so
-  the two never compile the same kernel at once where they meet.
+  one (a warm cache starts nothing), compiling the list in ``background_order``: the
+  kernels of the first (eager) step from the last back while this process compiles
+  them from the first, so the two meet in the middle of what the first step needs,
+  then the compiled step's kernels, again from the back.  Whichever comes second to a
+  kernel loads it from the cache.  A kernel's first call in this process waits while
+  the other one is compiling it (it leaves a marker file meanwhile), so the two never
+  compile the same kernel at once where they meet.
 
 The kernels of the ``kernels`` modules are listed by module and name (the functions
 Python calls; the helpers they call compile with them), the generated fused loops of a
@@ -185,6 +187,16 @@ def compile_kernels(entries: list[Entry], markers: str | None = None) -> list[st
     return failed
 
 
+def background_order(entries: list[Entry]) -> list[Entry]:
+    """The order the second process compiles ``entries`` (listed in the order a run
+    compiles them) in: those before the first generated fused loop (an eager step's
+    kernels: fused loops come with a compiled plan) from the last back, then the rest
+    from the last back.  So the two processes meet in the middle of what the first
+    step needs, and the second does not spend that time on kernels needed later."""
+    first_fused = next((i for i, entry in enumerate(entries) if "fused" in entry), len(entries))
+    return entries[:first_fused][::-1] + entries[first_fused:][::-1]
+
+
 def marker_name(module: str, name: str) -> str:
     """The file that marks kernel ``module.name`` as being compiled by the second process."""
     return f"{module}.{name}"
@@ -192,8 +204,8 @@ def marker_name(module: str, name: str) -> str:
 
 class BackgroundCompiles:
     """Inside ``with BackgroundCompiles(entries):``, the first compile of a tensorcore kernel
-    in this process starts a process that compiles ``entries`` from the last back; on
-    leaving the block, that process is stopped if it still runs.
+    in this process starts a process that compiles ``entries`` in ``background_order``;
+    on leaving the block, that process is stopped if it still runs.
 
     Where the two meet, this process would compile a kernel the other one is in the
     middle of.  Instead, a kernel's first call here waits while the other process
@@ -235,9 +247,9 @@ class BackgroundCompiles:
             # thread pools or its compile notice
             env = {**os.environ, "TENSORCORE_BACKEND": "numpy"}
             self.markers = tempfile.mkdtemp(prefix="tensorcore-compiling-")
-            self.process = subprocess.Popen([sys.executable, "-m", __name__, "--reverse", self.markers], env=env,
+            self.process = subprocess.Popen([sys.executable, "-m", __name__, self.markers], env=env,
                                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-            self.process.stdin.write(json.dumps(self.entries))  # read by the process as it starts
+            self.process.stdin.write(json.dumps(background_order(self.entries)))  # read as it starts
             self.process.stdin.close()
             threads.before_first_call = self.wait_for
 
@@ -263,14 +275,14 @@ class BackgroundCompiles:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tensorcore.backends.numba.warmup [--reverse [MARKERS]] < LIST.json``:
-    compile the list (from its last entry back with ``--reverse``) into Numba's cache,
-    marking each kernel in the directory MARKERS while it compiles."""
-    if not (argv == [] or (argv[0] == "--reverse" and len(argv) <= 2)):
-        print("usage: python -m tensorcore.backends.numba.warmup [--reverse [MARKERS]] < LIST.json", file=sys.stderr)
+    """``python -m tensorcore.backends.numba.warmup [MARKERS] < LIST.json``: compile the
+    list, in its order, into Numba's cache, marking each kernel in the directory MARKERS
+    while it compiles."""
+    if len(argv) > 1 or argv[:1] in (["-h"], ["--help"]):
+        print("usage: python -m tensorcore.backends.numba.warmup [MARKERS] < LIST.json", file=sys.stderr)
         return 2
     entries = json.load(sys.stdin)
-    failed = compile_kernels(entries[::-1] if argv else entries, argv[1] if len(argv) == 2 else None)
+    failed = compile_kernels(entries, argv[0] if argv else None)
     if failed:
         print(f"tensorcore: {len(failed)} of {len(entries)} listed kernels did not compile in the background "
               f"(the run compiles what it needs itself), the first: {failed[0]}", file=sys.stderr)
