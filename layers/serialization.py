@@ -19,15 +19,21 @@ import numpy as np
 from safetensors.numpy import save as _encode
 
 from tensorcore.atomic import write_atomic
-from tensorcore.dtypes import bfloat16
+from tensorcore.dtypes import bfloat16_dtype
 
 from .files import open_regular
 
-# safetensors' dtype tags -> NumPy dtypes (``safetensors.numpy`` knows no BF16)
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": bfloat16,
+# safetensors' dtype tags -> NumPy dtypes (``safetensors.numpy`` knows no BF16; bfloat16's
+# dtype is made when a file holds one: ``_dtype``)
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16",
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
            "BOOL": np.bool_}
 FLOAT_TAGS = ("F64", "F32", "F16", "BF16")
+
+
+def _dtype(tag: str) -> np.dtype:
+    """The NumPy dtype of safetensors' dtype tag ``tag`` (one of ``_DTYPES``)."""
+    return bfloat16_dtype() if tag == "BF16" else np.dtype(_DTYPES[tag])
 
 
 def save_file(arrays: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
@@ -92,7 +98,7 @@ def _entry(name: str, info: Any, path: str, base: int) -> TensorEntry:
             or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in offsets):
         raise ValueError(f"load: {path!r} is not a valid safetensors file (entry {name!r} needs a shape of "
                          f"non-negative ints and two data offsets, got {info!r})")
-    nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+    nbytes = math.prod(shape) * _dtype(dtype).itemsize
     if offsets[1] - offsets[0] != nbytes:
         raise ValueError(f"load: {path!r} is not a valid safetensors file ({name!r} of shape {tuple(shape)} and "
                          f"dtype {dtype} needs {nbytes:,} bytes, its offsets {offsets} give {offsets[1] - offsets[0]:,})")
@@ -105,7 +111,7 @@ def read_tensor(f: BinaryIO, entry: TensorEntry, name: str, path: str) -> np.nda
     f.seek(entry.start)
     if f.readinto(buffer) != len(buffer):
         raise ValueError(f"load: {path!r} is not a valid safetensors file (it ended inside {name!r})")
-    return np.frombuffer(buffer, dtype=_DTYPES[entry.dtype]).reshape(entry.shape)
+    return np.frombuffer(buffer, dtype=_dtype(entry.dtype)).reshape(entry.shape)
 
 
 def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:

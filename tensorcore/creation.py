@@ -46,8 +46,8 @@ def tensor(data: Any, dtype: Any = None, device: str | None = None, requires_gra
     array = np.array(data, dtype=None if dtype is None else dtypes.as_dtype(dtype))
     if dtype is None and not keeps_dtype and array.dtype == np.float64:
         array = array.astype(dtypes.default_float)
-    if array.dtype not in dtypes.SUPPORTED:
-        raise TypeError(f"tensor: expected numbers of a supported dtype ({', '.join(map(str, dtypes.SUPPORTED))}), "
+    if not dtypes.is_supported(array.dtype):
+        raise TypeError(f"tensor: expected numbers of a supported dtype ({', '.join(dtypes.SUPPORTED)}), "
                         f"got data of dtype {array.dtype}")
     return Tensor(backend_for(device).from_numpy(array), device, requires_grad)
 
@@ -63,7 +63,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
     """A CPU tensor sharing memory with ``array``."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy: expected a numpy.ndarray, got {type(array).__name__}")
-    if array.dtype not in dtypes.SUPPORTED:
+    if not dtypes.is_supported(array.dtype):
         raise TypeError(f"from_numpy: dtype {array.dtype} is not supported")
     return Tensor(array, "cpu")
 
@@ -148,8 +148,8 @@ def from_dlpack(obj: Any) -> Tensor:
 
 
 def _from_dlpack_array(array: Any, device: str) -> Tensor:
-    if array.dtype not in dtypes.SUPPORTED:
+    if not dtypes.is_supported(array.dtype):
         raise TypeError(f"from_dlpack: dtype {array.dtype} is not supported; convert the tensor to one of "
-                        f"{', '.join(map(str, dtypes.SUPPORTED))} before exporting it")
+                        f"{', '.join(dtypes.SUPPORTED)} before exporting it")
     versions.mark_shared(array)  # the producer may still write it where no version counts
     return Tensor(array, device)

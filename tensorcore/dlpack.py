@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import bfloat16
+from .dtypes import bfloat16_dtype
 
 _KDL_CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
 _KDL_UINT, _KDL_BFLOAT = 1, 4
@@ -92,4 +92,4 @@ def import_cpu(obj: Any) -> np.ndarray:
         raise TypeError(f"from_dlpack: cannot import a DLPack tensor of dtype {kind} ({exc}); convert it to "
                         "a supported dtype (float16, bfloat16, float32, float64, int32, int64, bool, uint8) "
                         "before exporting it, e.g. x.float()") from exc
-    return array.view(bfloat16) if is_bfloat16 else array
+    return array.view(bfloat16_dtype()) if is_bfloat16 else array

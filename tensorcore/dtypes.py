@@ -3,7 +3,10 @@
 tensorcore uses NumPy dtype objects.  NumPy has no bfloat16; ``ml_dtypes`` (the
 package JAX uses) registers one, and CuPy understands it.  bfloat16 tensors are a
 storage format: every kernel loads them into float32, computes and accumulates in
-float32, and rounds the result back.
+float32, and rounds the result back.  Importing ``ml_dtypes`` takes most of a second
+(it registers NumPy loops for a dozen dtypes), so it is imported when bfloat16 is first
+asked for (``tc.bfloat16``, the name "bfloat16"); checks on a dtype in hand go by its
+name (``is_bfloat16``), since a bfloat16 array cannot exist before that import.
 
 Promotion follows PyTorch where it and NumPy disagree, so a float32 model stays
 float32 (see ``docs/semantics.md`` for the table): a floating dtype wins over an
@@ -20,38 +23,63 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 float16 = np.dtype("float16")
 float32 = np.dtype("float32")
 float64 = np.dtype("float64")
-bfloat16 = np.dtype(ml_dtypes.bfloat16)
 int32 = np.dtype("int32")
 int64 = np.dtype("int64")
 bool_ = np.dtype("bool")
 uint8 = np.dtype("uint8")
 
-SUPPORTED = (float16, bfloat16, float32, float64, int32, int64, bool_, uint8)
+SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool", "uint8")  # dtype names
 default_float = float32
+
+
+def bfloat16_dtype() -> np.dtype:
+    """NumPy's bfloat16 dtype (``ml_dtypes``', imported on the first call); also
+    ``tensorcore.dtypes.bfloat16`` and ``tc.bfloat16``."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "bfloat16":
+        return bfloat16_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_bfloat16(dtype: Any) -> bool:
+    """Whether ``dtype`` (a NumPy dtype, or None) is bfloat16, without importing ``ml_dtypes``
+    (its kind is "V"; ``name`` builds a string, so it is read for such dtypes only)."""
+    return isinstance(dtype, np.dtype) and dtype.kind == "V" and dtype.name == "bfloat16"
+
+
+def is_supported(dtype: np.dtype) -> bool:
+    """Whether tensors can hold ``dtype``: one of ``SUPPORTED``, in native byte order."""
+    return dtype.isnative and dtype.name in SUPPORTED
 
 
 def as_dtype(dtype: Any) -> np.dtype:
     """Normalise a user dtype (tc.float32, 'float32', np.float32, bool...) or raise."""
     if dtype is None:
         raise TypeError("dtype: None is not a dtype")
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return bfloat16_dtype()  # NumPy knows the name once ml_dtypes is imported
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
         raise TypeError(f"dtype: {dtype!r} is not a dtype") from exc
-    if dt not in SUPPORTED:
-        raise TypeError(f"dtype: {dt} is not supported; use one of {[str(d) for d in SUPPORTED]}")
+    if not is_supported(dt):
+        raise TypeError(f"dtype: {dt} is not supported; use one of {list(SUPPORTED)}")
     return dt
 
 
 def is_floating(dtype: np.dtype) -> bool:
     """Whether ``dtype`` is a floating-point type (bfloat16's NumPy kind is "V")."""
-    return dtype.kind == "f" or dtype == bfloat16
+    return dtype.kind == "f" or is_bfloat16(dtype)
 
 
 def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
@@ -62,7 +90,7 @@ def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
         return a
     if is_floating(a) != is_floating(b):
         return a if is_floating(a) else b
-    if {a, b} == {float16, bfloat16}:  # older ml_dtypes releases define no common dtype
+    if {a.name, b.name} == {"float16", "bfloat16"}:  # older ml_dtypes releases define no common dtype
         return float32
     return np.promote_types(a, b)
 

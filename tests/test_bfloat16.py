@@ -201,3 +201,44 @@ def test_scheduler_steps_keep_a_bfloat16_sample(backend, name):
     model_input = scheduler.scale_model_input(sample, scheduler.timesteps[0])
     out = scheduler.step(model_input * 0.5, scheduler.timesteps[0], sample)
     assert out.prev_sample.dtype == tc.bfloat16
+
+
+def test_ml_dtypes_is_imported_when_bfloat16_is_first_asked_for() -> None:
+    """Importing ml_dtypes takes most of a second: the packages, float32 work, a compiled
+    call and a saved file go without it; ``tc.bfloat16`` and the name "bfloat16" bring it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import sys, tempfile, os
+        import numpy as np
+        import tensorcore as tc, layers, optim, diffusion
+        from layers.serialization import load_file, save_file
+        model = layers.Linear(3, 2)
+        step = tc.compile(lambda x: model(x).sum())
+        for _ in range(3):
+            step(tc.randn(4, 3))
+        path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+        save_file({"w": np.ones(3, np.float32)}, path)
+        assert load_file(path)["w"].dtype == np.float32
+        assert tc.dtypes.is_floating(tc.float16) and not tc.dtypes.is_bfloat16(tc.float16)
+        print("ml_dtypes" in sys.modules)
+        print(tc.tensor([1.5], dtype="bfloat16").dtype, "ml_dtypes" in sys.modules)
+        from tensorcore.dtypes import bfloat16
+        print(bfloat16 is tc.bfloat16 or bfloat16 == tc.bfloat16, tc.dtypes.is_bfloat16(bfloat16))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["False", "bfloat16 True", "True True"]
+
+
+def test_dtype_checks_by_name_refuse_what_they_refused() -> None:
+    assert tc.dtypes.as_dtype("bfloat16") == BF16 == tc.dtypes.as_dtype(ml_dtypes.bfloat16)
+    for bad in (np.dtype(">f4"), "complex64", np.int16):
+        with pytest.raises(TypeError, match="not supported"):
+            tc.dtypes.as_dtype(bad)
+    with pytest.raises(TypeError, match="supported dtype"):
+        tc.tensor(np.ones(2, np.dtype(">f4")))
+    assert tc.dtypes.promote_types(tc.float16, BF16) == tc.float32
+    assert not tc.dtypes.is_bfloat16(None) and not tc.dtypes.is_bfloat16("bfloat16")

@@ -16,7 +16,7 @@ import numpy as np
 from layers.files import inside, open_regular
 from layers.serialization import read_header, read_tensor
 from tensorcore import Tensor
-from tensorcore.dtypes import bfloat16
+from tensorcore.dtypes import is_bfloat16
 
 from .metadata import METADATA_KEY, OP
 
@@ -51,7 +51,7 @@ def _arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if not isinstance(key, str):
             raise TypeError(f"{OP}: keys of a LoRA state dict must be str, got {key!r}")
         array = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
-        if array.dtype.kind not in "biuf" and array.dtype != bfloat16:
+        if array.dtype.kind not in "biuf" and not is_bfloat16(array.dtype):
             raise TypeError(f"{OP}: {key!r} holds {array.dtype} values; LoRA weights are numbers")
         arrays[key] = array
     return arrays

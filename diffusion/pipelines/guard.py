@@ -9,11 +9,19 @@ tensors out), so a compiled denoise step carries the guard inside its plan.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from tensorcore import Tensor
 from tensorcore.backends import backend_for
+
+
+def _finfo(dtype: np.dtype) -> Any:
+    """The float limits of ``dtype``: NumPy's finfo does not know bfloat16 on every release."""
+    if dtype.kind == "f":
+        return np.finfo(dtype)
+    import ml_dtypes  # a bfloat16 array exists, so it is imported already
+
+    return ml_dtypes.finfo(dtype)
 
 
 def replace_nonfinite(sample: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
@@ -24,7 +32,7 @@ def replace_nonfinite(sample: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
     nan = backend.unary("isnan", x)
     bad = backend.binary("logical_or", nan, backend.unary("isinf", x))
     found = backend.reduce("sum", backend.astype(bad, np.int64), None, False)
-    finite = ml_dtypes.finfo(x.dtype)  # NumPy's finfo does not know bfloat16 on every release
+    finite = _finfo(x.dtype)
     clipped = backend.clip(x, float(finite.min), float(finite.max))
     clean = backend.where(nan, backend.zeros((), x.dtype), clipped)
     return Tensor(clean, sample.device), Tensor(backend.binary("add", total.data, found), sample.device)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..dtypes import bfloat16, float32, is_floating
+from ..dtypes import bfloat16_dtype, float32, is_bfloat16, is_floating
 
 # op -> (positions of float32 statistics among its arguments, positions among its results;
 # cross-entropy's float64 divisor is such an argument: it takes no part in the promotion)
@@ -54,8 +54,7 @@ _WRITES_ARGUMENTS = frozenset(op for op in FLOAT32_COMPUTED_OPS if op.endswith("
 
 
 def _is_bfloat16(a: Any) -> bool:
-    dtype = getattr(a, "dtype", None)  # arrays of any backend; names, flags, None have none
-    return dtype is not None and dtype == bfloat16
+    return is_bfloat16(getattr(a, "dtype", None))  # arrays of any backend; names, flags, None have none
 
 
 def _widened(a: Any) -> Any:
@@ -64,7 +63,7 @@ def _widened(a: Any) -> Any:
 
 def _narrowed(result: Any) -> Any:
     """A float32 result rounded to bfloat16; anything else (indices, None) as it is."""
-    return result.astype(bfloat16) if getattr(result, "dtype", None) == float32 else result
+    return result.astype(bfloat16_dtype()) if getattr(result, "dtype", None) == float32 else result
 
 
 def computes_in_float32(kernel: Callable) -> Callable:
@@ -98,7 +97,7 @@ def computes_in_float32(kernel: Callable) -> Callable:
                     orig[...] = copy
         floats = [a.dtype for i, a in enumerate(values) if i not in stat_args
                   and getattr(a, "dtype", None) is not None and is_floating(a.dtype)]
-        if np.result_type(*floats) != bfloat16:
+        if not is_bfloat16(np.result_type(*floats)):
             return out
         if isinstance(out, tuple):
             return tuple(r if i in stat_results else _narrowed(r) for i, r in enumerate(out))

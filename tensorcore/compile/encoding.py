@@ -40,10 +40,18 @@ class CacheFileError(ValueError):
 _DTYPES = {name: np.dtype(name) for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
                                               "uint32", "uint64", "float16", "float32", "float64",
                                               "complex64", "complex128")}
-_DTYPES["bfloat16"] = dtypes.bfloat16
+_DTYPE_NAMES = frozenset(_DTYPES) | {"bfloat16"}  # bfloat16's dtype is made on first use (dtypes.py)
 _TYPES = {f"numpy.{name}": dt.type for name, dt in _DTYPES.items()}
 _TYPES.update({"builtins.bool": bool, "builtins.int": int, "builtins.float": float})
 _TYPE_NAMES = {v: k for k, v in _TYPES.items()}
+
+
+def _type_name(x: type) -> str | None:
+    """The name a scalar type is written under, or None."""
+    found = _TYPE_NAMES.get(x)
+    if found is None and issubclass(x, np.generic) and x.__name__ == "bfloat16" and x.__module__ == "ml_dtypes":
+        return "numpy.bfloat16"
+    return found
 OPS = frozenset(name for name, attr in vars(Backend).items() if callable(attr) and not name.startswith("_")
                 ) - {"to_numpy", "rng", "executor"} | {"constant"}
 
@@ -73,13 +81,13 @@ def _encode(x: Any) -> Any:
         return {"slice": [_encode(x.start), _encode(x.stop), _encode(x.step)]}
     if x is Ellipsis:
         return {"ellipsis": 0}
-    if isinstance(x, np.dtype) and x.name in _DTYPES:
+    if isinstance(x, np.dtype) and x.name in _DTYPE_NAMES:
         return {"dtype": x.name}
-    if isinstance(x, type) and x in _TYPE_NAMES:
-        return {"type": _TYPE_NAMES[x]}
-    if isinstance(x, np.generic) and x.dtype.name in _DTYPES:
+    if isinstance(x, type) and _type_name(x) is not None:
+        return {"type": _type_name(x)}
+    if isinstance(x, np.generic) and x.dtype.name in _DTYPE_NAMES:
         return {"scalar": [x.dtype.name, _encode(x.item())]}
-    if kind is np.ndarray and x.dtype.name in _DTYPES:
+    if kind is np.ndarray and x.dtype.name in _DTYPE_NAMES:
         return _host_array(x)
     raise NotEncodable(kind.__name__)
 
@@ -126,8 +134,8 @@ def _ints(x: Any, what: str, low: int | None = 0) -> tuple[int, ...]:
 
 
 def _dtype(x: Any) -> np.dtype:
-    need(type(x) is str and x in _DTYPES, f"unknown dtype {x!r}")
-    return _DTYPES[x]
+    need(type(x) is str and x in _DTYPE_NAMES, f"unknown dtype {x!r}")
+    return dtypes.bfloat16_dtype() if x == "bfloat16" else _DTYPES[x]
 
 
 def _decode_array(x: Any) -> np.ndarray:
@@ -167,8 +175,8 @@ def _decode(x: Any, n_values: int, n_objects: int) -> Any:
     if tag == "dtype":
         return _dtype(v)
     if tag == "type":
-        need(type(v) is str and v in _TYPES, f"unknown type {v!r}")
-        return _TYPES[v]
+        need(type(v) is str and (v in _TYPES or v == "numpy.bfloat16"), f"unknown type {v!r}")
+        return dtypes.bfloat16_dtype().type if v == "numpy.bfloat16" else _TYPES[v]
     if tag == "scalar":
         need(type(v) is list and len(v) == 2, "bad scalar")
         value = _decode(v[1], n_values, n_objects)

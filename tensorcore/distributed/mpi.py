@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..dtypes import bfloat16
+from ..dtypes import is_bfloat16
 
 Finish = Callable[[], None] | None  # host work once a request completes (divide for avg, copy back)
 
@@ -105,13 +105,13 @@ class MpiCommunicator:
     def _all_reduce(self, dst: Any, src: Any, reduce: str, root: int) -> tuple[Any, Finish]:
         if src is not None and src is not dst:
             np.copyto(dst, src)
-        work = dst.astype(np.float32) if dst.dtype == bfloat16 else dst
+        work = dst.astype(np.float32) if is_bfloat16(dst.dtype) else dst
         request = self.comm.Iallreduce(self.MPI.IN_PLACE, work, op=self.reductions[reduce])
         return request, self._finisher(dst, work, reduce)
 
     def _reduce_scatter(self, dst: Any, src: Any, reduce: str, root: int) -> tuple[Any, Finish]:
         send, work = src, dst
-        if dst.dtype == bfloat16:
+        if is_bfloat16(dst.dtype):
             send, work = src.astype(np.float32), np.empty(dst.shape, np.float32)
         request = self.comm.Ireduce_scatter_block(send, work, op=self.reductions[reduce])
         return request, self._finisher(dst, work, reduce)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import bfloat16
+from ..dtypes import bfloat16_dtype
 
 
 def load_nccl() -> Any:
@@ -66,7 +66,7 @@ class NcclCommunicator:
         self.types = {np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
                       np.dtype(np.float64): nccl.NCCL_FLOAT64, np.dtype(np.int32): nccl.NCCL_INT32,
                       np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
-                      bfloat16: nccl.NCCL_BFLOAT16}
+                      bfloat16_dtype(): nccl.NCCL_BFLOAT16}
         self.reductions = {"sum": nccl.NCCL_SUM, "avg": nccl.NCCL_AVG, "max": nccl.NCCL_MAX}
 
     def run(self, op: str, dst: Any, src: Any, reduce: str = "sum", root: int = 0, overlap: bool = False) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import cupy
 import numpy
 
+from ...dtypes import as_dtype
 from . import layout, loader
 
 NULL = numpy.uint64(0)  # a null pointer argument for optional kernel inputs
@@ -15,9 +16,8 @@ INT32_LIMIT = 2**31 - 1
 
 
 # dtype objects (not names: ``dtype.name`` builds a string on every call) the templated
-# kernels are instantiated for; bfloat16 is there only where NumPy knows it (ml_dtypes)
-_KERNEL_DTYPES = frozenset(numpy.dtype(name) for name in loader.C_TYPES
-                           if name in numpy.sctypeDict)
+# kernels are instantiated for (bfloat16's imports ml_dtypes: the GPU backend pays for it)
+_KERNEL_DTYPES = frozenset(as_dtype(name) for name in loader.C_TYPES)
 
 
 def has_kernels(*arrays: Any) -> bool:

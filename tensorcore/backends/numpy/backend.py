@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy
 
-from ...dtypes import bfloat16
+from ...dtypes import is_bfloat16
 from .. import fused_program
 from ..bfloat16 import computes_in_float32
 from ..dispatch import serving
@@ -297,13 +297,13 @@ class NumpyPrimitives:
         """The elementwise ufuncs and matmul bound to their arrays and ``out``, and a
         reshape that copies as one copy into ``out`` (NumPy arrays only: the CuPy backend
         runs its own kernels for these)."""
-        if type(self).xp is not numpy or kwargs or out is None or out.dtype == bfloat16:
+        if type(self).xp is not numpy or kwargs or out is None or is_bfloat16(out.dtype):
             return None
         if op == "binary" and args[0] in _BINARY:
             return functools.partial(getattr(numpy, _BINARY[args[0]]), args[1], args[2], out=out)
         if op == "unary" and args[0] in _UNARY:
             return functools.partial(getattr(numpy, _UNARY[args[0]]), args[1], out=out)
-        if op == "matmul" and all(getattr(a, "dtype", None) != bfloat16 for a in args):
+        if op == "matmul" and not any(is_bfloat16(getattr(a, "dtype", None)) for a in args):
             a, b, rows_out = stacked_rows(*args, out) or (*args, out)
             return functools.partial(numpy.matmul, a, b, out=rows_out)
         if op == "fused_elementwise":
@@ -360,8 +360,8 @@ def _keep_bfloat16(y, a, b):
     """``y`` rounded back to bfloat16 where a bfloat16 array met a Python number: the
     number is weak (PyTorch's and NumPy 2's rule), but CuPy widens bfloat16 for it."""
     array, number = (a, b) if hasattr(a, "dtype") else (b, a)
-    if isinstance(number, float | int) and array.dtype == bfloat16 and y.dtype.kind == "f":
-        return y.astype(bfloat16)
+    if isinstance(number, float | int) and is_bfloat16(array.dtype) and y.dtype.kind == "f":
+        return y.astype(array.dtype)
     return y
 
 
