@@ -213,7 +213,7 @@ def test_ml_dtypes_is_imported_when_bfloat16_is_first_asked_for() -> None:
     script = textwrap.dedent("""
         import sys, tempfile, os
         import numpy as np
-        import tensorcore as tc, layers, optim, diffusion
+        import tensorcore as tc, layers, optim, diffusion, diffusion.cli
         from layers.serialization import load_file, save_file
         model = layers.Linear(3, 2)
         step = tc.compile(lambda x: model(x).sum())

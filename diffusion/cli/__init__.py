@@ -95,7 +95,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
                                "it stays (default: 0.8)")
     generate.add_argument("--num-images", type=positive_int, default=1,
                           help="images of the prompt, made in one call from --seed (default: %(default)s)")
-    generate.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+    generate.add_argument("--dtype", choices=DTYPES, default="float32",
                           help="the models' weights and compute type (default: %(default)s)")
     generate.add_argument("--device", choices=("cpu", "cuda"), default=None,
                           help="(default: the backend's, cuda with TENSORCORE_BACKEND=cupy)")

@@ -45,7 +45,7 @@ SCHEDULERS: dict[str, tuple[type, dict[str, Any]]] = {
     "pndm": (PNDMScheduler, {"skip_prk_steps": True}),
     "lcm": (LCMScheduler, {}),
 }
-DTYPES = {"float32": tc.float32, "float16": tc.float16, "bfloat16": tc.bfloat16}
+DTYPES = ("float32", "float16", "bfloat16")  # --dtype choices (tc.dtypes.as_dtype makes each)
 
 
 def generate_command(args: argparse.Namespace) -> None:
@@ -169,7 +169,7 @@ def load_pipeline(pipeline_class: type[StableDiffusionPipeline],
     """The folder's pipeline with the chosen scheduler and LoRAs; a folder or LoRA file that
     does not load (a missing part, pickled weights, keys that fit no layer) is refused."""
     try:
-        pipe = pipeline_class.from_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
+        pipe = pipeline_class.from_pretrained(args.model, dtype=tc.dtypes.as_dtype(args.dtype), device=args.device)
     except (ValueError, OSError) as exc:
         raise UsageError(f"--model {args.model!r}: {exc}") from None
     if args.scheduler is not None:

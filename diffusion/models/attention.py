@@ -89,7 +89,7 @@ class Attention(Module):
         precomputed keys and values) -> [B, Lq, query_dim]."""
         q = self._heads(self.to_q(tokens))
         k, v = source.kv[id(self)] if isinstance(source, TextStates) else self.keys_values(source)
-        upcast = self.upcast_attention and q.dtype in (tc.float16, tc.bfloat16)
+        upcast = self.upcast_attention and (q.dtype == tc.float16 or tc.dtypes.is_bfloat16(q.dtype))
         if upcast:
             q, k, v = q.to(dtype=tc.float32), k.to(dtype=tc.float32), v.to(dtype=tc.float32)
         out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
