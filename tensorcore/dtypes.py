@@ -21,6 +21,8 @@ others, ``backends/bfloat16.py`` states the policy once.
 
 from __future__ import annotations
 
+import functools
+import sys
 from typing import Any
 
 import numpy as np
@@ -37,12 +39,19 @@ SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "boo
 default_float = float32
 
 
+@functools.cache
 def bfloat16_dtype() -> np.dtype:
     """NumPy's bfloat16 dtype (``ml_dtypes``', imported on the first call); also
     ``tensorcore.dtypes.bfloat16`` and ``tc.bfloat16``."""
     import ml_dtypes
 
     return np.dtype(ml_dtypes.bfloat16)
+
+
+def loaded_bfloat16() -> np.dtype | None:
+    """bfloat16's dtype once ``ml_dtypes`` is imported, else None (and then no bfloat16
+    value or type can exist yet)."""
+    return bfloat16_dtype() if "ml_dtypes" in sys.modules else None
 
 
 def __getattr__(name: str) -> Any:

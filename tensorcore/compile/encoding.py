@@ -49,9 +49,8 @@ _TYPE_NAMES = {v: k for k, v in _TYPES.items()}
 def _type_name(x: type) -> str | None:
     """The name a scalar type is written under, or None."""
     found = _TYPE_NAMES.get(x)
-    if found is None and issubclass(x, np.generic) and x.__name__ == "bfloat16" and x.__module__ == "ml_dtypes":
-        return "numpy.bfloat16"
-    return found
+    bfloat16 = dtypes.loaded_bfloat16() if found is None else None
+    return "numpy.bfloat16" if bfloat16 is not None and x is bfloat16.type else found
 OPS = frozenset(name for name, attr in vars(Backend).items() if callable(attr) and not name.startswith("_")
                 ) - {"to_numpy", "rng", "executor"} | {"constant"}
 
