@@ -38,3 +38,7 @@ def __getattr__(name: str):
     if name == "bfloat16":
         return dtypes.bfloat16_dtype()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), "bfloat16"])

@@ -223,6 +223,7 @@ def test_ml_dtypes_is_imported_when_bfloat16_is_first_asked_for() -> None:
         save_file({"w": np.ones(3, np.float32)}, path)
         assert load_file(path)["w"].dtype == np.float32
         assert tc.dtypes.is_floating(tc.float16) and not tc.dtypes.is_bfloat16(tc.float16)
+        assert "bfloat16" in dir(tc)
         print("ml_dtypes" in sys.modules)
         print(tc.tensor([1.5], dtype="bfloat16").dtype, "ml_dtypes" in sys.modules)
         from tensorcore.dtypes import bfloat16
