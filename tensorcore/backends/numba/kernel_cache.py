@@ -39,7 +39,7 @@ KERNELS_PACKAGE = __package__ + ".kernels"
 OPCODES = Path(__file__).parent.parent / "opcodes.py"
 STAMP = "tensorcore-kernels.fingerprint"
 COMPILE_NOTICE = ("tensorcore: compiling CPU kernels, once (about a second each; a model's first training step "
-                  "may take 20-30 s); later runs load them from the cache")
+                  "may take 20-40 s); later runs load them from the cache")
 
 log = logging.getLogger("tensorcore.backends")
 
