@@ -12,6 +12,7 @@ is what such a run compiles, and that run hands the list to a second process.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ from numba.core import types
 
 import tensorcore as tc
 from diffusion.cli import build_parser, train_kernel_list, train_kernels
-from tensorcore.backends.numba import warmup
+from tensorcore.backends.numba import kernel_cache, warmup
 from tensorcore.backends.numba.kernel_cache import COMPILE_NOTICE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,7 +132,7 @@ CALLS = textwrap.dedent("""
         a, b, fma = np.arange(50, dtype=np.float32), np.full(50, 0.5, np.float32), np.empty(50, np.float32)
         program = (("float32", "float32"), (("binary", "mul", 0, 1), ("binary", "add", 2, 0)))
         fused.bind(program, [a, b], fma)()
-    print(json.dumps({"compiled": compiled, "started": background.process is not None,
+    print(json.dumps({"compiled": compiled, "started": bool(background.processes),
                       "sums": sums.tolist(), "silu": silu.tolist(), "fused": fma.tolist()}))
 """)
 
@@ -156,9 +157,10 @@ def test_kernels_compiled_by_a_second_process_load_without_compiling(tmp_path) -
     assert alone["fused"] == (np.arange(50) * 1.5).tolist()
 
     worker = subprocess.run([sys.executable, "-m", "tensorcore.backends.numba.warmup"],
-                            input=json.dumps(warmup.background_order(KERNELS)), env=cold_env(tmp_path / "shared"), capture_output=True,
+                            input=json.dumps(KERNELS), env=cold_env(tmp_path / "shared"), capture_output=True,
                             text=True, timeout=300)
     assert worker.returncode == 0 and worker.stderr == "", worker.stderr
+    assert worker.stdout.splitlines() == [warmup.entry_key(entry) for entry in KERNELS]  # each when compiled
     loaded = run_calls(tmp_path / "shared", KERNELS)
     assert loaded["compiled"] == [] and not loaded["started"]  # a warm cache starts nothing
     assert (loaded["sums"], loaded["silu"], loaded["fused"]) == (alone["sums"], alone["silu"], alone["fused"])
@@ -169,22 +171,13 @@ def test_kernels_compiled_by_a_second_process_load_without_compiling(tmp_path) -
                                                                               alone["fused"])
 
 
-def test_the_second_process_compiles_the_eager_kernels_from_the_back_first() -> None:
-    eager = [{"module": "m", "name": f"k{i}", "args": []} for i in range(4)]
-    fused = [{"fused": [PROGRAM, ":cc"], "name": name, "args": []} for name in ("serial", "parallel")]
-    later = {"module": "m", "name": "after_the_plan", "args": []}
-    assert warmup.background_order(eager + fused[:1] + [later] + fused[1:]) == (
-        eager[::-1] + [fused[1], later, fused[0]])
-    assert warmup.background_order(eager) == eager[::-1]
-    assert warmup.background_order([]) == []
-
-
 def test_a_listed_kernel_that_does_not_compile_is_reported_not_fatal(tmp_path) -> None:
     entries = [{"module": "tensorcore.backends.numba.kernels.reductions", "name": "no_such_kernel", "args": []}]
     worker = subprocess.run([sys.executable, "-m", "tensorcore.backends.numba.warmup"], input=json.dumps(entries),
                             env=cold_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert worker.returncode == 0
-    assert "1 of 1 listed kernels did not compile" in worker.stderr and "no_such_kernel" in worker.stderr
+    assert worker.stdout == warmup.entry_key(entries[0]) + "\n"  # done, so nothing waits for it
+    assert "1 kernels did not compile" in worker.stderr and "no_such_kernel" in worker.stderr
 
 
 @pytest.mark.slow
@@ -195,80 +188,173 @@ def test_the_train_kernel_list_is_what_a_default_run_compiles(tmp_path) -> None:
         "diffusion/cli/train_kernel_list.py is out of date: run python -m diffusion.cli.train_kernels")
 
 
-def test_a_default_train_run_compiles_the_list_in_a_second_process() -> None:
-    """The CLI starts the background compiles (tested above) for the recorded options only."""
+def test_a_train_run_compiles_in_second_processes_starting_with_the_list_for_its_options() -> None:
+    """The CLI hands the recorded list to the background compiles for the recorded options
+    only; another run starts with an empty list and hands over what its steps meet."""
     args = build_parser().parse_args(train_kernels.RECORDED_COMMAND)
     options = train_kernels.shaping_options(args, args.image_size, latent=False)
     with tc.use_backend("numba"):
         chosen = train_kernels.background_compiles(options)
         assert isinstance(chosen, warmup.BackgroundCompiles) and chosen.entries == train_kernel_list.KERNELS
-        assert not isinstance(train_kernels.background_compiles({**options, "batch_size": 7}),
-                              warmup.BackgroundCompiles)
+        other = train_kernels.background_compiles({**options, "batch_size": 7})
+        assert isinstance(other, warmup.BackgroundCompiles) and other.entries == []
     with tc.use_backend("numpy"):
         assert not isinstance(train_kernels.background_compiles(options), warmup.BackgroundCompiles)
 
 
-class _Running:
-    """A stand-in for the second process: running until ``ended`` is set."""
+# On a cold cache under BackgroundCompiles: a backend call runs the NumPy reference while
+# its kernel compiles in the other process, this process's threads drop to one, a
+# compiled call runs eagerly; then the kernel loads from the cache, compiled nowhere here.
+DEFERRED = textwrap.dedent("""
+    import json, time
+    import numpy as np
+    import tensorcore as tc
+    import tensorcore.functional as F
+    from tensorcore.backends.numba import warmup
+    from tensorcore.backends.numba.kernels import activations
+
+    x = np.random.default_rng(0).standard_normal((64, 300)).astype(np.float32)
+    with tc.use_backend("numpy"):
+        reference = F.silu(tc.tensor(x)).numpy()
+    tc.set_num_threads(2)
+    before = tc.get_num_threads()
+    doubled = tc.compile(lambda a: F.silu(a) * 2)
+    with warmup.BackgroundCompiles([], processes=1) as background:
+        first = F.silu(tc.tensor(x)).numpy()
+        pending, threads_while = background.pending(), tc.get_num_threads()
+        doubled(tc.tensor(x))
+        info_while = doubled.cache_info()
+        deadline = time.monotonic() + 240
+        while background.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        threads_after = tc.get_num_threads()
+        second = F.silu(tc.tensor(x)).numpy()
+        stats = activations.act_forward_flat.dispatcher.stats
+        doubled(tc.tensor(x)), doubled(tc.tensor(x))
+        info_after = doubled.cache_info()
+    print(json.dumps({"first_is_reference": first.tobytes() == reference.tobytes(),
+                      "second_error": float(np.abs(second - reference).max()), "pending": pending,
+                      "threads": [before, threads_while, threads_after],
+                      "loads": sum(stats.cache_hits.values()), "overloads": len(activations.act_forward_flat.dispatcher.overloads),
+                      "info_while": [info_while.traces, info_while.fallbacks],
+                      "info_after": [info_after.traces, info_after.hits]}))
+""")
+
+
+@pytest.mark.slow
+def test_a_call_whose_kernel_compiles_elsewhere_runs_the_reference_until_it_loads(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-c", DEFERRED], env=cold_env(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["first_is_reference"] and result["pending"]
+    assert result["second_error"] < 1e-6  # the Numba kernel, loaded from the cache
+    assert result["loads"] == result["overloads"] == 1  # loaded from the disk cache, not compiled here
+    before = result["threads"][0]
+    assert result["threads"] == [before, 1, before]
+    assert result["info_while"] == [0, 1]  # run eagerly: no plan bound to the stand-ins
+    assert result["info_after"] == [1, 1]  # traced once pending is over, then replayed
+    assert kernel_cache.DEFERRED_NOTICE in done.stderr and COMPILE_NOTICE not in done.stderr
+
+
+def test_a_pending_kernel_hands_its_call_to_the_reference_with_its_out(monkeypatch) -> None:
+    from tensorcore.backends.numba import deferral
+
+    def pending(self, *args, **kwargs):
+        raise deferral.KernelPending("a kernel")
+
+    rng = np.random.default_rng(1)
+    grad, w = rng.standard_normal((2, 4, 5, 5)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    geometry = ((2, 3, 5, 5), (1, 1), (1, 1), (1, 1), 1)
+    served = deferral.deferrable("conv2d_grad_input", pending)
+    with tc.use_backend("numpy"):
+        expected = tc.get_backend().conv2d_grad_input(grad, w, *geometry)
+    with tc.use_backend("numba"):
+        backend = tc.get_backend()
+        with pytest.raises(deferral.KernelPending):  # nothing compiles elsewhere: not deferred
+            served(backend, grad, w, *geometry)
+        monkeypatch.setattr(deferral, "compiler", type("Compiling", (), {"pending": lambda self: True})())
+        out = np.full((2, 3, 5, 5), np.nan, np.float32)
+        assert served(backend, grad, w, *geometry, out=out) is out
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(served(backend, grad, w, *geometry), expected)
+        assert backend.kernels_pending()
+
+
+class _Worker:
+    """A stand-in for a compiling process: takes its lines, never ends unless told."""
 
     def __init__(self) -> None:
-        self.ended = False
+        self.stdin, self.stdout, self.ended = io.StringIO(), iter(()), False
 
     def poll(self) -> int | None:
         return 0 if self.ended else None
 
+    def handed(self) -> list[str]:
+        return [entry_key for line in self.stdin.getvalue().splitlines()
+                for entry_key in map(warmup.entry_key, json.loads(line))]
 
-def test_a_first_call_waits_while_the_second_process_compiles_that_kernel(tmp_path, monkeypatch) -> None:
-    import threading
-    import time
 
-    from tensorcore.backends.numba import threads
+def _started(entries: list, workers: int, monkeypatch) -> warmup.BackgroundCompiles:
+    """BackgroundCompiles over stand-in processes, inside a deferrable call."""
+    from tensorcore.backends.numba import deferral
+
+    background = warmup.BackgroundCompiles(entries, processes=workers)
+    background.processes = [_Worker() for _ in range(workers)]
+    with background._lock:
+        for index in range(workers):
+            background._hand_next(index)
+    monkeypatch.setattr(deferral._calls, "depth", 1, raising=False)
+    return background
+
+
+def test_kernels_go_to_free_processes_the_asked_for_ahead_of_the_list(monkeypatch) -> None:
+    from tensorcore.backends.numba import deferral
     from tensorcore.backends.numba.kernels import reductions
 
-    kernel = threads.SizedKernel(reductions.channel_sums.dispatcher)  # a fresh wrapper: not called yet
-    background = warmup.BackgroundCompiles([])
-    background.process, background.markers = _Running(), str(tmp_path)
-    marker = tmp_path / warmup.marker_name(kernel.__module__, kernel.__name__)
-    marker.touch()
-    monkeypatch.setattr(threads, "before_first_call", background.wait_for)
-    threading.Timer(0.3, marker.unlink).start()  # the other process finishes compiling
-    start = time.monotonic()
-    sums = kernel(np.ones((2, 3, 16), np.float32))
-    assert time.monotonic() - start >= 0.25
-    np.testing.assert_array_equal(sums, [32, 32, 32])
-    marker.touch()  # only a first call waits
-    start = time.monotonic()
-    kernel(np.ones((2, 3, 16), np.float32))
-    assert time.monotonic() - start < 0.25
+    listed = [{"module": "m", "name": f"k{i}", "args": []} for i in range(3)]
+    background = _started(listed, 2, monkeypatch)
+    try:
+        first, second = background.processes
+        assert (first.handed(), second.handed()) == ([warmup.entry_key(listed[0])], [warmup.entry_key(listed[1])])
+        args = (types.Array(types.float32, 3, "C"),)
+        asked = {"module": reductions.__name__, "name": "channel_sums", "args": [warmup.encode(args[0])]}
+        with pytest.raises(deferral.KernelPending):
+            background.take_over(reductions.channel_sums.dispatcher, args)
+        with background._lock:
+            background._compiled.add(warmup.entry_key(listed[0]))
+            background._hand_next(0)  # the first process is done: the asked-for kernel comes next
+        assert first.handed()[1:] == [warmup.entry_key(asked)]
+        with pytest.raises(deferral.KernelPending):  # asked again while it compiles: still pending
+            background.take_over(reductions.channel_sums.dispatcher, args)
+        assert background.pending() and tc.get_num_threads() == 1
+        for index in (0, 1, 0):  # everything done
+            with background._lock:
+                background._hand_next(index)
+        assert not background.pending()
+        assert background.take_over(reductions.channel_sums.dispatcher, args) is None  # compiled, not in the cache: here
+    finally:
+        with background._lock:
+            background._in_flight.clear()
+            background._share_cores()
 
 
-def test_a_first_call_does_not_wait_for_an_ended_process(tmp_path) -> None:
-    import time
-
-    from tensorcore.backends.numba import threads
+def test_a_kernel_lost_with_an_ended_process_compiles_here(monkeypatch) -> None:
+    from tensorcore.backends.numba import deferral
     from tensorcore.backends.numba.kernels import reductions
 
-    kernel = threads.SizedKernel(reductions.channel_sums.dispatcher)
-    background = warmup.BackgroundCompiles([])
-    background.process, background.markers = _Running(), str(tmp_path)
-    (tmp_path / warmup.marker_name(kernel.__module__, kernel.__name__)).touch()  # left by a killed process
-    background.process.ended = True
-    start = time.monotonic()
-    background.wait_for(kernel)
-    assert time.monotonic() - start < 0.25
-
-
-def test_the_second_process_marks_each_kernel_while_it_compiles(tmp_path, monkeypatch) -> None:
-    seen = []
-    entry = KERNELS[0]
-    marker = tmp_path / warmup.marker_name(entry["module"], entry["name"])
-
-    class Dispatcher:
-        py_func = type("kernel", (), {"__module__": entry["module"], "__qualname__": entry["name"]})
-
-        def compile(self, signature):
-            seen.append(marker.exists())
-
-    monkeypatch.setattr(warmup, "dispatcher_of", lambda module, name: Dispatcher())
-    assert warmup.compile_kernels([entry], str(tmp_path)) == []
-    assert seen == [True] and not marker.exists()
+    background = _started([], 1, monkeypatch)
+    try:
+        args = (types.Array(types.float32, 3, "C"),)
+        with pytest.raises(deferral.KernelPending):
+            background.take_over(reductions.channel_sums.dispatcher, args)
+        with background._lock:
+            background._in_flight.clear()  # its process's output ended before the kernel was done
+            background._share_cores()
+        assert background.take_over(reductions.channel_sums.dispatcher, args) is None
+        background.processes[0].ended = True
+        assert not background.pending()
+    finally:
+        with background._lock:
+            background._in_flight.clear()
+            background._share_cores()

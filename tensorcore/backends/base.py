@@ -95,6 +95,10 @@ class Backend(Protocol):
         """Free the buffers kept for the stream with handle ``stream`` (a released CUDA
         graph's private stream: nothing will run on it again)."""
 
+    def kernels_pending(self) -> bool:
+        """Whether kernels are still compiling elsewhere while some calls run a slower
+        reference instead (Numba on a cold cache): ``tc.compile`` binds no plan then."""
+
     # ----- elementwise -------------------------------------------------------------
     def unary(self, op: str, a: Array) -> Array:
         """op in: neg abs sign exp log log1p sqrt rsqrt sin cos tanh sigmoid relu

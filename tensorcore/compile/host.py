@@ -184,6 +184,10 @@ class Compiled:
             self._give_up(key, f"its tensors are on several devices {sorted(devices)}")
             return self.fn(*args, **kwargs)
         backend = backend_for(devices.pop())
+        if backend.kernels_pending():  # a plan bound now would keep the slower stand-ins: later
+            with self._lock:
+                self._counts["fallbacks"] += 1
+            return self.fn(*args, **kwargs)
         named = Roots.named(roots)
         if self._disk is not None and stable is not None:
             entry = self._load(key, stable, roots, named, backend, tensors)

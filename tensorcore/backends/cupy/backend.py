@@ -110,6 +110,10 @@ class CupyBackend(CupyFusedKernels, CupyElementwiseKernels, CupyLinalgKernels, C
         self.buffers.clear()
         conv_igemm.clear_scratch()
 
+    def kernels_pending(self) -> bool:
+        """Never: a CUDA kernel compiles where it is first called."""
+        return False
+
     def release_stream(self, stream: int) -> None:
         self.buffers.forget_stream(stream)
         counters.clear(stream)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy
 
-from . import kernel_cache, memory, threads
+from . import deferral, kernel_cache, memory, threads
 from ... import settings
 from .attention import NumbaAttentionKernels
 from .fused import NumbaFusedKernels
@@ -43,7 +43,8 @@ from ..numpy.backend import NumpyBackend
 # Which function serves each protocol method the Numba kernels take over
 # (``backends/dispatch.py``); every other method is served as NumpyBackend serves it.
 # A kernel hands the calls it does not cover (other dtypes, layouts) on to NumpyBackend's
-# entry with ``super()``.
+# entry with ``super()``; a call whose kernel another process is still compiling runs
+# that entry too (``deferral.deferrable``).
 METHODS: dict[str, Callable] = {
     "unary": NumbaNNKernels.unary,
     "activation_grad": NumbaNNKernels.activation_grad,
@@ -91,7 +92,7 @@ METHODS: dict[str, Callable] = {
 }
 
 
-@serving(METHODS)
+@serving({name: deferral.deferrable(name, method) for name, method in METHODS.items()})
 class NumbaBackend(NumbaNativeForms, NumbaFusedKernels, NumbaNNKernels, NumbaAttentionKernels, NumbaSpatialKernels,
                    NumbaOptimKernels, NumbaLoraKernels, NumpyBackend):
     """NumPy arrays on the CPU, with Numba kernels for the hot ops."""
@@ -108,6 +109,9 @@ class NumbaBackend(NumbaNativeForms, NumbaFusedKernels, NumbaNNKernels, NumbaAtt
 
     def empty_cache(self) -> None:
         self.scratch.clear()
+
+    def kernels_pending(self) -> bool:
+        return deferral.pending()
 
     def prepare(self, op: str, args: tuple, kwargs: dict, out: Any) -> Callable[[], Any] | None:
         """A call bound for compiled replay: a fused program's generated loop, an

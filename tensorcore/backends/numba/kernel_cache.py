@@ -41,6 +41,10 @@ STAMP = "tensorcore-kernels.fingerprint"
 COMPILE_NOTICE = ("tensorcore: compiling CPU kernels, once (about a second each; a model's first training step "
                   "may take 20-40 s); later runs load them from the cache")
 
+DEFERRED_NOTICE = ("tensorcore: compiling CPU kernels in a second process, once (about a second each); the "
+                   "first training steps run slower NumPy kernels meanwhile; later runs load them from the cache")
+notice = COMPILE_NOTICE  # what the first compile prints (``warmup.BackgroundCompiles`` sets DEFERRED_NOTICE)
+
 log = logging.getLogger("tensorcore.backends")
 
 
@@ -113,7 +117,7 @@ _announcer = None  # the Numba event listener, once registered
 
 
 def announce_compiles() -> None:
-    """Print ``COMPILE_NOTICE`` to stderr when Numba first compiles one of tensorcore's
+    """Print ``notice`` to stderr when Numba first compiles one of tensorcore's
     kernels (``kernels/`` and the generated fused ones) in this process (idempotent)."""
     global _announcer
     with _announcer_lock:
@@ -129,7 +133,7 @@ def announce_compiles() -> None:
             def on_start(self, ev: event.Event) -> None:
                 if not self.announced and is_tensorcore_kernel(ev.data["dispatcher"]):
                     self.announced = True
-                    print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+                    print(notice, file=sys.stderr, flush=True)
 
             def on_end(self, ev: event.Event) -> None:
                 pass

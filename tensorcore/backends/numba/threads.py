@@ -87,6 +87,11 @@ def configure() -> None:
         _apply(pools, pool_size, blas_limit)
 
 
+def configured() -> bool:
+    """Whether ``configure`` has set up the pools in this process."""
+    return _pools is not None
+
+
 def set_num_threads(n: int) -> None:
     """Use ``n`` threads for the Numba kernels and the BLAS matrix products, as
     ``torch.set_num_threads``.  More threads than Numba's pool holds (the cores, or
@@ -107,25 +112,15 @@ def get_num_threads() -> int:
     return _pools.num_threads
 
 
-# Called with a kernel before its first call in this process, while set
-# (``warmup.BackgroundCompiles``: waits while a second process compiles that kernel).
-before_first_call: Callable[[SizedKernel], None] | None = None
-
-
 class SizedKernel:
     """A parallel Numba kernel that runs on one thread when its array arguments hold
     fewer than ``SERIAL_BELOW`` elements in all, else on ``get_num_threads()``."""
 
     def __init__(self, dispatcher: Any) -> None:
         self.dispatcher = dispatcher
-        self.called = False
         functools.update_wrapper(self, dispatcher.py_func)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.called:
-            self.called = True
-            if before_first_call is not None:
-                before_first_call(self)
         if _pools is None:
             configure()
         _use_threads(1 if _work((*args, *kwargs.values()) if kwargs else args) < SERIAL_BELOW

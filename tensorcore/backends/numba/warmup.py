@@ -1,23 +1,20 @@
-"""Compiling a known list of kernels in a second process, while the first one runs.
+"""Compiling kernels in a second process, while the first one runs without them.
 
-On a cold cache a model's first step compiles its kernels one after another: Numba
-holds one lock per process around every compile, so a process compiles on one core
-whatever the machine has.  A second process can compile other kernels at the same time
-into the same on-disk cache (``cache=True``), and a kernel it has finished loads from
-there when the first process reaches it instead of compiling again.
+On a cold cache a model's first step would compile its kernels one after another (Numba
+holds one lock per process around every compile), about a second apiece.  A second
+process can compile them into the same on-disk cache (``cache=True``) instead, and a
+kernel it has finished loads from there in the first process without compiling.
 
 * ``record()`` lists the kernels a block of code compiles, in order, each with the
   argument types it was compiled for (``encode`` turns them into JSON data).
-* ``compile_kernels`` compiles such a list (``python -m tensorcore.backends.numba.warmup``
-  runs it in a process of its own, the list as JSON on its standard input).
-* ``BackgroundCompiles`` starts that process when the first kernel compiles in this
-  one (a warm cache starts nothing), compiling the list in ``background_order``: the
-  kernels of the first (eager) step from the last back while this process compiles
-  them from the first, so the two meet in the middle of what the first step needs,
-  then the compiled step's kernels, again from the back.  Whichever comes second to a
-  kernel loads it from the cache.  A kernel's first call in this process waits while
-  the other one is compiling it (it leaves a marker file meanwhile), so the two never
-  compile the same kernel at once where they meet.
+* ``serve`` compiles such a list, then each kernel handed over while it runs
+  (``python -m tensorcore.backends.numba.warmup`` runs it in a process of its own,
+  the list on its standard input, and prints each kernel's key when it is compiled).
+* ``BackgroundCompiles`` starts that process when the first kernel compile starts in
+  this one (a warm cache starts nothing).  From then on this process compiles no
+  kernel a backend call asks for: it hands the kernel over, ahead of the list, and
+  the call runs the op's NumPy reference (``deferral``) until the kernel is in the
+  cache.
 
 The kernels of the ``kernels`` modules are listed by module and name (the functions
 Python calls; the helpers they call compile with them), the generated fused loops of a
@@ -29,22 +26,20 @@ time and nothing else.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from . import kernel_cache, threads
+from . import deferral, kernel_cache, threads
 
 # The kernels' argument types as JSON data: a scalar type's name ("int64", "float64",
 # "bool", "none"), {"literal": 4} for a compile-time constant (an activation code), or
@@ -163,128 +158,209 @@ def record() -> Iterator[list[Entry]]:
         event.unregister("numba:compile", recorder)
 
 
-def compile_kernels(entries: list[Entry], markers: str | None = None) -> list[str]:
-    """Compile every entry (or load it from the cache, where another process has put it);
-    returns one line per entry that could not be compiled, naming it and why.  With
-    ``markers`` (a directory), a file named after the kernel (``marker_name``) lies
-    there while it compiles."""
-    failed = []
-    for entry in entries:
-        marker = None
-        try:
-            dispatcher = entry_dispatcher(entry)
-            if markers is not None:
-                func = dispatcher.py_func
-                marker = os.path.join(markers, marker_name(func.__module__, func.__qualname__))
-                open(marker, "w").close()
-            dispatcher.compile(tuple(decode(a) for a in entry["args"]))
-        except Exception as exc:  # a list made by another version: the run compiles what it needs itself
-            failed.append(f"{entry.get('module', 'fused')}.{entry.get('name')}: {exc}")
-        finally:
-            if marker is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(marker)
-    return failed
+def entry_key(entry: Entry) -> str:
+    """One line naming ``entry`` (its JSON with sorted keys): what the second process
+    prints when it has compiled it."""
+    return json.dumps(entry, sort_keys=True)
 
 
-def background_order(entries: list[Entry]) -> list[Entry]:
-    """The order the second process compiles ``entries`` (listed in the order a run
-    compiles them) in: those before the first generated fused loop (an eager step's
-    kernels: fused loops come with a compiled plan) from the last back, then the rest
-    from the last back.  So the two processes meet in the middle of what the first
-    step needs, and the second does not spend that time on kernels needed later."""
-    first_fused = next((i for i, entry in enumerate(entries) if "fused" in entry), len(entries))
-    return entries[:first_fused][::-1] + entries[first_fused:][::-1]
+def compile_entry(entry: Entry) -> str | None:
+    """Compile ``entry`` (or load it from the cache, where it already is); None, or a
+    line naming it and why it could not be compiled."""
+    try:
+        entry_dispatcher(entry).compile(tuple(decode(a) for a in entry["args"]))
+    except Exception as exc:  # a list made by another version: the run compiles what it needs itself
+        return f"{entry.get('module', 'fused')}.{entry.get('name')}: {exc}"
+    return None
 
 
-def marker_name(module: str, name: str) -> str:
-    """The file that marks kernel ``module.name`` as being compiled by the second process."""
-    return f"{module}.{name}"
+def default_processes() -> int:
+    """Compiling processes for ``BackgroundCompiles``: one per core but one, at least
+    two (measured on 2 cores: two finish the default train step's kernels in 55 s,
+    one in 75 s), at most four (each holds Numba and LLVM, some 200 MB)."""
+    return max(2, min(4, (os.cpu_count() or 2) - 1))
 
 
 class BackgroundCompiles:
     """Inside ``with BackgroundCompiles(entries):``, the first compile of a tensorcore kernel
-    in this process starts a process that compiles ``entries`` in ``background_order``;
-    on leaving the block, that process is stopped if it still runs.
+    in this process starts ``processes`` processes that compile ``entries``, in order,
+    into the disk cache, each taking the next one when it is done; on leaving the
+    block, they are stopped.
 
-    Where the two meet, this process would compile a kernel the other one is in the
-    middle of.  Instead, a kernel's first call here waits while the other process
-    compiles it (it marks that with a file, ``marker_name``), then loads it from the
-    cache."""
+    Meanwhile this process compiles no kernel that a backend call asks for: the kernel
+    goes to the next free process, ahead of the listed ones, and the call runs its NumPy
+    reference (``deferral``); once compiled there, the kernel loads from the cache at
+    its next call.  So a cold run's first step starts at once, on slower kernels,
+    instead of waiting for every kernel to compile.  ``pending()`` says whether anything
+    listed or handed over is still to compile: ``tc.compile`` binds no plan until then
+    (its calls run eagerly), so that a plan binds the compiled kernels."""
 
-    WAIT_AT_MOST = 60.0  # seconds a first call waits for the other process
-
-    def __init__(self, entries: list[Entry]) -> None:
+    def __init__(self, entries: list[Entry], processes: int | None = None) -> None:
+        processes = default_processes() if processes is None else processes
+        if processes < 1:
+            raise ValueError(f"BackgroundCompiles: processes must be at least 1, got {processes}")
         self.entries = entries
-        self.process: subprocess.Popen | None = None
-        self.markers: str | None = None
+        self.processes: list[subprocess.Popen] = []
+        self._listed = collections.deque(entries)  # not handed to a process yet
+        self._urgent: collections.deque[Entry] = collections.deque()  # asked for by this process
+        self._seen = {entry_key(entry) for entry in entries}  # listed or asked for
+        self._compiled: set[str] = set()  # reported done by a process
+        self._in_flight: dict[int, str] = {}  # process index -> the key it compiles
+        self._count = processes
         self._lock = threading.Lock()
+        self._depth = 0  # compiles in progress in this process (a kernel's helpers nest)
+        self._threads_before: int | None = None  # this process's thread count while others compile
 
     def __enter__(self) -> BackgroundCompiles:
         from numba.core import event
 
         owner = self
 
-        class Starter(event.Listener):
+        class Deferrer(event.Listener):
             def on_start(self, ev: event.Event) -> None:
-                if kernel_cache.is_tensorcore_kernel(ev.data["dispatcher"]):
-                    owner.start()
+                owner._depth += 1
+                if owner._depth == 1 and kernel_cache.is_tensorcore_kernel(ev.data["dispatcher"]):
+                    owner.take_over(ev.data["dispatcher"], ev.data["args"])
 
             def on_end(self, ev: event.Event) -> None:
-                pass
+                owner._depth -= 1
 
-        self._listener = Starter()
+        self._listener = Deferrer()
         event.register("numba:compile", self._listener)
+        self._notice, kernel_cache.notice = kernel_cache.notice, kernel_cache.DEFERRED_NOTICE
+        deferral.compiler = self
         return self
 
     def start(self) -> None:
-        """Start the compiling process, once (not while ``record()`` lists this process's
+        """Start the compiling processes, once (not while ``record()`` lists this process's
         compiles: they would be made elsewhere)."""
         with self._lock:
-            if self.process is not None or _recording:
+            if self.processes or _recording:
                 return
-            # the numpy backend: the process needs the kernels only, not the backend's
+            # the numpy backend: a process needs the kernels only, not the backend's
             # thread pools or its compile notice
             env = {**os.environ, "TENSORCORE_BACKEND": "numpy"}
-            self.markers = tempfile.mkdtemp(prefix="tensorcore-compiling-")
-            self.process = subprocess.Popen([sys.executable, "-m", __name__, self.markers], env=env,
-                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-            self.process.stdin.write(json.dumps(background_order(self.entries)))  # read as it starts
-            self.process.stdin.close()
-            threads.before_first_call = self.wait_for
+            for index in range(self._count):
+                process = subprocess.Popen([sys.executable, "-m", __name__], env=env, stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, text=True, bufsize=1)
+                self.processes.append(process)
+                threading.Thread(target=self._read_compiled, args=(index,), daemon=True).start()
+                self._hand_next(index)
 
-    def wait_for(self, kernel: Any) -> None:
-        """Return once the other process is not compiling ``kernel`` (a ``SizedKernel``),
-        or has ended, or after ``WAIT_AT_MOST`` seconds."""
-        marker = os.path.join(self.markers, marker_name(kernel.__module__, kernel.__name__))
-        deadline = time.monotonic() + self.WAIT_AT_MOST
-        while os.path.exists(marker) and self.process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
+    def _running(self) -> bool:
+        return bool(self.processes) and any(process.poll() is None for process in self.processes)
+
+    def take_over(self, dispatcher: Any, args: tuple) -> None:
+        """At the start of a compile in this process: start the other processes if need be
+        and, inside a deferrable backend call, hand the kernel over and raise
+        ``KernelPending``; else let the compile go on here."""
+        self.start()
+        if not deferral.in_deferrable_call() or not self._running():
+            return
+        named = _listed(dispatcher)
+        if named is None:
+            return
+        try:
+            entry = {**named, "args": [encode(arg) for arg in args]}
+        except TypeError:
+            return  # an argument type the list cannot hold: compiled here
+        key = entry_key(entry)
+        with self._lock:
+            if key not in self._seen or entry in self._listed:
+                self._seen.add(key)
+                with contextlib.suppress(ValueError):
+                    self._listed.remove(entry)
+                self._urgent.append(entry)
+                for index in range(len(self.processes)):
+                    if index not in self._in_flight:
+                        self._hand_next(index)
+            elif key in self._compiled or (key not in self._in_flight.values() and entry not in self._urgent):
+                return  # compiled there yet not in the cache, or lost with a stopped process: compiled here
+        raise deferral.KernelPending(key)
+
+    def _hand_next(self, index: int) -> None:
+        """Under the lock: give process ``index`` the next entry, the asked-for first."""
+        self._in_flight.pop(index, None)
+        queue = self._urgent or self._listed
+        if queue:
+            try:
+                self.processes[index].stdin.write(json.dumps([queue[0]]) + "\n")
+                self._in_flight[index] = entry_key(queue.popleft())
+            except OSError:  # the process has ended: the entry waits for another
+                pass
+        self._share_cores()
+
+    def _share_cores(self) -> None:
+        """Under the lock: one thread in this process while others compile, the thread
+        count it had once they are idle.  Its parallel loops would otherwise wait for
+        threads descheduled behind a compile (``threads.py``), and the cores are better
+        spent compiling: every kernel compiled makes the steps faster.  (Not before the
+        pools are set up: setting them up compiles, which would call back here.)"""
+        if not threads.configured():
+            return
+        if self._in_flight and self._threads_before is None:
+            self._threads_before = threads.get_num_threads()
+            threads.set_num_threads(1)
+        elif not self._in_flight and self._threads_before is not None:
+            threads.set_num_threads(self._threads_before)
+            self._threads_before = None
+
+    def _read_compiled(self, index: int) -> None:
+        for line in self.processes[index].stdout:
+            with self._lock:
+                self._compiled.add(line.rstrip("\n"))
+                self._hand_next(index)
+        with self._lock:
+            self._in_flight.pop(index, None)
+            self._share_cores()
+
+    def pending(self) -> bool:
+        """Whether the processes run and have not compiled everything listed or asked for."""
+        if not self._running():
+            return False
+        with self._lock:
+            return bool(self._urgent or self._listed or self._in_flight)
 
     def __exit__(self, *exc: Any) -> None:
         from numba.core import event
 
         event.unregister("numba:compile", self._listener)
-        if threads.before_first_call == self.wait_for:
-            threads.before_first_call = None
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()  # Numba writes each cache file whole, so stopping is safe
-            self.process.wait()
-        if self.markers is not None:
-            shutil.rmtree(self.markers, ignore_errors=True)
+        deferral.compiler = None
+        kernel_cache.notice = self._notice
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()  # Numba writes each cache file whole, so stopping is safe
+            process.wait()
+            process.stdin.close()
+        with self._lock:
+            self._in_flight.clear()
+            self._share_cores()
+
+
+def serve(requests: Any, report: Any) -> list[str]:
+    """A compiling process's work: each line of ``requests`` is a JSON list of entries;
+    compile them in order, printing each one's ``entry_key`` to ``report`` when done.
+    Returns the lines of ``compile_entry`` failures."""
+    failed: list[str] = []
+    for line in requests:
+        for entry in json.loads(line):
+            failure = compile_entry(entry)
+            if failure is not None:
+                failed.append(failure)
+            print(entry_key(entry), file=report, flush=True)
+    return failed
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tensorcore.backends.numba.warmup [MARKERS] < LIST.json``: compile the
-    list, in its order, into Numba's cache, marking each kernel in the directory MARKERS
-    while it compiles."""
-    if len(argv) > 1 or argv[:1] in (["-h"], ["--help"]):
-        print("usage: python -m tensorcore.backends.numba.warmup [MARKERS] < LIST.json", file=sys.stderr)
+    """``python -m tensorcore.backends.numba.warmup < LIST.json``: compile the kernels of
+    each line (a JSON list), in order, into Numba's cache, printing each one's key when
+    it is done (``serve``)."""
+    if argv:
+        print("usage: python -m tensorcore.backends.numba.warmup < LIST.json", file=sys.stderr)
         return 2
-    entries = json.load(sys.stdin)
-    failed = compile_kernels(entries, argv[0] if argv else None)
+    failed = serve(sys.stdin, sys.stdout)
     if failed:
-        print(f"tensorcore: {len(failed)} of {len(entries)} listed kernels did not compile in the background "
+        print(f"tensorcore: {len(failed)} kernels did not compile in the background "
               f"(the run compiles what it needs itself), the first: {failed[0]}", file=sys.stderr)
     return 0
 

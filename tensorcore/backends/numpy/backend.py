@@ -126,6 +126,10 @@ class NumpyPrimitives:
     def empty_cache(self) -> None:
         """Nothing to free: the reference keeps no buffers between calls."""
 
+    def kernels_pending(self) -> bool:
+        """Never: the reference compiles nothing."""
+        return False
+
     def release_stream(self, stream: int) -> None:
         """Nothing to free: the reference keeps no buffers per stream."""
 
@@ -385,6 +389,7 @@ METHODS: dict[str, Callable] = {
     "add_": NumpyPrimitives.add_,
     "empty_cache": NumpyPrimitives.empty_cache,
     "release_stream": NumpyPrimitives.release_stream,
+    "kernels_pending": NumpyPrimitives.kernels_pending,
     # elementwise
     "unary": NumpyPrimitives.unary,
     "gated_activation": NumpyPrimitives.gated_activation,
