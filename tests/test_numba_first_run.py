@@ -257,6 +257,18 @@ def test_a_call_whose_kernel_compiles_elsewhere_runs_the_reference_until_it_load
     assert kernel_cache.DEFERRED_NOTICE in done.stderr and COMPILE_NOTICE not in done.stderr
 
 
+@pytest.mark.slow
+def test_a_cold_train_run_says_once_that_its_kernels_compile_elsewhere(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "diffusion", "train", "--steps", "3", "--batch-size", "8",
+                           "--channels", "8,16", "--per-class", "1", "--sample-steps", "2", "--log-every", "1",
+                           "--no-progress", "--out", str(tmp_path / "run")],
+                          env=cold_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count(kernel_cache.DEFERRED_NOTICE) == 1 and COMPILE_NOTICE not in done.stderr, done.stderr
+    assert len((tmp_path / "run" / "metrics.csv").read_text().splitlines()) == 4
+    assert (tmp_path / "run" / "samples.png").is_file()
+
+
 def test_a_pending_kernel_hands_its_call_to_the_reference_with_its_out(monkeypatch) -> None:
     from tensorcore.backends.numba import deferral
 

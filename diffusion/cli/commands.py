@@ -264,20 +264,21 @@ def train(args: argparse.Namespace) -> None:
               f"output in {out}")
     start = time.perf_counter()
     kernels = train_kernels.shaping_options(args, image_size, latent=vae is not None)
+    # on a cold kernel cache, the kernels compile in other processes meanwhile (sampling too)
     with train_kernels.background_compiles(kernels) if rank == 0 else contextlib.nullcontext():
         result = train_ddpm(unet, scheduler, (images, labels), label_dropout=args.label_dropout,
                             null_class_label=NULL_CLASS_LABEL,
                             run_info={"vae": args.vae, "image_size": image_size, "cli": recorded_options(args)},
                             **_training_options(args, out))
-    if rank != 0:
-        return
-    result.ema.copy_to(unet.parameters())
-    unet.eval()
-    sampler = DDIMScheduler.from_config(scheduler.config)
-    pipeline = (LatentDiffusionPipeline(vae, unet, sampler, NULL_CLASS_LABEL) if vae is not None
-                else DiffusionPipeline(unet, sampler, NULL_CLASS_LABEL))
-    pipeline.save_pretrained(os.path.join(out, "pipeline"))
-    grid = sample_grid(with_sampler(pipeline, args.sampler), args, os.path.join(out, "samples.png"))
+        if rank != 0:
+            return
+        result.ema.copy_to(unet.parameters())
+        unet.eval()
+        sampler = DDIMScheduler.from_config(scheduler.config)
+        pipeline = (LatentDiffusionPipeline(vae, unet, sampler, NULL_CLASS_LABEL) if vae is not None
+                    else DiffusionPipeline(unet, sampler, NULL_CLASS_LABEL))
+        pipeline.save_pretrained(os.path.join(out, "pipeline"))
+        grid = sample_grid(with_sampler(pipeline, args.sampler), args, os.path.join(out, "samples.png"))
     print(f"trained {result.step} steps (final loss {result.losses[-1]:.4f}) and sampled in "
           f"{_elapsed(time.perf_counter() - start)}")
     print(f"samples: {grid}\nloss curve: {result.loss_curve}\nmodel: {os.path.join(out, 'pipeline')}")

@@ -17,9 +17,11 @@ kernels may inline (``kernels/*.py`` and ``backends/opcodes.py``), and:
   and process with the same sources: a different version of the helpers finds its own.
 
 A cold cache makes the first calls slow: each kernel compiles on first use, about a
-second apiece, some 20 s before a model's first training step.  ``announce_compiles``
-(set up with the Numba backend) says so once, on stderr, when the first compile starts;
-a warm cache loads every kernel without compiling and prints nothing.
+second apiece, 30-60 s before a model's first training step on 2 cores (unless other
+processes compile them meanwhile: ``warmup.BackgroundCompiles``).  ``announce_compiles``
+(set up with the Numba backend) says so once, on stderr, when the first compile starts
+(``notice``: which of the two notices); a warm cache loads every kernel without
+compiling and prints nothing.
 """
 
 from __future__ import annotations
