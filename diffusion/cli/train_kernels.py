@@ -1,5 +1,5 @@
 """The Numba kernels ``python -m diffusion train`` compiles with its default model, so a
-run on a cold cache can have a second process compile them ahead of need
+run on a cold cache can have other processes compile them ahead of need
 (``numba/warmup.py``) while its first steps run without them.
 
 ``train_kernel_list.py`` (generated) lists them in the order the first three training
@@ -7,7 +7,7 @@ steps compile them (the third replays the compiled step, whose generated fused l
 compile then), with the options they were recorded with: the kernels depend on the
 model's shapes and the step's path, not on the data, the seed or the step count.  A
 run whose options differ there (another image size, channel list, batch size, a VAE,
-``--compile on/off``, several ranks) hands its kernels to the second process one by one,
+``--compile on/off``, several ranks) hands its kernels to those processes one by one,
 as its first step meets them.  Regenerate the list after a change to
 the kernels a step calls (``tests/test_numba_first_run.py`` fails while it is out of
 date)::
@@ -46,7 +46,7 @@ def shaping_options(args: argparse.Namespace, image_size: int, latent: bool) -> 
 
 
 def background_compiles(options: dict[str, Any]) -> contextlib.AbstractContextManager:
-    """While training on the Numba backend: kernels compile in a second process, starting
+    """While training on the Numba backend: kernels compile in other processes, starting
     with the listed ones when the run's ``shaping_options`` are the recorded ones."""
     if tc.get_backend().name != "numba":
         return contextlib.nullcontext()

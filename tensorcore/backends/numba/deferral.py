@@ -1,10 +1,10 @@
 """Running an op's NumPy reference while another process compiles its Numba kernel.
 
 On a cold kernel cache a model's first step would wait for every kernel it calls to
-compile, about a second apiece.  While ``warmup.BackgroundCompiles`` runs a second
-process that compiles them, the first process need not wait: a backend call whose
+compile, about a second apiece.  While ``warmup.BackgroundCompiles`` runs other
+processes that compile them, the run need not wait: a backend call whose
 kernel is not compiled yet runs the NumPy backend's version of the op instead, and
-the kernel is handed to the second process.  A later call loads it from the disk
+the kernel is handed to a compiling process.  A later call loads it from the disk
 cache once it is there.
 
 * Each Numba backend method is served through ``deferrable``: inside it, a kernel
@@ -39,7 +39,7 @@ class Compiler(Protocol):
     def pending(self) -> bool: ...
 
 
-compiler: Compiler | None = None  # set while a second process takes over kernel compiles
+compiler: Compiler | None = None  # set while other processes take over kernel compiles
 
 _calls = threading.local()  # .depth: deferrable backend calls running in this thread
 

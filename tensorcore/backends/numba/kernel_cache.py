@@ -43,7 +43,7 @@ STAMP = "tensorcore-kernels.fingerprint"
 COMPILE_NOTICE = ("tensorcore: compiling CPU kernels, once (about a second each; a model's first training step "
                   "may take 20-40 s); later runs load them from the cache")
 
-DEFERRED_NOTICE = ("tensorcore: compiling CPU kernels in a second process, once (about a second each); the "
+DEFERRED_NOTICE = ("tensorcore: compiling CPU kernels in other processes, once (about a second each); the "
                    "first training steps run slower NumPy kernels meanwhile; later runs load them from the cache")
 notice = COMPILE_NOTICE  # what the first compile prints (``warmup.BackgroundCompiles`` sets DEFERRED_NOTICE)
 

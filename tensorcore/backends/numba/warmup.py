@@ -1,4 +1,4 @@
-"""Compiling kernels in a second process, while the first one runs without them.
+"""Compiling kernels in other processes, while the run goes on without them.
 
 On a cold cache a model's first step would compile its kernels one after another (Numba
 holds one lock per process around every compile), about a second apiece.  A second
@@ -19,8 +19,8 @@ kernel it has finished loads from there in the first process without compiling.
 The kernels of the ``kernels`` modules are listed by module and name (the functions
 Python calls; the helpers they call compile with them), the generated fused loops of a
 compiled plan (``numba/fused.py``) by their program and loop layout, from which the
-second process generates the same source and so shares the cache file.  A listed kernel
-that no longer exists, or that a run does not use, costs the second process its compile
+compiling process generates the same source and so shares the cache file.  A listed kernel
+that no longer exists, or that a run does not use, costs a compiling process its compile
 time and nothing else.
 """
 
@@ -124,7 +124,7 @@ def _listed(dispatcher: Any) -> Entry | None:
     return {"module": func.__module__, "name": func.__qualname__} if found is dispatcher else None
 
 
-_recording: set = set()  # the recorders active in this process: no second process then
+_recording: set = set()  # the recorders active in this process: no compiling processes then
 
 
 @contextlib.contextmanager
@@ -159,7 +159,7 @@ def record() -> Iterator[list[Entry]]:
 
 
 def entry_key(entry: Entry) -> str:
-    """One line naming ``entry`` (its JSON with sorted keys): what the second process
+    """One line naming ``entry`` (its JSON with sorted keys): what a compiling process
     prints when it has compiled it."""
     return json.dumps(entry, sort_keys=True)
 
@@ -176,8 +176,9 @@ def compile_entry(entry: Entry) -> str | None:
 
 def default_processes() -> int:
     """Compiling processes for ``BackgroundCompiles``: one per core but one, at least
-    two (measured on 2 cores: two finish the default train step's kernels in 55 s,
-    one in 75 s), at most four (each holds Numba and LLVM, some 200 MB)."""
+    two (on 2 cores, beside the run's steps, two compiled the default train step's
+    kernels in about 55 s, one in 65-75 s), at most four (each holds Numba and LLVM,
+    some 200 MB)."""
     return max(2, min(4, (os.cpu_count() or 2) - 1))
 
 
