@@ -304,17 +304,22 @@ class Module:
         device = canonical(device) if device is not None else None
         if memory_format is not None:
             memory_format = formats.check(memory_format, "Module.to")
-        moved = False
+        moved, gpu = False, device == "cuda"
         for module in self.modules():
             for p in module._parameters.values():
                 if p is not None:
+                    gpu = gpu or p.device == "cuda"
+                    _release_freed_blocks(gpu)
                     moved |= _move_parameter(p, device, dtype, memory_format)
             for name, b in module._buffers.items():
                 if b is not None:
+                    gpu = gpu or b.device == "cuda"
+                    _release_freed_blocks(gpu)
                     new = _moved(b, device, dtype, memory_format)
                     if new is not b:
                         module._buffers[name] = new
                         moved = True
+        _release_freed_blocks(gpu)
         if moved:
             self._structure_changed()
         return self
@@ -428,6 +433,17 @@ def _moved(t: Tensor, device: str | None, dtype: Any, memory_format: Any = None)
     if device is not None or cast is not None:
         return t.detach().to(device, dtype=cast)
     return t
+
+
+def _release_freed_blocks(gpu: bool) -> None:
+    """Before a tensor is copied on or onto the GPU (``gpu``), and after the last: return
+    the memory pool's free blocks to the driver.  Otherwise the new copy may be carved out
+    of a larger block that earlier copies (or the weights just loaded) freed, and as the
+    pool gives back only wholly free blocks, that block's remainder stays held for good:
+    460 MB of the SD-1.5 UNet's memory once it was cast to fp16 and laid out channels-last
+    on the GPU."""
+    if gpu:
+        tc.cuda.release_cached_blocks()
 
 
 def _move_parameter(p: Parameter, device: str | None, dtype: Any, memory_format: Any = None) -> bool:

@@ -55,6 +55,14 @@ def empty_cache() -> None:
     cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
+def release_cached_blocks() -> None:
+    """Return the default pool's cached free blocks to the driver, keeping the buffers
+    the backend holds (unlike ``empty_cache``, safe while CUDA graphs may replay)."""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
 def synchronize() -> None:
     """Wait for all work queued on the current device."""
     import cupy

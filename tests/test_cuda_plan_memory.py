@@ -6,6 +6,8 @@
 * A CUDA-graph plan frees each intermediate after the last step that touches it, so its
   pool holds its largest live set, not every intermediate at once; the capture allocates
   first fit inside one block (``pools.CaptureArena``), freed ranges merging at once.
+* ``Module.to`` casting and laying weights out on the GPU leaves the pool holding nothing
+  it cannot give back.
 """
 
 from __future__ import annotations
@@ -87,3 +89,23 @@ def test_the_capture_arena_reuses_and_merges_freed_ranges_and_sends_the_rest_to_
     assert arena.free == [[0, 1024], [1280, 4096 - 1280]]  # the 100-byte block still holds 1024..1280
     outside = arena.malloc(8192)
     assert not arena.block.ptr <= outside.ptr < arena.block.ptr + 4096 and pool.used_bytes() >= 4096 + 8192
+
+
+def test_weights_cast_and_laid_out_on_the_gpu_leave_no_free_memory_held() -> None:
+    """Each copy ``Module.to`` makes on the GPU gets a block of its own, none carved out of
+    a larger block an earlier copy freed (whose rest the pool could never give back)."""
+    import cupy
+
+    tc.manual_seed(0)
+    model = layers.Sequential(*[layers.Conv2d(c, c, 3, padding=1) for c in (512, 384, 256, 192, 128)]).to("cuda")
+    pool = cupy.get_default_memory_pool()
+
+    def held_free() -> int:
+        pool.free_all_blocks()
+        return pool.total_bytes() - pool.used_bytes()
+
+    before = held_free()
+    model.to(tc.float16, memory_format=tc.channels_last)
+    assert all(p.dtype == tc.float16 for p in model.parameters())
+    assert model[0].weight.data.strides[1] == 2  # channels-last: the channel is the fastest axis
+    assert held_free() - before < 512 * 1024
