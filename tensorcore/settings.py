@@ -11,6 +11,11 @@
 ``TENSORCORE_NATIVE_PLANS`` 0: compiled plans on the Numba backend replay step by step in
                          Python instead of as generated jitted segments
                          (``backends/numba/native_plan.py``); read when a plan is bound
+``TENSORCORE_COMPILE_PROCESSES`` processes that compile the CPU kernels of a cold cache
+                         while ``python -m diffusion train`` runs on without them
+                         (``backends/numba/warmup.py``; default one per core but one, 2
+                         to 4); 0: the run compiles them itself and waits, so a cold run
+                         computes what a warm one does, bit for bit
 ``TENSORCORE_CACHE_KEY_FILE`` the key that signs the compile cache's plan files (default
                          ``$XDG_CONFIG_HOME/tensorcore/cache.key``, else
                          ``~/.config/tensorcore/cache.key``); made on first use, mode 0600
@@ -40,6 +45,17 @@ def cache_dir() -> str:
 def native_plans() -> bool:
     """Whether the Numba backend binds compiled plans as native segments (TENSORCORE_NATIVE_PLANS)."""
     return os.environ.get("TENSORCORE_NATIVE_PLANS", "1") != "0"
+
+
+def compile_processes() -> int | None:
+    """``TENSORCORE_COMPILE_PROCESSES`` as a count, None when unset."""
+    value = os.environ.get("TENSORCORE_COMPILE_PROCESSES", "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"TENSORCORE_COMPILE_PROCESSES must be a whole number of processes (0 or more), "
+                         f"got {value!r}")
+    return int(value)
 
 
 def cache_key_file() -> str:

@@ -5,7 +5,8 @@
 * ``backend`` runs a test once per available backend, inside ``tc.use_backend(name)``.
 * Tests marked ``gpu`` are skipped unless CuPy and a GPU work, ``multigpu`` unless
   there are two GPUs or more.
-* Under pytest-xdist, idle OpenMP threads sleep rather than spin (``GOMP_SPINCOUNT=0``).
+* Under pytest-xdist, idle OpenMP threads sleep rather than spin (``GOMP_SPINCOUNT=0``),
+  and a CLI run compiles its own kernels (``TENSORCORE_COMPILE_PROCESSES=0``).
 * The compile cache's signing key lives in the session's temporary directory, not in
   the user's config directory (``TENSORCORE_CACHE_KEY_FILE``; subprocesses inherit it).
 """
@@ -23,6 +24,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # (tensorcore's default for one process) would take them from the others, which
     # made a training test 1.7x slower.  Subprocesses inherit this.
     os.environ.setdefault("GOMP_SPINCOUNT", "0")
+    # A CLI run in a test compiles its kernels itself rather than in two more processes
+    # (the tests of that path set their own count).
+    os.environ.setdefault("TENSORCORE_COMPILE_PROCESSES", "0")
 
 import tensorcore as tc  # noqa: E402
 from op_harness import load_torch  # noqa: E402

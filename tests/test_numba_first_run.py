@@ -67,6 +67,7 @@ def cold_env(cache: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(cache / "numba"),
            "TENSORCORE_CACHE_DIR": str(cache / "tensorcore")}
     env.pop("TENSORCORE_BACKEND", None)  # the default: numba
+    env.pop("TENSORCORE_COMPILE_PROCESSES", None)  # the default count
     return env
 
 
@@ -188,16 +189,27 @@ def test_the_train_kernel_list_is_what_a_default_run_compiles(tmp_path) -> None:
         "diffusion/cli/train_kernel_list.py is out of date: run python -m diffusion.cli.train_kernels")
 
 
-def test_a_train_run_compiles_in_second_processes_starting_with_the_list_for_its_options() -> None:
+def test_a_train_run_compiles_in_other_processes_starting_with_the_list_for_its_options(monkeypatch) -> None:
     """The CLI hands the recorded list to the background compiles for the recorded options
-    only; another run starts with an empty list and hands over what its steps meet."""
+    only; another run starts with an empty list and hands over what its steps meet;
+    ``TENSORCORE_COMPILE_PROCESSES`` sets how many processes, 0 none."""
     args = build_parser().parse_args(train_kernels.RECORDED_COMMAND)
     options = train_kernels.shaping_options(args, args.image_size, latent=False)
+    monkeypatch.delenv("TENSORCORE_COMPILE_PROCESSES", raising=False)
     with tc.use_backend("numba"):
         chosen = train_kernels.background_compiles(options)
         assert isinstance(chosen, warmup.BackgroundCompiles) and chosen.entries == train_kernel_list.KERNELS
+        assert 2 <= chosen._count <= 4
         other = train_kernels.background_compiles({**options, "batch_size": 7})
         assert isinstance(other, warmup.BackgroundCompiles) and other.entries == []
+        monkeypatch.setenv("TENSORCORE_COMPILE_PROCESSES", "3")
+        assert train_kernels.background_compiles(options)._count == 3
+        monkeypatch.setenv("TENSORCORE_COMPILE_PROCESSES", "0")
+        assert not isinstance(train_kernels.background_compiles(options), warmup.BackgroundCompiles)
+        monkeypatch.setenv("TENSORCORE_COMPILE_PROCESSES", "two")
+        with pytest.raises(ValueError, match="TENSORCORE_COMPILE_PROCESSES .* got 'two'"):
+            train_kernels.background_compiles(options)
+    monkeypatch.delenv("TENSORCORE_COMPILE_PROCESSES")
     with tc.use_backend("numpy"):
         assert not isinstance(train_kernels.background_compiles(options), warmup.BackgroundCompiles)
 

@@ -47,8 +47,9 @@ def shaping_options(args: argparse.Namespace, image_size: int, latent: bool) -> 
 
 def background_compiles(options: dict[str, Any]) -> contextlib.AbstractContextManager:
     """While training on the Numba backend: kernels compile in other processes, starting
-    with the listed ones when the run's ``shaping_options`` are the recorded ones."""
-    if tc.get_backend().name != "numba":
+    with the listed ones when the run's ``shaping_options`` are the recorded ones (none
+    with ``TENSORCORE_COMPILE_PROCESSES=0``: the run compiles them itself)."""
+    if tc.get_backend().name != "numba" or warmup.default_processes() == 0:
         return contextlib.nullcontext()
     return warmup.BackgroundCompiles(train_kernel_list.KERNELS if options == train_kernel_list.OPTIONS else [])
 

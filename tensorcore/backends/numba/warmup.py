@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from . import deferral, kernel_cache, threads
+from ... import settings
 
 # The kernels' argument types as JSON data: a scalar type's name ("int64", "float64",
 # "bool", "none"), {"literal": 4} for a compile-time constant (an activation code), or
@@ -175,11 +176,12 @@ def compile_entry(entry: Entry) -> str | None:
 
 
 def default_processes() -> int:
-    """Compiling processes for ``BackgroundCompiles``: one per core but one, at least
-    two (on 2 cores, beside the run's steps, two compiled the default train step's
-    kernels in about 55 s, one in 65-75 s), at most four (each holds Numba and LLVM,
-    some 200 MB)."""
-    return max(2, min(4, (os.cpu_count() or 2) - 1))
+    """Compiling processes for ``BackgroundCompiles``: ``TENSORCORE_COMPILE_PROCESSES``
+    when set, else one per core but one, at least two (on 2 cores, beside the run's
+    steps, two compiled the default train step's kernels in about 55 s, one in 65-75 s),
+    at most four (each holds Numba and LLVM, some 200 MB)."""
+    chosen = settings.compile_processes()
+    return max(2, min(4, (os.cpu_count() or 2) - 1)) if chosen is None else chosen
 
 
 class BackgroundCompiles:
