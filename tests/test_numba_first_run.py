@@ -321,8 +321,9 @@ class _Worker:
 
 def _started(entries: list, workers: int, monkeypatch) -> warmup.BackgroundCompiles:
     """BackgroundCompiles over stand-in processes, inside a deferrable call."""
-    from tensorcore.backends.numba import deferral
+    from tensorcore.backends.numba import deferral, threads
 
+    threads.configure()  # set up first: BackgroundCompiles leaves unset pools alone
     background = warmup.BackgroundCompiles(entries, processes=workers)
     background.processes = [_Worker() for _ in range(workers)]
     with background._lock:
