@@ -315,8 +315,8 @@ class _Worker:
         return 0 if self.ended else None
 
     def handed(self) -> list[str]:
-        return [entry_key for line in self.stdin.getvalue().splitlines()
-                for entry_key in map(warmup.entry_key, json.loads(line))]
+        return [warmup.entry_key(entry) for line in self.stdin.getvalue().splitlines()
+                for entry in json.loads(line)]
 
 
 def _started(entries: list, workers: int, monkeypatch) -> warmup.BackgroundCompiles:

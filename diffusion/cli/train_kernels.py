@@ -49,9 +49,13 @@ def background_compiles(options: dict[str, Any]) -> contextlib.AbstractContextMa
     """While training on the Numba backend: kernels compile in other processes, starting
     with the listed ones when the run's ``shaping_options`` are the recorded ones (none
     with ``TENSORCORE_COMPILE_PROCESSES=0``: the run compiles them itself)."""
-    if tc.get_backend().name != "numba" or warmup.default_processes() == 0:
+    if tc.get_backend().name != "numba":
         return contextlib.nullcontext()
-    return warmup.BackgroundCompiles(train_kernel_list.KERNELS if options == train_kernel_list.OPTIONS else [])
+    processes = warmup.default_processes()
+    if processes == 0:
+        return contextlib.nullcontext()
+    listed = train_kernel_list.KERNELS if options == train_kernel_list.OPTIONS else []
+    return warmup.BackgroundCompiles(listed, processes)
 
 
 def record(workdir: str | os.PathLike) -> dict[str, Any]:
