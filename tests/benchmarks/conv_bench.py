@@ -14,7 +14,14 @@ Cout * Cin * kh * kw per pass (three passes for forward + backward); "peak" is t
 fraction of the H200's dense tensor-core rate (TF32 494.7, bf16 989.4 TFLOP/s).  The
 last lines sum the forward convolutions of one UNet forward, each times its count.
 ``--tiles`` also times every tile of the kernels on the target shapes (a "g" marks the
-forward's warpgroup-MMA tiles, the default on sm_90).  No timing is asserted.
+forward's warpgroup-MMA tiles, the default on sm_90).  ``--model sd15`` or ``--model vae``
+times instead, in float16, the forward convolutions of the SD-1.5 UNet at batch 2 (the
+same structure: base 320, multipliers 1, 2, 4, 4, 64² latents) or of the SD VAE decoder
+(512² images) as the models run them: ours with channels-last weights read in place and
+NCHW activations packed by the kernels, cuDNN on channels-last tensors (what
+``torch.compile`` gives it).  No timing is asserted.
+
+    PYTHONPATH=. python3 tests/benchmarks/conv_bench.py --model vae
 """
 
 from __future__ import annotations
@@ -60,40 +67,90 @@ class Conv:
         return s + (f" s{self.stride}" if self.stride > 1 else "") + f" @{self.size}"
 
 
+def resblock(convs: Counter, cin: int, cout: int, hw: int) -> None:
+    """Count a ResBlock's convolutions: two 3x3 and a 1x1 shortcut where channels change."""
+    convs[Conv(cin, cout, 3, 1, hw)] += 1
+    convs[Conv(cout, cout, 3, 1, hw)] += 1
+    if cin != cout:
+        convs[Conv(cin, cout, 1, 1, hw)] += 1
+
+
 def unet_convs(base: int = 128, mults: tuple = (1, 2, 4), blocks: int = 2, size: int = 128,
                in_channels: int = 4) -> Counter:
-    """Each convolution of one reference-UNet forward, with how often it runs."""
+    """Each convolution of one reference-UNet forward, with how often it runs (SD-1.5's
+    UNet has the same structure: base 320, multipliers 1, 2, 4, 4, size 64)."""
     convs: Counter = Counter()
-
-    def resblock(cin: int, cout: int, hw: int) -> None:
-        convs[Conv(cin, cout, 3, 1, hw)] += 1
-        convs[Conv(cout, cout, 3, 1, hw)] += 1
-        if cin != cout:
-            convs[Conv(cin, cout, 1, 1, hw)] += 1
-
     ch, hw = base, size
     convs[Conv(in_channels, base, 3, 1, hw)] += 1  # conv_in
     skips = [ch]
     for level, mult in enumerate(mults):
         for _ in range(blocks):
-            resblock(ch, base * mult, hw)
+            resblock(convs, ch, base * mult, hw)
             ch = base * mult
             skips.append(ch)
         if level < len(mults) - 1:  # stride-2 downsample
             convs[Conv(ch, ch, 3, 2, hw)] += 1
             hw //= 2
             skips.append(ch)
-    resblock(ch, ch, hw)  # middle (the attention block has no convolution)
-    resblock(ch, ch, hw)
+    resblock(convs, ch, ch, hw)  # middle (the attention block has no convolution)
+    resblock(convs, ch, ch, hw)
     for level, mult in reversed(list(enumerate(mults))):
         for _ in range(blocks + 1):
-            resblock(ch + skips.pop(), base * mult, hw)
+            resblock(convs, ch + skips.pop(), base * mult, hw)
             ch = base * mult
         if level > 0:  # nearest x2 upsample, then a 3x3 convolution
             hw *= 2
             convs[Conv(ch, ch, 3, 1, hw)] += 1
     convs[Conv(base, in_channels, 3, 1, hw)] += 1  # conv_out
     return convs
+
+
+def vae_decoder_convs() -> Counter:
+    """Each convolution of one SD VAE decode of [1, 4, 64, 64] latents to 512² images."""
+    convs: Counter = Counter({Conv(4, 4, 1, 1, 64): 1, Conv(4, 512, 3, 1, 64): 1})  # post_quant, conv_in
+    resblock(convs, 512, 512, 64)  # middle
+    resblock(convs, 512, 512, 64)
+    ch, hw = 512, 64
+    for level, cout in enumerate((512, 512, 256, 128)):
+        for _ in range(3):
+            resblock(convs, ch, cout, hw)
+            ch = cout
+        if level < 3:  # nearest x2 upsample, then a 3x3 convolution
+            hw *= 2
+            convs[Conv(ch, ch, 3, 1, hw)] += 1
+    convs[Conv(128, 3, 3, 1, 512)] += 1  # conv_out
+    return convs
+
+
+def model_table(model: str) -> None:
+    """The float16 forward convolutions of the SD-1.5 UNet (batch 2) or the VAE decoder
+    (batch 1), each against cuDNN on channels-last tensors, and their sum per forward."""
+    convs, batch = (unet_convs(base=320, mults=(1, 2, 4, 4), size=64), 2) if model == "sd15" \
+        else (vae_decoder_convs(), 1)
+    if model == "sd15":  # the transformers' proj_in and proj_out: 1x1 convolutions
+        for channels, hw, transformers in ((320, 64, 5), (640, 32, 5), (1280, 16, 5), (1280, 8, 1)):
+            convs[Conv(channels, channels, 1, 1, hw)] += 2 * transformers
+    columns = ["conv", "count", "tc ms", "torch ms", "speed", "tc TF/s", "torch TF/s", "plan"]
+    table = bench_report.Table(f"{model} forward convolutions, float16, batch {batch} "
+                               "(speed = torch ms / tc ms)", columns, first=24)
+    ours_sum = theirs_sum = 0.0
+    for conv, count in sorted(convs.items(), key=lambda kv: -kv[0].flops(batch) * kv[1]):
+        x = cp.random.standard_normal((batch, conv.cin, conv.size, conv.size), dtype=np.float32).astype(np.float16)
+        w = cp.random.standard_normal((conv.cout, conv.cin, conv.kernel, conv.kernel), dtype=np.float32)
+        w = cp.ascontiguousarray(w.astype(np.float16).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        tx, tw = (torch.from_dlpack(a).contiguous(memory_format=torch.channels_last) for a in (x, w))
+        pad = conv.kernel // 2
+        ms = graph_ms(lambda: GPU.conv2d(x, w, (conv.stride,) * 2, (pad, pad), (1, 1), 1))
+        plan = conv_plan.last.get(conv_plan.FPROP)
+        tms = torch_graph_ms(lambda: F.conv2d(tx, tw, stride=conv.stride, padding=pad))
+        ours_sum, theirs_sum = ours_sum + count * ms, theirs_sum + count * tms
+        flops = conv.flops(batch)
+        table.row(conv.label(), count, f"{ms:.4f}", f"{tms:.4f}", f"{tms / ms:.2f}",
+                  f"{flops / ms / 1e9:.0f}", f"{flops / tms / 1e9:.0f}",
+                  f"{plan.tile.bm}x{plan.tile.bn}{'g' if plan.tile.wgmma else ''}/{plan.splits}" if plan else "-")
+    table = bench_report.Table(f"{model}: the forward's convolutions, each times its count",
+                               ["tensorcore ms", "torch ms", "speed"])
+    table.row(f"{ours_sum:.3f}", f"{theirs_sum:.3f}", f"{theirs_sum / ours_sum:.2f}")
 
 
 def torch_graph_ms(fn, iters: int = 30) -> float:
@@ -159,9 +216,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="batch 8 [128,64,64] cases only")
     parser.add_argument("--tiles", action="store_true", help="also time every tile on targets")
+    parser.add_argument("--model", choices=("sd15", "vae"), help="a Stable Diffusion model's convolutions, float16")
     args = bench_report.parse(parser)
     torch.backends.cudnn.benchmark = True
     allow_tf32()
+    if args.model:
+        model_table(args.model)
+        return
     convs = unet_convs()
     target = Conv(128, 128, 3, 1, 64)  # [8,128,64,64] -> 128, timed at batch 8 below
     cases = [target] if args.quick else list(convs) + [target]
