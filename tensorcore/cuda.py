@@ -51,7 +51,7 @@ def empty_cache() -> None:
     backend = created("cupy")
     if backend is not None:
         backend.empty_cache()
-    cupy.get_default_memory_pool().free_all_blocks()
+    release_cached_blocks()
     cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
