@@ -71,11 +71,15 @@ def kernel_precision(mode: str) -> int:
 
 
 def assert_bounded(got, want: np.ndarray, magnitude: np.ndarray, terms: int, mode: str,
-                   slope: float = 1.0, stored_magnitude: np.ndarray | None = None) -> None:
+                   slope: float = 1.0, stored_magnitude: np.ndarray | None = None,
+                   operand: float = 0.0) -> None:
     """|got - want| within the mode's bound (module docstring); ``magnitude`` is the
-    float64 result on absolute values, ``slope`` the epilogue's amplification and
-    ``stored_magnitude`` the values rounded to the dtype (default |want|)."""
+    float64 result on absolute values, ``slope`` the epilogue's amplification,
+    ``stored_magnitude`` the values rounded to the dtype (default |want|) and
+    ``operand`` a relative error of an operand the kernels compute (added to each
+    product's)."""
     _, _, product, stored = MODES[mode]
+    product += operand
     got = cp.asnumpy(got).astype(np.float64)
     assert got.shape == want.shape
     assert np.all(np.isfinite(got)), "non-finite output"

@@ -22,9 +22,9 @@ A backend may let a method write its result into a given array: ``unary``, ``bin
 reference take ``out=None``.  Compiled replay (``tensorcore.compile``) passes its
 planned buffer through ``out=`` wherever the method in use declares the parameter and
 copies the result into it otherwise, so a backend that overrides one of these without
-``out`` is still correct, only not allocation-free on that op.  ``conv2d`` and
-``group_norm_conv2d`` must take it: a compiled plan may have them write straight into a
-slice of a concatenation's buffer (the ``place_concat`` pass).
+``out`` is still correct, only not allocation-free on that op.  ``conv2d``,
+``group_norm_conv2d`` and ``upsample_conv2d`` must take it: a compiled plan may have
+them write straight into a slice of a concatenation's buffer (the ``place_concat`` pass).
 
 Compiled replay first asks ``prepare(op, args, kwargs, out)`` (optional): a backend
 may return a no-argument callable that performs that exact call -- arrays, shapes and
@@ -176,6 +176,13 @@ class Backend(Protocol):
         group_norm's arguments after x: (weight, bias, groups, eps, act, shift).  A backend
         may normalize x as the convolution reads it, never writing the normalized
         tensor.  Only compiled plans call it (a GroupNorm whose one reader is a conv)."""
+    def upsample_conv2d(self, x: Array, out_hw: Pair, w: Array, stride: Pair, padding: Pair,
+                        dilation: Pair, groups: int, bias: Array | None = None,
+                        act: str = "none", residual: Array | None = None,
+                        residual_scale: float = 1.0, out: Array | None = None) -> Array:
+        """``conv2d(upsample_nearest2d(x, out_hw), w, ...)`` in one call.  A backend may
+        convolve the small image directly, never writing the upsampled one.  Only
+        compiled plans call it (an upsampling whose one reader is a conv)."""
     def conv2d_grad_input(self, grad: Array, w: Array, x_shape: Shape, stride: Pair,
                           padding: Pair, dilation: Pair, groups: int) -> Array:
         """Gradient of conv2d w.r.t. its input; also the forward of conv_transpose2d."""

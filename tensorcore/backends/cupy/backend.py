@@ -48,6 +48,7 @@ METHODS: dict[str, Callable] = {
     "lora_linear": CupyLoraKernels.lora_linear,
     "conv2d": CupyLinalgKernels.conv2d,
     "group_norm_conv2d": CupyLinalgKernels.group_norm_conv2d,
+    "upsample_conv2d": CupyLinalgKernels.upsample_conv2d,
     "conv2d_grad_input": CupyLinalgKernels.conv2d_grad_input,
     "conv2d_grad_weight": CupyLinalgKernels.conv2d_grad_weight,
     "max_pool2d": CupyNNKernels.max_pool2d,

@@ -313,19 +313,68 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
     return out
 
 
-def _kept_weight(w: Any, shape: tuple[int, ...], rounded: bool) -> Any | None:
-    """The packed copy [Cout][R][S][Cp] of the forward's weight that the plan being
-    captured keeps (``weight_packs``), or None: no such plan, or a weight it writes or
-    computes."""
+def _kept_weight(w: Any, shape: tuple[int, ...], rounded: bool, fill: Any = None) -> Any | None:
+    """The packed copy of shape ``shape`` ([Cout][R][S][Cp]) of a forward's weight that
+    the plan being captured keeps (``weight_packs``), made by ``fill(w, rounded, copy)``
+    (default: packed as it is), or None: no such plan, or a weight it writes or computes."""
     packs = weight_packs.active()
     if packs is None:
         return None
-    key = (w.data.ptr, w.shape, w.strides, w.dtype.str, rounded)
-    return packs.held(w, key, shape, functools.partial(_pack_weight, w, rounded))
+    fill = fill or _pack_weight
+    key = (fill.__name__, w.data.ptr, w.shape, w.strides, w.dtype.str, rounded)
+    return packs.held(w, key, shape, functools.partial(fill, w, rounded))
 
 
 def _pack_weight(w: Any, rounded: bool, packed: Any) -> None:
     _pack(_Pack(w, packed, w.shape[1], w.shape[2], w.shape[3], _strides(w)), None, rounded)
+
+
+def upsample_forward(x: Any, w: Any, bias: Any = None, act: str = "none", residual: Any = None,
+                     residual_scale: float = 1.0, out: Any = None) -> Any | None:
+    """conv2d(upsample_nearest2d(x, 2x), w) for a 3x3 w with padding 1 (stride 1, one
+    group) and the forward's epilogue, or None when the kernels do not cover the call.
+
+    Per axis, output 2u + p of the upsampled convolution reads input rows u - 1, u (p = 0)
+    or u, u + 1 (p = 1) with the 3 taps summed onto those 2: a stride-2 transposed
+    convolution of x with the 4x4 kernel ``upsample_phase_weights_kernel`` makes, run as
+    ``input_grad`` runs one (one GEMM per output phase of 2x2 taps).  The upsampled
+    image is never made; 4 of the 9 taps' multiply-adds per output remain."""
+    n, c, h, wd = x.shape
+    cout = w.shape[0]
+    itemsize = x.dtype.itemsize
+    cp = _padded(c, itemsize)
+    epilogue = tuple(a for a in (bias, residual) if a is not None)
+    reason = _reason((x, w, *epilogue), 1, (n * h * wd * cp, cout * 16 * cp, 4 * n * h * wd))
+    if not _covered("upsample_forward", reason):
+        return None
+    prec = _precision(x.dtype)
+    rounded = prec == PREC_TF32
+    plan = conv_plan.choose(FPROP, prec, itemsize, n * h * wd, cout, 4 * cp, 4, 4 * n * cout * h * wd,
+                            loader.sm_count(), loader.has_wgmma())
+    kept = _kept_weight(w, (cout, 4, 4, cp), rounded, _phase_weights)
+    if out is None:
+        out = cupy.empty((n, cout, 2 * h, 2 * wd), dtype=x.dtype)
+    xh, wt, part = _scratch_arrays(((n, h, wd, cp), x.dtype),
+                                   ((cout, 4, 4, cp) if kept is None else (0,), x.dtype),
+                                   _partials(plan, out.size))
+    _pack(_Pack(x, xh, c, h, wd, _strides(x)), None, rounded)
+    if kept is None:
+        _phase_weights(w, rounded, wt)
+    else:
+        wt = kept
+    bias = None if bias is None else contiguous(bias)
+    residual = None if residual is None else contiguous(residual)
+    _fprop(xh, wt, out, part, plan, prec, (4, 4), (1, 1), (1, 1), (-1, -1), (2, 2), (2, 2), bias, act,
+           residual, residual_scale)
+    return out
+
+
+def _phase_weights(w: Any, rounded: bool, wt: Any) -> None:
+    """wt [Cout][4][4][Cp] = the transposed-convolution kernel of a 2x upsampling into the
+    3x3 weight w (``upsample_phase_weights_kernel``)."""
+    loader.launch(SOURCE, "upsample_phase_weights_kernel", w.dtype, wt.size,
+                  (w, wt, *_int32(w.shape[0], w.shape[1], wt.shape[-1]),
+                   *(numpy.int64(s) for s in _strides(w)), numpy.int32(rounded)))
 
 
 def input_grad(grad: Any, w: Any, x_shape: tuple, stride: Pair, padding: Pair,

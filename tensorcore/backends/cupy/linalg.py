@@ -250,6 +250,23 @@ class CupyLinalgKernels:
         return super().group_norm_conv2d(x, norm, w, stride, padding, dilation, groups, bias,
                                          act, residual, residual_scale, out=out)
 
+    def upsample_conv2d(self, x, out_hw, w, stride, padding, dilation, groups, bias=None,
+                        act="none", residual=None, residual_scale=1.0, out=None):
+        """A 2x upsampling into a 3x3 convolution (stride 1, padding 1, one group) as one
+        stride-2 transposed convolution of the small image (``conv_igemm.upsample_forward``)
+        where the kernels cover the call; else the upsampling, then conv2d."""
+        ho, wo = self._check_upsample_conv(x, out_hw, w, stride, padding, dilation, groups, bias,
+                                           act, residual, out)
+        doubled = tuple(out_hw) == (2 * x.shape[2], 2 * x.shape[3]) and tuple(w.shape[2:]) == (3, 3) \
+            and (tuple(stride), tuple(padding), tuple(dilation), groups) == ((1, 1), (1, 1), (1, 1), 1)
+        fused = all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype) for a in (bias, residual))
+        if doubled and fused:
+            y = conv_igemm.upsample_forward(x, w, bias, act, residual, residual_scale, out=out)
+            if y is not None:
+                return y
+        return super().upsample_conv2d(x, out_hw, w, stride, padding, dilation, groups, bias, act,
+                                       residual, residual_scale, out=out)
+
     def _group_norm_in(self, x, norm, w, stride, padding, dilation, groups, bias=None, residual=None):
         """``norm`` as a conv_norm.GroupNormIn when the pack can apply it (CuPy arrays of
         one dtype, the epilogue's included, valid GroupNorm arguments, a convolution of

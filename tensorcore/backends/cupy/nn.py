@@ -19,7 +19,7 @@ from .util import (INT32_LIMIT, acc_dtype, aligned, as_rows, contiguous, empty_a
                    has_kernels, pack_width, ptr, row_launch, zeroed_counters)
 from ..numpy.act import check_activation
 from ..numpy.pool import _pool_geometry
-from ..numpy.upsample import _check_image
+from ..numpy.upsample import check_image
 
 SOFTMAX, LN, PLANE = "softmax.cu", "layernorm.cu", "planenorm.cu"
 POOL, UPSAMPLE, EMBED = "pool.cu", "upsample.cu", "embedding.cu"
@@ -348,7 +348,7 @@ class CupyNNKernels:
 
     # ----- resampling --------------------------------------------------------------
     def upsample_nearest2d(self, x, out_hw):
-        _check_image("upsample_nearest2d", x.shape, out_hw)
+        check_image("upsample_nearest2d", x.shape, out_hw)
         if not has_kernels(x):
             return super().upsample_nearest2d(x, out_hw)
         x = contiguous(x)
@@ -364,7 +364,7 @@ class CupyNNKernels:
         return y
 
     def upsample_nearest2d_backward(self, grad, x_shape):
-        _check_image("upsample_nearest2d_backward", x_shape)
+        check_image("upsample_nearest2d_backward", x_shape)
         if not has_kernels(grad) or grad.ndim != 4:
             return super().upsample_nearest2d_backward(grad, x_shape)
         grad = contiguous(grad)
@@ -375,7 +375,7 @@ class CupyNNKernels:
         return dx
 
     def upsample_bilinear2d(self, x, out_hw, align_corners):
-        _check_image("upsample_bilinear2d", x.shape, out_hw)
+        check_image("upsample_bilinear2d", x.shape, out_hw)
         if not has_kernels(x):
             return super().upsample_bilinear2d(x, out_hw, align_corners)
         x = contiguous(x)
@@ -386,7 +386,7 @@ class CupyNNKernels:
         return y
 
     def upsample_bilinear2d_backward(self, grad, x_shape, align_corners):
-        _check_image("upsample_bilinear2d_backward", x_shape)
+        check_image("upsample_bilinear2d_backward", x_shape)
         if not has_kernels(grad) or grad.ndim != 4:
             return super().upsample_bilinear2d_backward(grad, x_shape, align_corners)
         grad = contiguous(grad)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .kernels import fast_path
 from ..numpy.pool import _pool_geometry
-from ..numpy.upsample import _check_image
+from ..numpy.upsample import check_image
 
 Array = Any
 Pair = tuple[int, int]
@@ -516,7 +516,7 @@ class NumbaSpatialKernels:
             return super().upsample_nearest2d(x, out_hw)
         from .kernels import pooling as K
 
-        _check_image("upsample_nearest2d", x.shape, out_hw)
+        check_image("upsample_nearest2d", x.shape, out_hw)
         rows = self._nearest_source(x.shape[2], out_hw[0])
         cols = self._nearest_source(x.shape[3], out_hw[1])
         return K.gather_nearest(np.ascontiguousarray(x), rows, cols)
@@ -526,7 +526,7 @@ class NumbaSpatialKernels:
             return super().upsample_nearest2d_backward(grad, x_shape)
         from .kernels import pooling as K
 
-        _check_image("upsample_nearest2d_backward", x_shape)
+        check_image("upsample_nearest2d_backward", x_shape)
         rows = self._nearest_source(x_shape[2], grad.shape[2])
         cols = self._nearest_source(x_shape[3], grad.shape[3])
         return K.scatter_nearest(np.ascontiguousarray(grad), rows, cols, x_shape[2], x_shape[3])
@@ -536,7 +536,7 @@ class NumbaSpatialKernels:
             return super().upsample_bilinear2d(x, out_hw, align_corners)
         from .kernels import pooling as K
 
-        _check_image("upsample_bilinear2d", x.shape, out_hw)
+        check_image("upsample_bilinear2d", x.shape, out_hw)
         taps_h = _bilinear_taps(x.shape[2], out_hw[0], align_corners, x.dtype)
         taps_w = _bilinear_taps(x.shape[3], out_hw[1], align_corners, x.dtype)
         return K.bilinear(np.ascontiguousarray(x), *taps_h, *taps_w)
@@ -547,7 +547,7 @@ class NumbaSpatialKernels:
             return super().upsample_bilinear2d_backward(grad, x_shape, align_corners)
         from .kernels import pooling as K
 
-        _check_image("upsample_bilinear2d_backward", x_shape)
+        check_image("upsample_bilinear2d_backward", x_shape)
         taps_h = _bilinear_taps(x_shape[2], grad.shape[2], align_corners, grad.dtype)
         taps_w = _bilinear_taps(x_shape[3], grad.shape[3], align_corners, grad.dtype)
         return K.bilinear_backward(np.ascontiguousarray(grad), x_shape[2], x_shape[3],

@@ -421,6 +421,7 @@ METHODS: dict[str, Callable] = {
     # convolution
     "conv2d": computes_in_float32(NumpyConvKernels.conv2d),
     "group_norm_conv2d": NumpyConvKernels.group_norm_conv2d,
+    "upsample_conv2d": NumpyConvKernels.upsample_conv2d,
     "conv2d_grad_input": computes_in_float32(NumpyConvKernels.conv2d_grad_input),
     "conv2d_grad_weight": computes_in_float32(NumpyConvKernels.conv2d_grad_weight),
     # pooling and resampling

@@ -15,6 +15,7 @@ from typing import Any
 import numpy
 
 from .act import check_activation
+from .upsample import check_image
 
 Array = Any
 Pair = tuple[int, int]
@@ -117,6 +118,29 @@ class NumpyConvKernels:
         y = self.group_norm(x, *norm)[0]
         return self.conv2d(y, w, stride, padding, dilation, groups, bias, act, residual,
                            residual_scale, out=out)
+
+    def upsample_conv2d(self, x: Array, out_hw: Pair, w: Array, stride: Pair, padding: Pair,
+                        dilation: Pair, groups: int, bias: Array | None = None,
+                        act: str = "none", residual: Array | None = None,
+                        residual_scale: float = 1.0, out: Array | None = None) -> Array:
+        """The two calls it stands for: nearest upsampling to ``out_hw``, then the
+        convolution (every argument checked before either runs)."""
+        self._check_upsample_conv(x, out_hw, w, stride, padding, dilation, groups, bias, act,
+                                  residual, out)
+        y = self.upsample_nearest2d(x, out_hw)
+        return self.conv2d(y, w, stride, padding, dilation, groups, bias, act, residual,
+                           residual_scale, out=out)
+
+    def _check_upsample_conv(self, x: Array, out_hw: Pair, w: Array, stride: Pair, padding: Pair,
+                             dilation: Pair, groups: int, bias: Array | None, act: str,
+                             residual: Array | None, out: Array | None) -> Pair:
+        """Raise on a bad upsample_conv2d call; the convolution's output size (Ho, Wo)."""
+        check_image("upsample_conv2d", x.shape, out_hw)
+        ho, wo = self._conv_geometry("upsample_conv2d", (*x.shape[:2], *out_hw), w.shape, stride,
+                                     padding, dilation, groups)
+        self._check_epilogue("upsample_conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
+        self._check_out("upsample_conv2d", out, (x.shape[0], w.shape[0], ho, wo), x.dtype)
+        return ho, wo
 
     @staticmethod
     def _check_out(op: str, out: Array | None, shape: Shape, dtype: Any) -> None:

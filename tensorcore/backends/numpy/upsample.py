@@ -16,7 +16,7 @@ Pair = tuple[int, int]
 Shape = tuple[int, ...]
 
 
-def _check_image(op: str, shape: Shape, out_hw: Pair | None = None) -> None:
+def check_image(op: str, shape: Shape, out_hw: Pair | None = None) -> None:
     if len(shape) != 4:
         raise ValueError(f"{op}: expected [N, C, H, W], got shape {tuple(shape)}")
     if out_hw is not None and (len(out_hw) != 2 or min(out_hw) < 1):
@@ -69,14 +69,14 @@ class NumpyUpsampleKernels:
     def upsample_nearest2d(self, x: Array, out_hw: Pair) -> Array:
         """out[..., d_h, d_w] = x[..., floor(d_h * H/Ho), floor(d_w * W/Wo)]."""
         xp = self.xp
-        _check_image("upsample_nearest2d", x.shape, out_hw)
+        check_image("upsample_nearest2d", x.shape, out_hw)
         rows = self._nearest_source(x.shape[2], out_hw[0])
         cols = self._nearest_source(x.shape[3], out_hw[1])
         return xp.take(xp.take(x, rows, axis=2), cols, axis=3)
 
     def upsample_nearest2d_backward(self, grad: Array, x_shape: Shape) -> Array:
         """Sum the gradients of every output that copied a given input."""
-        _check_image("upsample_nearest2d_backward", x_shape)
+        check_image("upsample_nearest2d_backward", x_shape)
         ho, wo = grad.shape[2], grad.shape[3]
         rows = self._nearest_source(x_shape[2], ho)
         cols = self._nearest_source(x_shape[3], wo)
@@ -86,7 +86,7 @@ class NumpyUpsampleKernels:
 
     def upsample_bilinear2d(self, x: Array, out_hw: Pair, align_corners: bool) -> Array:
         """Bilinear resampling to ``out_hw`` (PyTorch semantics for both corner modes)."""
-        _check_image("upsample_bilinear2d", x.shape, out_hw)
+        check_image("upsample_bilinear2d", x.shape, out_hw)
         a_h = self._bilinear_matrix(x.shape[2], out_hw[0], align_corners, x.dtype)
         a_w = self._bilinear_matrix(x.shape[3], out_hw[1], align_corners, x.dtype)
         return self._apply_separable(a_h, x, a_w)
@@ -94,7 +94,7 @@ class NumpyUpsampleKernels:
     def upsample_bilinear2d_backward(self, grad: Array, x_shape: Shape,
                                      align_corners: bool) -> Array:
         """Transpose of the bilinear resampling."""
-        _check_image("upsample_bilinear2d_backward", x_shape)
+        check_image("upsample_bilinear2d_backward", x_shape)
         ho, wo = grad.shape[2], grad.shape[3]
         a_h = self._bilinear_matrix(x_shape[2], ho, align_corners, grad.dtype)
         a_w = self._bilinear_matrix(x_shape[3], wo, align_corners, grad.dtype)

@@ -19,6 +19,7 @@ from .fuse_epilogue import fuse_epilogue
 from .fuse_gate_bias import fuse_gate_bias
 from .fuse_norm import fuse_norm
 from .fuse_norm_conv import fuse_norm_conv
+from .fuse_upsample_conv import fuse_upsample_conv
 from .group_linear import group_linear
 from .lora import lora
 from .place_concat import place_concat
@@ -29,18 +30,20 @@ PASSES: dict[str, Pass] = {"dce": dead_code_elimination, "cse": common_subexpres
                            "fuse_attention": fuse_attention, "lora": lora, "fuse_epilogue": fuse_epilogue,
                            "fuse_gate_bias": fuse_gate_bias,
                            "fuse_norm": fuse_norm, "fuse_norm_conv": fuse_norm_conv,
+                           "fuse_upsample_conv": fuse_upsample_conv,
                            "group_linear": group_linear, "fuse_elementwise": fuse_elementwise,
                            "place_concat": place_concat}
 # Pattern rewrites first (the LoRA pattern needs the base's matmul and bias add as they
 # were traced), then epilogue fusion, a gate taking its projection's bias (which epilogue
 # fusion put in the product), norm fusion, then a norm folded whole into the conv
 # after it (with the conv's epilogue and the norm's activation and shift already in),
+# and an upsampling folded into the conv that reads it,
 # then the few-row products of one input grouped into one call (after epilogue fusion
 # has made them), then elementwise fusion, which would otherwise take the adds and
 # scalings the others fold; last, concatenations placed in memory (which changes the
 # "block of its own" the others look for).
 DEFAULT: tuple[str, ...] = ("dce", "cse", "fuse_attention", "lora", "fuse_epilogue", "fuse_gate_bias", "fuse_norm",
-                            "fuse_norm_conv", "group_linear", "fuse_elementwise", "place_concat")
+                            "fuse_norm_conv", "fuse_upsample_conv", "group_linear", "fuse_elementwise", "place_concat")
 
 
 def resolve(passes: Iterable[str | Pass] | Mapping[str, bool] | None) -> tuple[Pass, ...]:

@@ -4,8 +4,8 @@ where the concatenation puts them, and the copy goes.
 A UNet's up path concatenates each block's input with a skip connection along the
 channels: ``c = concatenate((h, skip), 1)``.  With one sample (every axis before the
 joined one of size 1), each part is one contiguous byte range of c.  When every part
-is the result of a ``conv2d`` or ``group_norm_conv2d`` call (the two ops whose
-``out=`` the backend protocol guarantees) and is a block of its own that nothing writes
+is the result of a ``conv2d``, ``group_norm_conv2d`` or ``upsample_conv2d`` call (the
+ops whose ``out=`` the backend protocol guarantees) and is a block of its own that nothing writes
 later and the program does not return, the pass
 
 * allocates c first: an ``empty(shape, dtype)`` call just before the first part's
@@ -28,7 +28,7 @@ import math
 from ..graph import Graph, Node, Ref
 from .uses import Uses, owns_block
 
-PRODUCERS = frozenset({"conv2d", "group_norm_conv2d"})
+PRODUCERS = frozenset({"conv2d", "group_norm_conv2d", "upsample_conv2d"})
 
 
 def place_concat(graph: Graph) -> Graph:

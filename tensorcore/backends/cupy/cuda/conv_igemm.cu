@@ -48,6 +48,9 @@
 //                               contiguous (K-major), A the output gradient [Cout][pixels]
 //                               and B the input shifted per kernel column by
 //                               shift_pack_kernel, so each tap's rows are contiguous runs.
+//   upsample_phase_weights_kernel  the 4 x 4 transposed-convolution kernel of a 2x nearest
+//                               upsampling into a 3 x 3 convolution: the forward of that
+//                               pair runs as an input gradient (phases) of the small image.
 //   conv_splitk_reduce_kernel   out[i] = epilogue(sum over splits of part[s][i]): split-K
 //                               partials in float32, four outputs per thread, 1-D
 //                               grid-stride.  Memory bound.
@@ -777,6 +780,30 @@ conv_wgrad_wgmma_kernel(const T* __restrict__ grad, const T* __restrict__ xs, T*
             }
         }
 #endif
+}
+
+// wt[j][a][b][c] = the sum of w[j, c, t, s] over the 3 x 3 taps (t, s) that reach tap
+// (a, b) of the 4 x 4 kernel, zero for c >= C (w read through element strides; sums in
+// acc_t, rounded once, to TF32 when asked).  A 2x nearest upsampling followed by a 3 x 3
+// convolution with padding 1 is the stride-2 transposed convolution of the small image
+// with this kernel: per axis, output 2u + p reads input u + (p + 1 - a) / 2 for the a
+// of p's parity, and tap t of the 3 lands on a = 2 - t and a = 3 - t.  One output per
+// thread, grid-stride.  Memory bound (a weight's worth).
+template <typename T>
+__global__ void upsample_phase_weights_kernel(const T* __restrict__ w, T* __restrict__ wt, int Co,
+                                              int C, int Cp, long long sj, long long sc,
+                                              long long st, long long ss, int round_tf32) {
+    const int total = Co * 16 * Cp;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const int c = i % Cp, ab = (i / Cp) % 16, j = i / (16 * Cp), a = ab / 4, b = ab % 4;
+        acc_t<T> sum = (acc_t<T>)0;
+        if (c < C) {
+            for (int t = max(0, 2 - a); t <= min(2, 3 - a); ++t)
+                for (int s = max(0, 2 - b); s <= min(2, 3 - b); ++s)
+                    sum += load_acc(w[j * sj + c * sc + t * st + s * ss]);
+        }
+        wt[i] = tf32_if(store_as<T>(sum), round_tf32 != 0);
+    }
 }
 
 // xs[s][n][c][y][q] = x[n, c, y - ph, q - pw + s] (zero outside x), rounded to TF32 when
