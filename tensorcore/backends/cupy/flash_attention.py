@@ -27,9 +27,10 @@ CTYPES = {"float16": "half_t", "bfloat16": "bf16_t"}
 
 
 def instances() -> list[str]:
-    """Every kernel instantiation the host code may launch."""
-    return [_expression(ctype, width, row_tiles(width), key_tile(width))
-            for ctype in CTYPES.values() for width in HEAD_WIDTHS]
+    """Every kernel instantiation the host code may launch: per width, the head dims
+    it holds (the width, and 8 less: the kernel skips the padding's MMAs)."""
+    return [_expression(ctype, d, row_tiles(width), key_tile(width))
+            for ctype in CTYPES.values() for width in HEAD_WIDTHS for d in (width - 8, width)]
 
 
 def width(d: int) -> int:
@@ -49,8 +50,8 @@ def key_tile(width: int) -> int:
     return 128 if width <= 80 else KEYS
 
 
-def _expression(ctype: str, width: int, tiles: int, keys: int) -> str:
-    return f"flash_attention_fwd_kernel<{ctype}, {width}, {tiles}, {keys}>"
+def _expression(ctype: str, d: int, tiles: int, keys: int) -> str:
+    return f"flash_attention_fwd_kernel<{ctype}, {d}, {tiles}, {keys}>"
 
 
 def fits(q: Any, k: Any, v: Any) -> bool:
@@ -103,7 +104,7 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: floa
     b, h, lq, d = q.shape
     D = width(d)
     keys = key_tile(D)
-    expression = _expression(CTYPES[q.dtype.name], D, tiles, keys)
+    expression = _expression(CTYPES[q.dtype.name], d, tiles, keys)
     rows = 4 * 16 * tiles
     smem = (rows + 4 * keys) * (D + 8) * 2  # Q, and two stages each of K and V
     if report.active:

@@ -8,14 +8,19 @@
 // memory with cp.async (the next tile's copy runs under the current tile's math), S = Q Kᵀ
 // is computed with mma.sync m16n8k16 into float registers, and the online softmax keeps,
 // per row, the running maximum m and sum l in the exp2 domain: P = 2^(S·c - m) with
-// c = scale · log2(e), one FMA and one ex2 per score.  P goes from the S accumulators
-// straight into the A fragments of O += P V (the m16n8 accumulator layout of two key tiles
-// is the m16k16 A layout), and O is rescaled by 2^(m_old - m_new) as the maximum moves.
-// At the end O / l is stored, and, when asked, the row's log-sum-exp m + log2(l) (exp2
-// domain, scaled scores) for a backward pass that recomputes P.  Accumulation is float32.
+// c = scale · log2(e), one FMA per score and one ex2 per pair of scores (exp2_pair: the
+// special-function unit, whose rate is about 1/128 of the tensor cores' multiply-adds, is
+// what bounds narrow heads).  The pairs are the A fragments of O += P V as they come (the
+// m16n8 accumulator layout of two key tiles is the m16k16 A layout); l is summed on the
+// tensor cores too, as P times a fragment of ones, from the very P that multiplies V, and
+// O and l are rescaled by 2^(m_old - m_new) as the maximum moves.  At the end O / l is
+// stored, and, when asked, the row's log-sum-exp m + log2(l) (exp2 domain, scaled scores)
+// for a backward pass that recomputes P.  Accumulation is float32.
 //
-// D is the head dim rounded up to a multiple of 16 (48 for 40); the columns past the real
-// head dim d are zero-filled in shared memory, so they add nothing.  Keys past Lk and,
+// DV is the head dim (a multiple of 8), D = DV rounded up to 16 the tiles' width in shared
+// memory; the columns past the real head dim d are zero-filled there.  A head dim of an
+// odd number of 8s (40, 72, ...) ends Q Kᵀ with one m16n8k8 step, and O has DV / 8
+// column tiles: no MMA runs on the padding.  Keys past Lk and,
 // when causal, keys after the query are set to -inf before the softmax; only the tiles
 // that hold such keys pay for the test.  scale must be > 0 (the maximum is taken over
 // unscaled scores).  q, k, v are read through their strides (batch, head, row; the head
@@ -24,16 +29,18 @@
 // [B, Lq, H·d], so merging the heads back costs no copy).
 #include "flash_attention.cuh"
 
-template <typename T, int D, int M, int KEYS>
+template <typename T, int DV, int M, int KEYS>
 __global__ void __launch_bounds__(FA_WARPS * 32)
 flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                            T* __restrict__ out, float* __restrict__ lse, int heads, int lq, int lk, int d,
                            float scale_log2, int causal, long long qb, long long qh, long long ql,
                            long long kb, long long kh, long long kl, long long vb, long long vh, long long vl) {
+    constexpr int D = (DV + 15) / 16 * 16;   // tile width in shared memory
     constexpr int ROWS = FA_WARPS * 16 * M;  // query rows per block
-    constexpr int KSTEPS = D / 16;           // mma k-steps over the head dim
+    constexpr int KSTEPS = DV / 16;          // k16 steps over the head dim
+    constexpr bool K8 = DV % 16 != 0;        // and one k8 step after them
     constexpr int NT = KEYS / 8;             // 8-key tiles of S per row tile
-    constexpr int OT = D / 8;                // 8-column tiles of O per row tile
+    constexpr int OT = DV / 8;               // 8-column tiles of O per row tile
     constexpr int KV_TILE = KEYS * (D + 8);
     extern __shared__ __align__(16) unsigned short smem[];
     const unsigned s_q = smem_addr(smem), s_k = s_q + ROWS * (D + 8) * 2, s_v = s_k + 2 * KV_TILE * 2;
@@ -54,15 +61,17 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
     load_tile<KEYS, D>(s_v, vp, vl, lk, d);
     cp_async_commit();
 
-    unsigned qa[M][KSTEPS][4];
+    unsigned qa[M][KSTEPS][4], qa8[M][2];
     float o[M][OT][4];
-    float m[M][2], l[M][2];  // per row tile: rows g and g + 8 of it
+    float l[M][4];  // row sums: [0], [1] row g of the tile, [2], [3] row g + 8 (pairs equal)
+    float m[M][2];  // running maxima of rows g and g + 8
+    const unsigned ones[2] = {ones_pair(T()), ones_pair(T())};
 #pragma unroll
     for (int mi = 0; mi < M; ++mi) {
 #pragma unroll
         for (int j = 0; j < OT; ++j) o[mi][j][0] = o[mi][j][1] = o[mi][j][2] = o[mi][j][3] = 0.f;
+        l[mi][0] = l[mi][1] = l[mi][2] = l[mi][3] = 0.f;
         m[mi][0] = m[mi][1] = neg_inf<float>();
-        l[mi][0] = l[mi][1] = 0.f;
     }
 
     for (int tile = 0; tile < tiles; ++tile) {
@@ -77,12 +86,13 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
         __syncthreads();
         if (tile == 0) {
 #pragma unroll
-            for (int mi = 0; mi < M; ++mi)
+            for (int mi = 0; mi < M; ++mi) {
+                const int r = warp * 16 * M + mi * 16 + (quad % 2) * 8 + lane % 8;
 #pragma unroll
-                for (int ks = 0; ks < KSTEPS; ++ks) {
-                    const int r = warp * 16 * M + mi * 16 + (quad % 2) * 8 + lane % 8, c = ks * 16 + (quad / 2) * 8;
-                    ldsm_x4(qa[mi][ks], s_q + (r * (D + 8) + c) * 2);
-                }
+                for (int ks = 0; ks < KSTEPS; ++ks)
+                    ldsm_x4(qa[mi][ks], s_q + (r * (D + 8) + ks * 16 + (quad / 2) * 8) * 2);
+                if (K8) ldsm_x2(qa8[mi], s_q + (r * (D + 8) + KSTEPS * 16) * 2);
+            }
         }
         const unsigned ks_base = s_k + stage * KV_TILE * 2, vs_base = s_v + stage * KV_TILE * 2;
 
@@ -106,6 +116,17 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
                 }
             }
         }
+        if (K8) {  // the last 8 columns of the head dim: four key tiles per ldmatrix
+#pragma unroll
+            for (int j = 0; j < NT; j += 4) {
+                unsigned kb4[4];
+                ldsm_x4(kb4, ks_base + ((j * 8 + quad * 8 + lane % 8) * (D + 8) + KSTEPS * 16) * 2);
+#pragma unroll
+                for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) mma_k8(s[mi][j + e], qa8[mi][0], qa8[mi][1], kb4[e], T());
+            }
+        }
 
         // hide keys past lk and, when causal, keys after the row: only edge tiles hold them
         const int key0 = tile * KEYS;
@@ -122,7 +143,8 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
                     }
         }
 
-        // online softmax: new maxima (scaled), rescale O and l, P = 2^(S·c - m)
+        // online softmax: new maxima (scaled), then O and l rescaled
+        float base[M][2];
 #pragma unroll
         for (int mi = 0; mi < M; ++mi) {
             float max0 = s[mi][0][0], max1 = s[mi][0][2];
@@ -134,39 +156,35 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
             max0 = fmaxf(m[mi][0], quad_max(max0) * scale_log2);
             max1 = fmaxf(m[mi][1], quad_max(max1) * scale_log2);
             // rows that have seen no key yet keep a -inf maximum: subtract 0 instead
-            const float base0 = max0 == neg_inf<float>() ? 0.f : max0;
-            const float base1 = max1 == neg_inf<float>() ? 0.f : max1;
-            const float alpha0 = fast_exp2(m[mi][0] - base0), alpha1 = fast_exp2(m[mi][1] - base1);
+            base[mi][0] = max0 == neg_inf<float>() ? 0.f : max0;
+            base[mi][1] = max1 == neg_inf<float>() ? 0.f : max1;
+            const float alpha0 = fast_exp2(m[mi][0] - base[mi][0]), alpha1 = fast_exp2(m[mi][1] - base[mi][1]);
             m[mi][0] = max0;
             m[mi][1] = max1;
-            l[mi][0] *= alpha0;
-            l[mi][1] *= alpha1;
+            l[mi][0] *= alpha0; l[mi][1] *= alpha0;
+            l[mi][2] *= alpha1; l[mi][3] *= alpha1;
 #pragma unroll
             for (int j = 0; j < OT; ++j) {
                 o[mi][j][0] *= alpha0; o[mi][j][1] *= alpha0;
                 o[mi][j][2] *= alpha1; o[mi][j][3] *= alpha1;
             }
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                s[mi][j][0] = fast_exp2(fmaf(s[mi][j][0], scale_log2, -base0));
-                s[mi][j][1] = fast_exp2(fmaf(s[mi][j][1], scale_log2, -base0));
-                s[mi][j][2] = fast_exp2(fmaf(s[mi][j][2], scale_log2, -base1));
-                s[mi][j][3] = fast_exp2(fmaf(s[mi][j][3], scale_log2, -base1));
-                l[mi][0] += s[mi][j][0] + s[mi][j][1];
-                l[mi][1] += s[mi][j][2] + s[mi][j][3];
-            }
         }
 
-        // O += P V: P's accumulators of key tiles 2kk, 2kk+1 are the A fragment of k-step kk
+        // O += P V and l += P 1: P = 2^(S·c - m) of key tiles 2kk, 2kk+1 is the A fragment of k-step kk
 #pragma unroll
         for (int kk = 0; kk < KEYS / 16; ++kk) {
             unsigned pa[M][4];
 #pragma unroll
             for (int mi = 0; mi < M; ++mi) {
-                pa[mi][0] = pack_pair(s[mi][2 * kk][0], s[mi][2 * kk][1], T());
-                pa[mi][1] = pack_pair(s[mi][2 * kk][2], s[mi][2 * kk][3], T());
-                pa[mi][2] = pack_pair(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1], T());
-                pa[mi][3] = pack_pair(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3], T());
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const float* s0 = s[mi][2 * kk + half];
+                    pa[mi][2 * half] = exp2_pair(fmaf(s0[0], scale_log2, -base[mi][0]),
+                                                 fmaf(s0[1], scale_log2, -base[mi][0]), T());
+                    pa[mi][2 * half + 1] = exp2_pair(fmaf(s0[2], scale_log2, -base[mi][1]),
+                                                     fmaf(s0[3], scale_log2, -base[mi][1]), T());
+                }
+                Mma<T>::run(l[mi], pa[mi], ones);
             }
 #pragma unroll
             for (int j = 0; j < OT; j += 2) {
@@ -191,7 +209,7 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
     for (int mi = 0; mi < M; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const float sum = quad_sum(l[mi][half]);
+            const float sum = l[mi][2 * half];
             const float inv = sum > 0.f ? 1.f / sum : 0.f;
             const int row = warp_row0 + mi * 16 + g + half * 8;
             if (row >= lq) continue;

@@ -1,6 +1,7 @@
 // Helpers shared by the flash attention forward and backward kernels: 16-byte cp.async
-// tile loads into padded shared memory, float pairs packed to 16-bit, a one-instruction
-// exp2 and reductions over the four lanes that hold one row of an MMA accumulator.
+// tile loads into padded shared memory, float pairs packed to 16-bit, one-instruction
+// exp2 (of a float, and of a 16-bit pair), the k = 8 MMA step and the maximum over the
+// four lanes that hold one row of an MMA accumulator.
 #pragma once
 #include "common.cuh"
 #include "tensor_core.cuh"
@@ -41,12 +42,44 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return r;
 }
 
+// 2^lo, 2^hi as one 16-bit pair (lo in the low half): the arguments rounded to the
+// type, then one ex2 for both -- half the special-function work of two float ex2, and
+// the result is already an MMA fragment register.  ex2.approx.f16x2's relative error is
+// below 2^-9.9; bfloat16 pairs need sm_90 (two float ex2 before it).
+__device__ __forceinline__ unsigned exp2_pair(float lo, float hi, half_t) {
+    unsigned r;
+    asm("ex2.approx.f16x2 %0, %1;" : "=r"(r) : "r"(pack_pair(lo, hi, half_t())));
+    return r;
+}
+__device__ __forceinline__ unsigned exp2_pair(float lo, float hi, bf16_t) {
+#if __CUDA_ARCH__ >= 900
+    unsigned r;
+    asm("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(r) : "r"(pack_pair(lo, hi, bf16_t())));
+    return r;
+#else
+    return pack_pair(fast_exp2(lo), fast_exp2(hi), bf16_t());
+#endif
+}
+
+// The pair (1, 1): a B fragment of ones, whose product with P sums P's rows.
+__device__ __forceinline__ unsigned ones_pair(half_t) { return 0x3C003C00u; }
+__device__ __forceinline__ unsigned ones_pair(bf16_t) { return 0x3F803F80u; }
+
+// d += a * b for one 16x8 tile over k = 8 (a: rows g and g + 8, columns 2t, 2t + 1;
+// b: rows 2t, 2t + 1 of column g): the last step over a head dim of an odd number of 8s.
+__device__ __forceinline__ void mma_k8(float (&d)[4], unsigned a0, unsigned a1, unsigned b, half_t) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(b));
+}
+__device__ __forceinline__ void mma_k8(float (&d)[4], unsigned a0, unsigned a1, unsigned b, bf16_t) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(b));
+}
+
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 

@@ -21,8 +21,12 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
-// Four 8x8 matrices of 16-bit pairs (or of 32-bit words: 8 rows x 4 floats); lanes
-// 8q..8q+7 give the row addresses of matrix q.  _t transposes each matrix.
+// Four (x2: two) 8x8 matrices of 16-bit pairs (or of 32-bit words: 8 rows x 4 floats);
+// lanes 8q..8q+7 give the row addresses of matrix q.  _t transposes each matrix.
+__device__ __forceinline__ void ldsm_x2(unsigned (&r)[2], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
