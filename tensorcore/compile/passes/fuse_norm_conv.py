@@ -16,14 +16,10 @@ between.
 
 from __future__ import annotations
 
-import inspect
-
-from ...backends.base import Backend
 from ..graph import Graph, Node, Ref, node_refs
 from .fuse_norm import group_norm_params
-from .uses import Uses, call_arguments, rewritten
+from .uses import Uses, conv_of_input, rewritten
 
-_CONV = inspect.signature(Backend.conv2d)
 _NORM = ("weight", "bias", "groups", "eps", "act", "shift")
 
 
@@ -40,22 +36,15 @@ def fuse_norm_conv(graph: Graph) -> Graph:
             params = group_norm_params(node)
             if params is not None and _only_y_read(node, uses, values):
                 norms[node.out[0].value] = (position, node, params)
-        elif node.op == "conv2d" and type(node.out) is Ref:
-            conv = call_arguments(_CONV, node)
-            x = conv.get("x") if conv else None
-            if type(x) is not Ref or x.value not in norms \
-                    or not uses.only_reader(values, x.value, node, position) \
-                    or list(node_refs(node)).count(x) != 1:  # y as its input alone, not its residual too
-                continue
+        elif (conv := conv_of_input(node, position, uses, values, norms)) is not None:
+            x, geometry, epilogue = conv
             norm_position, norm, params = norms.pop(x.value)
             reads = {values[r.value].storage for r in node_refs(norm)}
             if not uses.unwritten(reads, norm_position, position):
                 continue
-            geometry = tuple(conv.pop(name) for name in ("w", "stride", "padding", "dilation", "groups"))
-            del conv["x"]
             args = (params["x"], tuple(params[name] for name in _NORM), *geometry)
             placed[norm_position] = None
-            placed[position] = Node(node.index, "group_norm_conv2d", args, conv, node.out)
+            placed[position] = Node(node.index, "group_norm_conv2d", args, epilogue, node.out)
             folded += 1
     if not folded:
         return graph

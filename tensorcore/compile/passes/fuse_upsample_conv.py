@@ -19,10 +19,9 @@ from __future__ import annotations
 import inspect
 
 from ...backends.base import Backend
-from ..graph import Graph, Node, Ref, node_refs
-from .uses import Uses, call_arguments, rewritten
+from ..graph import Graph, Node, Ref
+from .uses import Uses, call_arguments, conv_of_input, rewritten
 
-_CONV = inspect.signature(Backend.conv2d)
 _UPSAMPLE = inspect.signature(Backend.upsample_nearest2d)
 
 
@@ -39,21 +38,14 @@ def fuse_upsample_conv(graph: Graph) -> Graph:
             params = call_arguments(_UPSAMPLE, node)
             if params is not None and type(params["x"]) is Ref:
                 upsamplings[node.out.value] = (position, params)
-        elif node.op == "conv2d":
-            conv = call_arguments(_CONV, node)
-            x = conv.get("x") if conv else None
-            if type(x) is not Ref or x.value not in upsamplings \
-                    or not uses.only_reader(values, x.value, node, position) \
-                    or list(node_refs(node)).count(x) != 1:  # y as its input alone, not its residual too
-                continue
+        elif (conv := conv_of_input(node, position, uses, values, upsamplings)) is not None:
+            x, geometry, epilogue = conv
             up_position, params = upsamplings.pop(x.value)
             if not uses.unwritten({values[params["x"].value].storage}, up_position, position):
                 continue
-            geometry = tuple(conv.pop(name) for name in ("w", "stride", "padding", "dilation", "groups"))
-            del conv["x"]
             placed[up_position] = None
             placed[position] = Node(node.index, "upsample_conv2d", (params["x"], params["out_hw"], *geometry),
-                                    conv, node.out)
+                                    epilogue, node.out)
             folded += 1
     if not folded:
         return graph

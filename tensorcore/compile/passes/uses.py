@@ -13,6 +13,8 @@
   for the 2), whose number a fused call may take instead;
 * ``rewritten``: the graph with calls replaced or dropped by position;
 * ``call_arguments``: a backend call's arguments by name;
+* ``conv_of_input``: a ``conv2d`` call split into its input and the rest, when that
+  input is a result the conv alone reads, and only as its input;
 * ``ACTS``: the activations a fused call applies (every one but "none").
 """
 
@@ -25,7 +27,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ...backends.base import ACTIVATIONS
+from ...backends.base import ACTIVATIONS, Backend
 from ..graph import Graph, Node, Ref, Value, node_refs
 from ..plan import made_by
 
@@ -103,6 +105,29 @@ def call_arguments(signature: inspect.Signature, node: Node, defaults: bool = Fa
     params = dict(bound.arguments)
     del params["self"]
     return params
+
+
+_CONV = inspect.signature(Backend.conv2d)
+_CONV_GEOMETRY = ("w", "stride", "padding", "dilation", "groups")
+
+
+def conv_of_input(node: Node, position: int, uses: Uses, values: list[Value],
+                  candidates: dict[int, Any]) -> tuple[Ref, tuple, dict] | None:
+    """(x, (w, stride, padding, dilation, groups), epilogue keywords) of the ``conv2d``
+    call ``node`` at ``position`` when its input x is one of the ``candidates`` values,
+    of which it is the one reader (``Uses.only_reader``), reading it as its input alone
+    (not as its residual too); else None.  A pass folding x's producer into the conv
+    replaces the call with one taking the producer's arguments, the geometry and the
+    epilogue."""
+    if node.op != "conv2d" or type(node.out) is not Ref:
+        return None
+    conv = call_arguments(_CONV, node)
+    x = conv.get("x") if conv else None
+    if type(x) is not Ref or x.value not in candidates or not uses.only_reader(values, x.value, node, position) \
+            or list(node_refs(node)).count(x) != 1:
+        return None
+    del conv["x"]
+    return x, tuple(conv.pop(name) for name in _CONV_GEOMETRY), conv
 
 
 def full_call(graph: Graph, values: list[Value], positions: dict[int, int], ref: Ref) -> int | None:
