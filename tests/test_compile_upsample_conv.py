@@ -179,7 +179,8 @@ def test_the_gpu_op_matches_float64(mode, case):
     act = case["act"]
     want = (ref.unary(act, conv) if act != "none" else conv) + (0 if residual is None else residual)
     want = want * case["scale"]
-    magnitude = ref.conv2d(np.abs(up), np.abs(w), *geometry) + (0 if bias is None else np.abs(bias)[None, :, None, None])
+    magnitude = ref.conv2d(np.abs(up), np.abs(w), *geometry)
+    magnitude += 0 if bias is None else np.abs(bias)[None, :, None, None]
     gw = on_gpu(w, mode)
     if case["channels_last"]:  # how a compiled plan stores conv weights
         gw = cp.ascontiguousarray(gw.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
@@ -204,8 +205,9 @@ def test_the_gpu_op_writes_into_a_concatenations_slice(dtype):
 
     gpu = CupyBackend()
     rng = np.random.default_rng(1)
-    cast = lambda a: cp.asarray(a.astype(np.float32)).astype(tc.bfloat16 if dtype == "bfloat16" else dtype)  # noqa: E731
-    x, w, b = cast(rng.standard_normal((1, 16, 8, 8))), cast(rng.standard_normal((24, 16, 3, 3))), cast(rng.standard_normal(24))
+    kind = tc.bfloat16 if dtype == "bfloat16" else dtype
+    x, w, b = (cp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(kind)
+               for shape in ((1, 16, 8, 8), (24, 16, 3, 3), (24,)))
     geometry = ((1, 1), (1, 1), (1, 1), 1)
     whole = cp.full((1, 32, 16, 16), 7, dtype=x.dtype)
     got = gpu.upsample_conv2d(x, (16, 16), w, *geometry, bias=b, out=whole[:, :24])

@@ -32,9 +32,12 @@ GRAD_BOUNDS = {"float16": 1e-2, "bfloat16": 6e-2}  # relative to the largest gra
 DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
-def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, scale: float) -> np.ndarray:
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, scale: float,
+              mask: np.ndarray | None = None) -> np.ndarray:
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     scores = q @ k.swapaxes(-1, -2) * scale
+    if mask is not None:
+        scores = scores + mask.astype(np.float64)
     if causal:
         lq, lk = scores.shape[-2:]
         scores = np.where(np.arange(lk)[None, :] > np.arange(lq)[:, None], -np.inf, scores)
@@ -135,6 +138,90 @@ def test_flash_attention_backward_replays_in_a_cuda_graph() -> None:
     assert relative_error(dq, want_dq) <= 1e-3  # dq sums over key blocks with atomics, in any order
 
 
+def masks(rng: np.random.Generator, kind: str, b: int, h: int, lq: int, lk: int, dtype: str) -> np.ndarray:
+    """An additive mask as SDPA gets it, every row seeing a key: "padding" [B, 1, 1, Lk]
+    (-inf past each sample's length), "causal_padding" [B, 1, Lq, Lk] (the text
+    encoder's: causal and padding, a row that sees nothing seeing everything), "float"
+    [B, H, Lq, Lk] of finite values, "shared" [1, 1, Lq, Lk] of finite values."""
+    lengths = rng.integers(1, lk + 1, size=b)
+    padded = np.arange(lk)[None, :] >= lengths[:, None]
+    if kind == "padding":
+        mask = np.where(padded, -np.inf, 0.0)[:, None, None, :]
+    elif kind == "causal_padding":
+        hidden = (np.arange(lk)[None, :] > np.arange(lq)[:, None])[None] | padded[:, None, :]
+        hidden = np.where(hidden.all(-1, keepdims=True), False, hidden)
+        mask = np.where(hidden, -np.inf, 0.0)[:, None]
+    elif kind == "float":
+        mask = rng.standard_normal((b, h, lq, lk)) * 2
+    else:
+        mask = rng.standard_normal((1, 1, lq, lk)) * 2
+    return mask.astype(DTYPES[dtype])
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 2), h=st.integers(1, 3), d=st.sampled_from([40, 64, 80, 160]),
+       lq=st.sampled_from([1, 17, 77, 130]), lk=st.sampled_from([1, 8, 77, 129]),
+       kind=st.sampled_from(["padding", "causal_padding", "float", "shared"]), strided=st.booleans(),
+       dtype=st.sampled_from(list(BOUNDS)), seed=st.integers(0, 99))
+def test_flash_attention_with_a_mask_matches_float64(b, h, d, lq, lk, kind, strided, dtype, seed) -> None:
+    rng = np.random.default_rng(seed)
+    (q, qd), (k, kd), (v, vd) = (heads(rng, b, h, n, d, dtype, strided) for n in (lq, lk, lk))
+    mask = masks(rng, kind, b, h, lq, lk, dtype)
+    maskd = cp.broadcast_to(tc.tensor(mask, device="cuda").data, (b, h, lq, lk))  # as the op passes it
+    assert flash_attention.mask_fits(maskd, qd, kd)
+    scale = 1 / math.sqrt(d)
+    got = on_host(flash_attention.forward(qd, kd, vd, False, scale, mask=maskd))
+    want = reference(q, k, v, False, scale, mask)
+    assert np.abs(got - want).max() <= BOUNDS[dtype]
+
+
+def test_a_row_a_mask_hides_every_key_from_is_nan_as_in_the_reference() -> None:
+    rng = np.random.default_rng(3)
+    (q, qd), (k, kd), (v, vd) = (heads(rng, 1, 2, n, 64, "float16", False) for n in (5, 9))
+    mask = np.zeros((1, 2, 5, 9), np.float16)
+    mask[0, 1, 3] = -np.inf
+    got = on_host(flash_attention.forward(qd, kd, vd, False, 0.125, mask=cp.asarray(mask)))
+    want = reference(q, k, v, False, 0.125, mask)
+    assert np.isnan(got[0, 1, 3]).all() and np.isnan(want[0, 1, 3]).all()
+    got[0, 1, 3] = want[0, 1, 3] = 0
+    assert np.abs(got - want).max() <= BOUNDS["float16"]
+
+
+def test_masks_the_forward_cannot_read_are_refused() -> None:
+    q = cp.zeros((2, 3, 16, 64), dtype=cp.float16)
+    k = cp.zeros((2, 3, 20, 64), dtype=cp.float16)
+    assert flash_attention.mask_fits(cp.broadcast_to(cp.zeros((2, 1, 1, 20), cp.float16), (2, 3, 16, 20)), q, k)
+    assert not flash_attention.mask_fits(cp.zeros((2, 3, 16, 20), cp.float32), q, k)  # another dtype
+    assert not flash_attention.mask_fits(cp.zeros((2, 3, 20, 16), cp.float16).swapaxes(2, 3), q, k)  # keys strided
+    assert not flash_attention.mask_fits(cp.zeros((2, 1, 16, 20), cp.float16), q, k)  # not broadcast to [B, H, Lq, Lk]
+
+
+@pytest.mark.parametrize("dtype", [tc.float16, tc.bfloat16])
+def test_the_text_encoders_padding_mask_runs_in_flash_attention(dtype, monkeypatch) -> None:
+    """CLIP's causal-and-padding mask (``clip_layers.attention_mask``) reaches the kernel
+    as an additive mask; the encoder's output is the float32 CPU run's within the
+    dtype's rounding."""
+    from diffusion.models.clip_text import CLIPTextModel
+
+    calls = []
+    real = flash_attention.forward
+    monkeypatch.setattr(flash_attention, "forward",
+                        lambda *a, **kw: calls.append(kw.get("mask") is not None) or real(*a, **kw))
+    tc.manual_seed(0)
+    config = dict(vocab_size=100, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                  max_position_embeddings=16, pad_token_id=0, bos_token_id=98, eos_token_id=99)
+    model = CLIPTextModel(**config).eval()
+    ids = np.random.default_rng(0).integers(0, 100, size=(2, 16))
+    padding = np.ones((2, 16), np.int64)
+    padding[1, 9:] = 0
+    with tc.no_grad():
+        want = model(ids, attention_mask=padding).last_hidden_state.numpy()
+        gpu = model.to("cuda").to(dtype=dtype)
+        got = gpu(ids, attention_mask=padding).last_hidden_state.to(dtype=tc.float32).numpy()
+    assert calls == [True, True]
+    assert np.abs(got - want).max() <= (0.05 if dtype == tc.float16 else 0.2) * np.abs(want).max()
+
+
 def test_unsupported_layouts_and_dtypes_are_refused() -> None:
     x = cp.zeros((1, 2, 16, 40), dtype=cp.float16)
     assert not flash_attention.fits(x.astype(cp.float32), x.astype(cp.float32), x.astype(cp.float32))
@@ -148,7 +235,7 @@ def test_unsupported_layouts_and_dtypes_are_refused() -> None:
 def test_the_op_takes_flash_attention_without_gradients_and_graphs_replay_it(dtype, monkeypatch) -> None:
     calls = []
     real = flash_attention.forward
-    monkeypatch.setattr(flash_attention, "forward", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(flash_attention, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     rng = np.random.default_rng(0)
     q, k, v = (tc.tensor(rng.standard_normal((2, 8, 256, 40)).astype(np.float32), device="cuda").to(dtype=dtype)
                for _ in range(3))

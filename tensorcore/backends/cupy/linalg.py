@@ -377,8 +377,8 @@ class CupyLinalgKernels:
         return out, probs
 
     def attention_output(self, q, k, v, mask, causal, scale):
-        if _flash(q, k, v, mask, scale):
-            return flash_attention.forward(q, k, v, causal, scale)
+        if _flash(q, k, v, None, scale) and (mask is None or flash_attention.mask_fits(mask, q, k)):
+            return flash_attention.forward(q, k, v, causal, scale, mask=mask)
         return self.attention(q, k, v, mask, causal, scale)[0]
 
     def attention_lse(self, q, k, v, mask, causal, scale):

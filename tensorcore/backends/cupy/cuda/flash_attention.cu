@@ -22,19 +22,24 @@
 // odd number of 8s (40, 72, ...) ends Q Kᵀ with one m16n8k8 step, and O has DV / 8
 // column tiles: no MMA runs on the padding.  Keys past Lk and,
 // when causal, keys after the query are set to -inf before the softmax; only the tiles
-// that hold such keys pay for the test.  scale must be > 0 (the maximum is taken over
+// that hold such keys pay for the test.  An additive mask (MASKED; any strides over batch, head
+// and query, keys contiguous; a padding mask is [B, 1, 1, Lk] broadcast) is added to
+// every score as mask / scale, before the maximum; a row whose keys are all -inf gets
+// NaN, as the reference softmax gives it.  scale must be > 0 (the maximum is taken over
 // unscaled scores).  q, k, v are read through their strides (batch, head, row; the head
 // dim is contiguous), which must be multiples of 8 elements with 16-byte aligned bases;
 // out is stored as [B, Lq, H, d] (the layout the output projection reads as
 // [B, Lq, H·d], so merging the heads back costs no copy).
 #include "flash_attention.cuh"
 
-template <typename T, int DV, int M, int KEYS>
+template <typename T, int DV, int M, int KEYS, bool MASKED>
 __global__ void __launch_bounds__(FA_WARPS * 32)
 flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                            T* __restrict__ out, float* __restrict__ lse, int heads, int lq, int lk, int d,
                            float scale_log2, int causal, long long qb, long long qh, long long ql,
-                           long long kb, long long kh, long long kl, long long vb, long long vh, long long vl) {
+                           long long kb, long long kh, long long kl, long long vb, long long vh, long long vl,
+                           const T* __restrict__ mask, long long mb, long long mh, long long mq,
+                           float mask_scale) {
     constexpr int D = (DV + 15) / 16 * 16;   // tile width in shared memory
     constexpr int ROWS = FA_WARPS * 16 * M;  // query rows per block
     constexpr int KSTEPS = DV / 16;          // k16 steps over the head dim
@@ -53,6 +58,7 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
     const unsigned short* qp = (const unsigned short*)q + b * qb + h * qh + row0 * ql;
     const unsigned short* kp = (const unsigned short*)k + b * kb + h * kh;
     const unsigned short* vp = (const unsigned short*)v + b * vb + h * vh;
+    const T* mp = MASKED ? mask + b * mb + h * mh : nullptr;
 
     const int last_key = causal ? min(lk, row0 + ROWS) : lk;  // keys any row of the block sees
     const int tiles = (last_key + KEYS - 1) / KEYS;
@@ -128,8 +134,22 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
             }
         }
 
-        // hide keys past lk and, when causal, keys after the row: only edge tiles hold them
         const int key0 = tile * KEYS;
+        if (MASKED) {  // S + mask / scale: softmax(S·scale + mask) in the scores' own units
+#pragma unroll
+            for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = warp_row0 + mi * 16 + g + (e >> 1) * 8;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        const int key = key0 + j * 8 + 2 * t + (e & 1);
+                        if (row < lq && key < lk) s[mi][j][e] += load_acc(mp[row * mq + key]) * mask_scale;
+                    }
+                }
+        }
+
+        // hide keys past lk and, when causal, keys after the row: only edge tiles hold them
         if (key0 + KEYS > lk || (causal && key0 + KEYS - 1 > warp_row0)) {
 #pragma unroll
             for (int mi = 0; mi < M; ++mi)
@@ -210,7 +230,8 @@ flash_attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, con
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float sum = l[mi][2 * half];
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            // no key seen: only a mask of -inf does that; NaN then, as the reference's softmax
+            const float inv = sum > 0.f ? 1.f / sum : __int_as_float(0x7fc00000);
             const int row = warp_row0 + mi * 16 + g + half * 8;
             if (row >= lq) continue;
             if (lse != nullptr && t == 0) lse[(long long)bh * lq + row] = m[mi][half] + __log2f(sum);
