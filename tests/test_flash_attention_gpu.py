@@ -28,6 +28,10 @@ import tensorcore.functional as F  # noqa: E402
 from tensorcore.backends.cupy import flash_attention, flash_attention_bwd  # noqa: E402
 
 BOUNDS = {"float16": 4e-3, "bfloat16": 3e-2}
+# lse = m + log2(l) with l summed from P as the MMA takes it, each P rounded to 16 bits:
+# log2(1 + its relative error) (float16: ex2.approx.f16x2's 2^-9.9 and its argument's
+# rounding; bfloat16: the 2^-8 rounding of P)
+LSE_BOUNDS = {"float16": 3e-3, "bfloat16": 6e-3}
 GRAD_BOUNDS = {"float16": 1e-2, "bfloat16": 6e-2}  # relative to the largest gradient
 DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
@@ -110,7 +114,7 @@ def test_flash_attention_backward_matches_float64(b, h, d, lq, lk, causal, strid
     scale = 1 / math.sqrt(d)
     out, lse = flash_attention.forward(qd, kd, vd, causal, scale, with_lse=True)
     *want, want_lse = reference_grads(q, k, v, g, causal, scale)
-    assert np.abs(on_host(lse) - want_lse).max() <= 1e-3
+    assert np.abs(on_host(lse) - want_lse).max() <= LSE_BOUNDS[dtype]
     got = flash_attention_bwd.backward(gd, qd, kd, vd, out, lse, causal, scale)
     for name, x, w in zip(("dq", "dk", "dv"), got, want):
         assert x.shape == w.shape
@@ -177,7 +181,7 @@ def test_flash_attention_with_a_mask_matches_float64(b, h, d, lq, lk, kind, stri
 
 def test_a_row_a_mask_hides_every_key_from_is_nan_as_in_the_reference() -> None:
     rng = np.random.default_rng(3)
-    (q, qd), (k, kd), (v, vd) = (heads(rng, 1, 2, n, 64, "float16", False) for n in (5, 9))
+    (q, qd), (k, kd), (v, vd) = (heads(rng, 1, 2, n, 64, "float16", False) for n in (5, 9, 9))
     mask = np.zeros((1, 2, 5, 9), np.float16)
     mask[0, 1, 3] = -np.inf
     got = on_host(flash_attention.forward(qd, kd, vd, False, 0.125, mask=cp.asarray(mask)))

@@ -8,7 +8,7 @@
 // memory with cp.async (the next tile's copy runs under the current tile's math), S = Q Kᵀ
 // is computed with mma.sync m16n8k16 into float registers, and the online softmax keeps,
 // per row, the running maximum m and sum l in the exp2 domain: P = 2^(S·c - m) with
-// c = scale · log2(e), one FMA per score and one ex2 per pair of scores (exp2_pair: the
+// c = scale · log2(e), one FMA per score and (float16) one ex2 per pair of scores (exp2_pair: the
 // special-function unit, whose rate is about 1/128 of the tensor cores' multiply-adds, is
 // what bounds narrow heads).  The pairs are the A fragments of O += P V as they come (the
 // m16n8 accumulator layout of two key tiles is the m16k16 A layout); l is summed on the

@@ -42,23 +42,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return r;
 }
 
-// 2^lo, 2^hi as one 16-bit pair (lo in the low half): the arguments rounded to the
-// type, then one ex2 for both -- half the special-function work of two float ex2, and
-// the result is already an MMA fragment register.  ex2.approx.f16x2's relative error is
-// below 2^-9.9; bfloat16 pairs need sm_90 (two float ex2 before it).
+// 2^lo, 2^hi as one 16-bit pair (lo in the low half), already an MMA fragment register.
+// float16: the arguments rounded to float16, then one ex2 for both -- half the
+// special-function work of two float ex2 (relative error below 2^-9.9, the arguments'
+// rounding 2^-12 of |x| at most).  bfloat16: two float ex2, then the pair rounded
+// (bfloat16's 8-bit arguments would cost up to 1% on probabilities of 1/256 to 1/16).
 __device__ __forceinline__ unsigned exp2_pair(float lo, float hi, half_t) {
     unsigned r;
     asm("ex2.approx.f16x2 %0, %1;" : "=r"(r) : "r"(pack_pair(lo, hi, half_t())));
     return r;
 }
 __device__ __forceinline__ unsigned exp2_pair(float lo, float hi, bf16_t) {
-#if __CUDA_ARCH__ >= 900
-    unsigned r;
-    asm("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(r) : "r"(pack_pair(lo, hi, bf16_t())));
-    return r;
-#else
     return pack_pair(fast_exp2(lo), fast_exp2(hi), bf16_t());
-#endif
 }
 
 // The pair (1, 1): a B fragment of ones, whose product with P sums P's rows.
