@@ -122,9 +122,10 @@ def vae_decoder_convs() -> Counter:
     return convs
 
 
-def model_table(model: str) -> None:
+def model_table(model: str, tiles: bool = False) -> None:
     """The float16 forward convolutions of the SD-1.5 UNet (batch 2) or the VAE decoder
-    (batch 1), each against cuDNN on channels-last tensors, and their sum per forward."""
+    (batch 1), each against cuDNN on channels-last tensors, and their sum per forward;
+    with ``tiles``, every forward tile (unsplit) timed on the five with the most FLOPs."""
     convs, batch = (unet_convs(base=320, mults=(1, 2, 4, 4), size=64), 2) if model == "sd15" \
         else (vae_decoder_convs(), 1)
     if model == "sd15":  # the transformers' proj_in and proj_out: 1x1 convolutions
@@ -151,6 +152,21 @@ def model_table(model: str) -> None:
     table = bench_report.Table(f"{model}: the forward's convolutions, each times its count",
                                ["tensorcore ms", "torch ms", "speed"])
     table.row(f"{ours_sum:.3f}", f"{theirs_sum:.3f}", f"{theirs_sum / ours_sum:.2f}")
+    if tiles:
+        heaviest = sorted(convs.items(), key=lambda kv: -kv[0].flops(batch) * kv[1])[:5]
+        sweep = bench_report.Table(f"{model}: forward tiles, unsplit (ms)", ["conv", "tile: ms"])
+        for conv, _ in heaviest:
+            x = cp.random.standard_normal((batch, conv.cin, conv.size, conv.size), dtype=np.float32).astype(np.float16)
+            w = cp.random.standard_normal((conv.cout, conv.cin, conv.kernel, conv.kernel), dtype=np.float32)
+            w = cp.ascontiguousarray(w.astype(np.float16).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+            geo = ((conv.stride,) * 2, (conv.kernel // 2,) * 2, (1, 1), 1)
+            cells = []
+            for tile in conv_plan.tiles(conv_plan.FPROP, conv_plan.PREC_16, True):
+                with conv_plan.forced(conv_plan.FPROP, conv_plan.Plan(tile, 1)):
+                    ms = graph_ms(lambda: GPU.conv2d(x, w, *geo), 15)
+                if conv_plan.last[conv_plan.FPROP] == conv_plan.Plan(tile, 1):
+                    cells.append(f"{tile.bm}x{tile.bn}{'g' if tile.wgmma else ''}: {ms:.4f}")
+            sweep.row(conv.label(), "  ".join(cells))
 
 
 def torch_graph_ms(fn, iters: int = 30) -> float:
@@ -221,7 +237,7 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     allow_tf32()
     if args.model:
-        model_table(args.model)
+        model_table(args.model, args.tiles)
         return
     convs = unet_convs()
     target = Conv(128, 128, 3, 1, 64)  # [8,128,64,64] -> 128, timed at batch 8 below
