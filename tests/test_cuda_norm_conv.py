@@ -123,6 +123,14 @@ def test_unet_sized_inputs_run_fused_and_equal_eager(mode, shape):
         assert check(shape, 32, 3, 1, 1, 32, "silu", True, shifted, mode, epilogue=True, seed=shape[1])
 
 
+@pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16"])
+def test_a_norm_eager_runs_in_two_passes_is_folded_too(mode):
+    """64 MB and more, groups of 4 Mi values: too large for both one-pass kernels, so eager
+    GroupNorm runs the two-pass plane kernels (a VAE decoder's at 512²).  The fused call
+    takes eager's own statistics kernel, then the apply kernel's coefficients."""
+    assert check((1, 32, 1024, 1024), 8, 1, 2, 0, 8, "silu", True, True, mode, epilogue=True, seed=5)
+
+
 @pytest.mark.parametrize("shape, groups", [((1, 6, 3, 3), 3), ((1, 8, 4, 4), 2)])
 def test_uncovered_layouts_take_the_two_calls(shape, groups):
     """A group of 2 x 9 float32 values is not a whole number of packs; a channels-last x is

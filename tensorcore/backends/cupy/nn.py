@@ -5,13 +5,12 @@ which also raises the errors for invalid shapes."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import cupy
 import numpy
 
-from . import loader
+from . import loader, planes
 from .loader import kernel, launch
 from .elementwise import ACT_CODES
 from .groupnorm import one_pass_group_norm
@@ -21,7 +20,8 @@ from ..numpy.act import check_activation
 from ..numpy.pool import _pool_geometry
 from ..numpy.upsample import check_image
 
-SOFTMAX, LN, PLANE = "softmax.cu", "layernorm.cu", "planenorm.cu"
+SOFTMAX, LN = "softmax.cu", "layernorm.cu"
+PLANE = planes.PLANE
 POOL, UPSAMPLE, EMBED = "pool.cu", "upsample.cu", "embedding.cu"
 THREADS = 256
 ROW_PACKS = 8  # packs per thread of a row held in registers (ROW_PACKS in common.cuh)
@@ -34,13 +34,6 @@ def _opt(*arrays):
 
 def _contiguous_or_none(a):
     return None if a is None else contiguous(a)
-
-
-def _plane_chunks(planes: int, size: int) -> int:
-    """Chunks per plane so that planes * chunks fills the GPU with blocks of at least
-    ~1024 elements."""
-    target = 8 * loader.sm_count()
-    return max(1, min(-(-target // planes), -(-size // 1024)))
 
 
 def _halving(kernel, stride, padding) -> bool:
@@ -184,29 +177,19 @@ class CupyNNKernels:
         return dx, dweight, dbias
 
     # ----- group norm and batch norm (cuda/planenorm.cu) ------------------------------
-    def _plane_geometry(self, x) -> tuple[int, int, int, int, bool]:
-        """(N, C, S, chunks, vec) for x [N, C, *] viewed as N*C planes of S elements."""
-        n, c = x.shape[:2]
-        s = math.prod(x.shape[2:])
-        chunks = _plane_chunks(n * c, s)
-        return n, c, s, chunks, s % pack_width(x.dtype) == 0 and aligned(x)
-
     def _plane_forward(self, x, weight, bias, stat_shape: tuple, cpg: int, bn: bool,
                        eps: float, act: str, running_mean=None, running_var=None,
                        momentum: float = 0.0, use_running: bool = False, shift=None):
         """(y, mean, rstd), mean and rstd of shape ``stat_shape``; ``shift`` [N, C]
         (contiguous, GroupNorm only) is added to x first."""
         x, weight, bias = contiguous(x), _contiguous_or_none(weight), _contiguous_or_none(bias)
-        n, c, s, chunks, vec = self._plane_geometry(x)
+        n, c, s, chunks, vec = planes.geometry(x)
         acc = acc_dtype(x.dtype)
         mean, rstd = cupy.empty((2,) + stat_shape, dtype=acc)
         if not use_running:
             part = cupy.empty((n * c * chunks * 3,), dtype=acc)
-            arrived = zeroed_counters(self.buffers, mean.size)
-            kernel(PLANE, "plane_stats_kernel", x.dtype)(
-                (n * c, chunks), (THREADS,),
-                (x, ptr(shift), part, mean, rstd, ptr(running_mean), ptr(running_var), arrived, s, chunks,
-                 c, cpg, int(bn), n, float(eps), float(momentum), int(vec)))
+            planes.stats(x, shift, part, mean, rstd, zeroed_counters(self.buffers, mean.size), cpg, bn, eps,
+                         running_mean, running_var, momentum)
         y = empty_as(x)
         kernel(PLANE, "plane_apply_kernel", x.dtype)(
             (n * c, chunks), (THREADS,),
@@ -219,7 +202,7 @@ class CupyNNKernels:
                         act: str, frozen: bool):
         grad, x = contiguous(grad), contiguous(x)
         weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
-        n, c, s, chunks, _ = self._plane_geometry(x)
+        n, c, s, chunks, _ = planes.geometry(x)
         acc = acc_dtype(x.dtype)
         mean = contiguous(mean.astype(acc, copy=False)).reshape(-1)
         rstd = contiguous(rstd.astype(acc, copy=False)).reshape(-1)

@@ -20,6 +20,8 @@
 //                          rstd and, for BatchNorm training, the running stats, then
 //                          resets its counter, so the counters are zero after every
 //                          launch (capturable in a CUDA graph)
+//   plane_coef_kernel      per GroupNorm plane, the scale and beta plane_apply_kernel
+//                          applies, for a convolution that normalizes x as it packs it
 //   plane_apply_kernel     act(xhat * w[c] + b[c]) from mean / rstd (or, BatchNorm eval,
 //                          from the running stats); registers capped for six blocks per
 //                          SM (no spills at that cap)
@@ -138,6 +140,33 @@ __global__ void plane_stats_kernel(const T* __restrict__ x, const T* __restrict_
     }
 }
 
+// The affine map plane c is normalized with: scale = rstd * w[c], beta = b[c] - mean * scale.
+template <typename T>
+__device__ __forceinline__ void plane_affine(acc_t<T> mu, acc_t<T> rs, const T* __restrict__ w,
+                                             const T* __restrict__ b, long long c, acc_t<T>& scale,
+                                             acc_t<T>& beta) {
+    typedef acc_t<T> A;
+    scale = rs * (w ? load_acc(w[c]) : (A)1);
+    beta = (b ? load_acc(b[c]) : (A)0) - mu * scale;
+}
+
+// coef [2, planes] = the scale and beta plane_apply_kernel normalizes each plane (n, c) of
+// a GroupNorm with, for a convolution that applies the norm as it packs x
+// (conv_igemm.cu's conv_pack_norm_kernel) and so computes each value as plane_apply_kernel
+// does.  One thread per plane, grid-stride.
+template <typename T>
+__global__ void plane_coef_kernel(const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
+                                  const T* __restrict__ w, const T* __restrict__ b,
+                                  acc_t<T>* __restrict__ coef, long long C, long long cpg,
+                                  long long planes) {
+    const StatMap map{C, cpg, 0, 0};
+    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < planes;
+         p += (long long)gridDim.x * blockDim.x) {
+        const long long stat = map.stat_of(p);
+        plane_affine(mean[stat], rstd[stat], w, b, p % C, coef[p], coef[planes + p]);
+    }
+}
+
 // y = act((x - mean) * rstd * w[c] + b[c]).  With use_running (BatchNorm eval) the
 // statistics come from running_mean / running_var instead, and the first block of each
 // channel writes them to mean / rstd for the backward.
@@ -168,8 +197,8 @@ __global__ void __launch_bounds__(256, 6) plane_apply_kernel(const T* __restrict
         mu = mean[stat];
         rs = rstd[stat];
     }
-    A scale = rs * (w ? load_acc(w[c]) : (A)1);
-    A beta = (b ? load_acc(b[c]) : (A)0) - mu * scale;
+    A scale, beta;
+    plane_affine(mu, rs, w, b, c, scale, beta);
     chunk_range<T>(S, chunks, chunk, lo, hi);
     const T* xp = x + plane * S;
     T* yp = y + plane * S;
