@@ -34,6 +34,15 @@ def compiled_twice(fn, *args, **options):
     return compiled, compiled(*args)
 
 
+def replays_without(pass_name: str, step, *args, atol: float) -> None:
+    """A training step compiled: the pass did not run on it, and the replay's loss and
+    gradients are the eager step's."""
+    compiled, got = compiled_twice(step, *args)
+    assert pass_name not in compiled.plan_info()[0]["passes"]
+    for g, w in zip(got, step(*args)):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=atol)
+
+
 def fused_count(compiled) -> int:
     return sum(info["fused"] for info in compiled.plan_info())
 
