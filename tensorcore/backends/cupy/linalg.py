@@ -218,9 +218,7 @@ class CupyLinalgKernels:
         ho, wo = self._conv_geometry("conv2d", x.shape, w.shape, stride, padding, dilation, groups)
         self._check_epilogue("conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
         self._check_out("conv2d", out, (x.shape[0], w.shape[0], ho, wo), x.dtype)
-        # the kernel fuses a bias and residual of x's own dtype; others are added after
-        fused = all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype)
-                    for a in (bias, residual))
+        fused = _epilogue_in_kernel(x, bias, residual)
         kernel_epilogue = (bias, act, residual, residual_scale) if fused else ()
         y = None
         if not self._as_gemm(x.shape, w.shape, stride, padding, dilation, groups, x, w):
@@ -255,12 +253,10 @@ class CupyLinalgKernels:
         """A 2x upsampling into a 3x3 convolution (stride 1, padding 1, one group) as one
         stride-2 transposed convolution of the small image (``conv_igemm.upsample_forward``)
         where the kernels cover the call; else the upsampling, then conv2d."""
-        ho, wo = self._check_upsample_conv(x, out_hw, w, stride, padding, dilation, groups, bias,
-                                           act, residual, out)
+        self._check_upsample_conv(x, out_hw, w, stride, padding, dilation, groups, bias, act, residual, out)
         doubled = tuple(out_hw) == (2 * x.shape[2], 2 * x.shape[3]) and tuple(w.shape[2:]) == (3, 3) \
             and (tuple(stride), tuple(padding), tuple(dilation), groups) == ((1, 1), (1, 1), (1, 1), 1)
-        fused = all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype) for a in (bias, residual))
-        if doubled and fused:
+        if doubled and _epilogue_in_kernel(x, bias, residual):
             y = conv_igemm.upsample_forward(x, w, bias, act, residual, residual_scale, out=out)
             if y is not None:
                 return y
@@ -426,6 +422,12 @@ class CupyLinalgKernels:
         dk = cupy.empty((b * h, lk, d), dtype=q.dtype)
         bmm(dscores, q3, dk, trans_a=True)
         return dq.reshape(q.shape), dk.reshape(k.shape), dv_.reshape(v.shape)
+
+
+def _epilogue_in_kernel(x, bias, residual) -> bool:
+    """Whether the implicit-GEMM kernels apply this epilogue: they fuse a bias and a
+    residual of x's own dtype; others are added after."""
+    return all(a is None or (type(a) is cupy.ndarray and a.dtype == x.dtype) for a in (bias, residual))
 
 
 def _flash(q, k, v, mask, scale: float) -> bool:
