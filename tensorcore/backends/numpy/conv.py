@@ -133,14 +133,13 @@ class NumpyConvKernels:
 
     def _check_upsample_conv(self, x: Array, out_hw: Pair, w: Array, stride: Pair, padding: Pair,
                              dilation: Pair, groups: int, bias: Array | None, act: str,
-                             residual: Array | None, out: Array | None) -> Pair:
-        """Raise on a bad upsample_conv2d call; the convolution's output size (Ho, Wo)."""
+                             residual: Array | None, out: Array | None) -> None:
+        """Raise on a bad upsample_conv2d call."""
         check_image("upsample_conv2d", x.shape, out_hw)
         ho, wo = self._conv_geometry("upsample_conv2d", (*x.shape[:2], *out_hw), w.shape, stride,
                                      padding, dilation, groups)
         self._check_epilogue("upsample_conv2d", (x.shape[0], w.shape[0], ho, wo), bias, act, residual)
         self._check_out("upsample_conv2d", out, (x.shape[0], w.shape[0], ho, wo), x.dtype)
-        return ho, wo
 
     @staticmethod
     def _check_out(op: str, out: Array | None, shape: Shape, dtype: Any) -> None:
