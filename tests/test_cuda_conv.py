@@ -206,6 +206,25 @@ def test_every_forward_tile(mode, plan):
         check_passes(PLAN_GEOMETRY, mode, passes=("forward", "input_grad"))
 
 
+# channels that fill whole K tiles (2 blocks of 64 16-bit values, 4 of 32 floats) and an
+# output gradient of 64 channels: the forward and the strided input gradient walk K with
+# the taps inside each channel block (activation copies through L1)
+TAPS_INNER_GEOMETRY = ((2, 128, 13, 11), (64, 128, 3, 3), (2, 2), (1, 1), (1, 1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("wgmma", [False, True])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("taps_inner", [True, False])
+def test_forward_walks_taps_inside_channel_blocks(mode, wgmma, splits, taps_inner):
+    tile = conv_plan.tiles(conv_plan.FPROP, kernel_precision(mode), wgmma)[0]
+    runs_here(tile)
+    plan = conv_plan.Plan(tile, splits, taps_inner)
+    with conv_plan.forced(conv_plan.FPROP, plan):
+        check_passes(TAPS_INNER_GEOMETRY, mode, passes=("forward", "input_grad"))
+        assert conv_plan.last[conv_plan.FPROP] == plan
+
+
 # the wgmma weight gradient's geometry (stride 1, rows of whole 16-byte chunks): tap
 # boundaries inside column tiles (9 x 72 columns), two row tiles of output channels
 WGMMA_WGRAD_GEOMETRY = ((2, 72, 16, 16), (136, 72, 3, 3), (1, 1), (1, 1), (1, 1))
@@ -240,13 +259,14 @@ def test_weight_grad_on_warpgroup_mma(mode, geometry, channels_last):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
 @pytest.mark.parametrize("splits", [1, 4])
-@pytest.mark.parametrize("images, cout", [(2, 40), (1, 5)])
+@pytest.mark.parametrize("images, cout, width", [(2, 40, 9), (1, 5, 9), (2, 40, 12)])
 @pytest.mark.parametrize("wgmma", [False, True])
-def test_fused_epilogue(mode, act, splits, images, cout, wgmma):
+def test_fused_epilogue(mode, act, splits, images, cout, width, wgmma):
     """bias + activation + residual * scale, fused in the GEMM's epilogue (splits=1) or in
     the split-K reduce kernel (four outputs per thread; 1 x 5 x 10 x 9 = 450 outputs are
-    not a whole number of fours, so the reduce's one-per-thread path runs too)."""
-    geometry = ((images, 24, 10, 9), (cout, 24, 3, 3), (1, 1), (1, 1), (1, 1))
+    not a whole number of fours, so the reduce's one-per-thread path runs too).  Rows of
+    12 pixels take the epilogue's four-pixel stores, rows of 9 its one-pixel stores."""
+    geometry = ((images, 24, 10, width), (cout, 24, 3, 3), (1, 1), (1, 1), (1, 1))
     geo = geometry[2:] + (1,)
     x, w, gx, gw, conv = conv_case(geometry, mode, False)
     bias = rounded(RNG.standard_normal(cout), mode)

@@ -27,6 +27,7 @@ NCHW activations packed by the kernels, cuDNN on channels-last tensors (what
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -154,18 +155,24 @@ def model_table(model: str, tiles: bool = False) -> None:
     table.row(f"{ours_sum:.3f}", f"{theirs_sum:.3f}", f"{theirs_sum / ours_sum:.2f}")
     if tiles:
         heaviest = sorted(convs.items(), key=lambda kv: -kv[0].flops(batch) * kv[1])[:5]
-        sweep = bench_report.Table(f"{model}: forward tiles, unsplit (ms)", ["conv", "tile: ms"])
+        sweep = bench_report.Table(f"{model}: forward tiles, unsplit (ms; K with the taps inside each channel "
+                                   "block / every channel of a tap in turn)", ["conv", "tile: ms"])
+        candidates = conv_plan.tiles(conv_plan.FPROP, conv_plan.PREC_16, True)
+        candidates += tuple(dataclasses.replace(t, stages=t.stages - 1) for t in candidates[:2])
         for conv, _ in heaviest:
             x = cp.random.standard_normal((batch, conv.cin, conv.size, conv.size), dtype=np.float32).astype(np.float16)
             w = cp.random.standard_normal((conv.cout, conv.cin, conv.kernel, conv.kernel), dtype=np.float32)
             w = cp.ascontiguousarray(w.astype(np.float16).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
             geo = ((conv.stride,) * 2, (conv.kernel // 2,) * 2, (1, 1), 1)
             cells = []
-            for tile in conv_plan.tiles(conv_plan.FPROP, conv_plan.PREC_16, True):
-                with conv_plan.forced(conv_plan.FPROP, conv_plan.Plan(tile, 1)):
-                    ms = graph_ms(lambda: GPU.conv2d(x, w, *geo), 15)
-                if conv_plan.last[conv_plan.FPROP] == conv_plan.Plan(tile, 1):
-                    cells.append(f"{tile.bm}x{tile.bn}{'g' if tile.wgmma else ''}: {ms:.4f}")
+            for tile in candidates:
+                times = []
+                for taps_inner in (True, False):
+                    plan = conv_plan.Plan(tile, 1, taps_inner)
+                    with conv_plan.forced(conv_plan.FPROP, plan):
+                        times.append(graph_ms(lambda: GPU.conv2d(x, w, *geo), 15))
+                cells.append(f"{tile.bm}x{tile.bn}{'g' if tile.wgmma else ''} s{tile.stages}: "
+                             f"{times[0]:.4f}/{times[1]:.4f}")
             sweep.row(conv.label(), "  ".join(cells))
 
 

@@ -56,7 +56,7 @@ _GRID_Z = 65535
 _ALIGN = 256  # bytes between scratch arrays
 PACK_ROWS = 64  # rows of a pack tile (PACK_ROWS in cuda/conv_igemm.cu)
 # cuda/conv_igemm.cu's FpropShape and WgradShape, passed by value: int32 extents
-_FPROP_SHAPE = numpy.dtype([("extents", numpy.int32, (20,))])
+_FPROP_SHAPE = numpy.dtype([("extents", numpy.int32, (21,))])
 _WGRAD_SHAPE = numpy.dtype([("extents", numpy.int32, (9,))])
 
 Pair = tuple[int, int]
@@ -257,7 +257,8 @@ def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kerne
         epilogue = (NULL, NULL if bias is None else bias, NULL if residual is None else residual,
                     ACT_CODES[act_name], scale)
     shape = numpy.array((n, ih, iw, cp, nout, oh, ow, *kernel_hw, *step, *base, *tap_delta,
-                         *phases, *tap_step, splits), numpy.int32).view(_FPROP_SHAPE)
+                         *phases, *tap_step, splits, plan.taps_inner and cp % tile.bk == 0),
+                        numpy.int32).view(_FPROP_SHAPE)
     _launch(FPROP, plan, out.dtype, prec, grid,
             (act, wpk, out, *epilogue[:3], shape, numpy.int32(epilogue[3]),
              numpy.float32(epilogue[4])))

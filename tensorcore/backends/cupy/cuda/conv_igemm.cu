@@ -64,6 +64,12 @@
 #include "conv_igemm.cuh"
 #include "wgmma.cuh"
 
+// Four consecutive outputs, stored as one 8- or 16-byte word.
+template <typename T>
+struct alignas(4 * sizeof(T)) Four {
+    T v[4];
+};
+
 // One PACK_ROWS-row x 32-channel tile of a pack: rows q = (n, h, w) of dst [rows][Cp] from
 // src[n, c, h, w] read through element strides (sn, sc, sh, sw).  Each thread reads
 // PACK_ROWS / 8 elements and writes as many, so that large activations keep enough
@@ -259,12 +265,6 @@ __global__ void conv_pack_norm_kernel(const T* __restrict__ src0, T* __restrict_
              W1, Cp1, rows1, sn1, sc1, sh1, sw1, round_tf32 != 0);
 }
 
-// Four consecutive outputs, stored as one 8- or 16-byte word.
-template <typename T>
-struct alignas(4 * sizeof(T)) Four {
-    T v[4];
-};
-
 // Four outputs per thread when total is a multiple of four (then every split's partials
 // are 16-byte aligned): one 16-byte load per split, evict-first (each partial is read
 // once), up to four splits' loads in flight; the outputs past the last whole four (all of
@@ -339,9 +339,13 @@ struct TapAxis {
 // The forward GEMM's problem, as the kernels receive it: packed activation [Nimg][IH][IW][Cp]
 // and weights [Nout][R][S][Cp], output [Nimg][Nout][OH][OW], and per axis the phase
 // geometry described at the top of the file.
+// taps_inner (Cp a multiple of the K tile): K walks the taps inside each K tile's channels
+// (channel block outer, tap inner) instead of every channel of a tap before the next tap,
+// and the activation's copies allocate in L1, so a block's taps read their shifted
+// windows of one channel block while it is still there rather than from L2 again.
 struct FpropShape {
     int Nimg, IH, IW, Cp, Nout, OH, OW, R, S, step_h, step_w, nb_h, nb_w, nd_h, nd_w, div_h,
-        div_w, rstep, sstep, splits;
+        div_w, rstep, sstep, splits, taps_inner;
 };
 
 // The block's place in the grid: its split of K, its output phase (py, px) with U x V
@@ -378,6 +382,7 @@ struct FpropCopy {
     bool b_ok[B_IT];
     int kc, kjr, kjs;  // this thread's K position: channel kc of tap slot (kjr, kjs)
     int IH, IW, Cp, S;
+    bool taps_inner;
     const TapAxis* th;
     const TapAxis* tw;
 
@@ -385,7 +390,7 @@ struct FpropCopy {
                                          const FpropBlock& blk, int m0, int n0, int row0,
                                          int col, int kt0, int nk)
         : act(act_), wpk(wpk_), kc(0), kjr(0), kjs(0), IH(p.IH), IW(p.IW), Cp(p.Cp), S(p.S),
-          th(&blk.th), tw(&blk.tw) {
+          taps_inner(p.taps_inner != 0), th(&blk.th), tw(&blk.tw) {
         const int UV = blk.U * blk.V;
 #pragma unroll
         for (int i = 0; i < A_IT; ++i) {  // the output pixel's input pixel at tap (0, 0)
@@ -407,8 +412,16 @@ struct FpropCopy {
             b_off[i] = b_ok[i] ? j * p.R * S * Cp : 0;
         }
         if (nk > 0) {
-            const int k = kt0 * BK + col * VEC, slot = k / Cp;
-            kc = k - slot * Cp;
+            int slot;
+            if (taps_inner) {  // K tile kt0 = channel block kt0 / taps at tap kt0 % taps
+                const int taps = th->count * tw->count;
+                slot = kt0 % taps;
+                kc = (kt0 / taps) * BK + col * VEC;
+            } else {
+                const int k = kt0 * BK + col * VEC;
+                slot = k / Cp;
+                kc = k - slot * Cp;
+            }
             kjr = slot / tw->count;
             kjs = slot - kjr * tw->count;
         }
@@ -417,7 +430,7 @@ struct FpropCopy {
     // Issue this thread's copies of the next K tile: A row i to a_dst + i * row_step,
     // B row i to b_dst + i * row_step (shared byte addresses).
     __device__ __forceinline__ void copy(unsigned a_dst, unsigned b_dst, unsigned row_step) {
-        const bool kvalid = kjr < th->count;
+        const bool kvalid = kjr < th->count && kc < Cp;
         int dy = 0, dx = 0, tap = 0;
         if (kvalid) {
             dy = th->offset(kjr);
@@ -429,12 +442,26 @@ struct FpropCopy {
         for (int i = 0; i < A_IT; ++i) {
             const bool ok = kvalid && (unsigned)(a_y[i] + dy) < (unsigned)IH &&
                             (unsigned)(a_x[i] + dx) < (unsigned)IW;
-            cp_async16(a_dst + i * row_step, act + (ok ? a_off[i] + a_delta : 0), ok);
+            const T* src = act + (ok ? a_off[i] + a_delta : 0);
+            if (taps_inner)
+                cp_async16_l1(a_dst + i * row_step, src, ok);
+            else
+                cp_async16(a_dst + i * row_step, src, ok);
         }
 #pragma unroll
         for (int i = 0; i < B_IT; ++i) {
             const bool ok = kvalid && b_ok[i];
             cp_async16(b_dst + i * row_step, wpk + (ok ? b_off[i] + b_delta : 0), ok);
+        }
+        if (taps_inner) {  // the next tap, or the first tap of the next channel block
+            if (++kjs == tw->count) {
+                kjs = 0;
+                if (++kjr == th->count) {
+                    kjr = 0;
+                    kc += BK;
+                }
+            }
+            return;
         }
         kc += BK;  // the next K tile
         while (kc >= Cp) {
@@ -447,11 +474,54 @@ struct FpropCopy {
     }
 };
 
+// Whether `ptr` (null or not) is aligned to `bytes`.
+__device__ __forceinline__ bool aligned_to(const void* ptr, unsigned bytes) {
+    return ((unsigned long long)ptr & (bytes - 1)) == 0;
+}
+
+// fprop_store with four neighbouring pixels per thread (one 8- or 16-byte store per
+// channel, a warp 128 pixels of a channel): for an unphased output whose rows are whole
+// fours, so that the tile's fours never straddle a row, with every array aligned to them.
+template <typename T, int BM, int BN, int THREADS>
+__device__ __forceinline__ void fprop_store_fours(const float* staged, int LDO,
+                                                  const FpropShape& p, const FpropBlock& blk,
+                                                  int m0, int n0, T* __restrict__ out,
+                                                  float* __restrict__ part,
+                                                  const T* __restrict__ bias,
+                                                  const T* __restrict__ residual, int act_code,
+                                                  float scale) {
+    constexpr int GROUPS = BM / 4, CH_LANES = THREADS >= GROUPS ? THREADS / GROUPS : 1;
+    const long long plane = (long long)p.OH * p.OW;
+    const long long total = (long long)p.Nimg * p.Nout * plane;
+    const int nch = imin(BN, p.Nout - n0), UV = blk.U * blk.V, tid = threadIdx.x;
+    for (int g = tid % GROUPS; g < GROUPS; g += THREADS) {
+        const int mm = 4 * g, m = m0 + mm;
+        if (m >= blk.Mp) break;
+        const int n = m / UV, rem = m - n * UV;
+        const long long row = ((long long)n * p.Nout + n0) * plane + rem;
+        for (int c = tid / GROUPS; c < nch; c += CH_LANES) {
+            const long long idx = row + (long long)c * plane;
+            const float4 v = *reinterpret_cast<const float4*>(staged + c * LDO + mm);
+            if (p.splits > 1) {
+                *reinterpret_cast<float4*>(part + blk.split * total + idx) = v;
+            } else {
+                const float vals[4] = {v.x, v.y, v.z, v.w};
+                Four<T> o;
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    o.v[e] = conv_epilogue<T>(vals[e], bias, residual, idx + e, n0 + c, act_code,
+                                              scale);
+                *reinterpret_cast<Four<T>*>(out + idx) = o;
+            }
+        }
+    }
+}
+
 // The forward's epilogue from a tile staged channel-major in shared memory
-// (staged[c * LDO + m] for the tile's channel c and pixel m): each thread takes one
-// output pixel and walks the channels, so a warp writes 32 consecutive pixels of a
-// channel (one coalesced store) and the pixel's (n, y, x) is decoded once.  With splits
-// the float32 partials are written instead.
+// (staged[c * LDO + m] for the tile's channel c and pixel m, LDO a multiple of 4): each
+// thread takes one output pixel (four, fprop_store_fours, where they fit) and walks the
+// channels, so a warp writes consecutive pixels of a channel (coalesced stores) and the
+// pixel's (n, y, x) is decoded once.  With splits the float32 partials are written instead.
 template <typename T, int BM, int BN, int THREADS>
 __device__ __forceinline__ void fprop_store(const float* staged, int LDO, const FpropShape& p,
                                             const FpropBlock& blk, int m0, int n0,
@@ -459,6 +529,12 @@ __device__ __forceinline__ void fprop_store(const float* staged, int LDO, const 
                                             const T* __restrict__ bias,
                                             const T* __restrict__ residual, int act_code,
                                             float scale) {
+    if (p.div_h == 1 && p.div_w == 1 && p.OW % 4 == 0 && aligned_to(out, 4 * sizeof(T)) &&
+        aligned_to(residual, 4 * sizeof(T)) && aligned_to(part, 16)) {
+        fprop_store_fours<T, BM, BN, THREADS>(staged, LDO, p, blk, m0, n0, out, part, bias,
+                                              residual, act_code, scale);
+        return;
+    }
     const long long plane = (long long)p.OH * p.OW;
     const long long total = (long long)p.Nimg * p.Nout * plane;
     constexpr int CH_LANES = THREADS >= BM ? THREADS / BM : 1;

@@ -16,6 +16,11 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool p
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(pred ? 16 : 0));
 }
+// The same copy, allocating in L1 on the way (data that nearby copies read again).
+__device__ __forceinline__ void cp_async16_l1(unsigned dst, const void* src, bool pred) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
