@@ -215,16 +215,24 @@ def test_the_gpu_op_writes_into_a_concatenations_slice(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [tc.float32, tc.float16])
-def test_a_compiled_vae_decoder_matches_eager_and_refreshes_its_phase_weights(dtype):
+@pytest.mark.parametrize("latent, folded", [(32, True), (8, False)])
+def test_a_compiled_vae_decoder_matches_eager_and_refreshes_its_phase_weights(dtype, latent, folded):
+    """The plan keeps the upsampler's 4x4 phase weights (64 x 16 x 64 values) where the
+    upsampled image they spare is larger (64 x 64² at 32² latents); at 8² latents it runs
+    the upsampling and the convolution instead, and holds no such copy."""
     from diffusion.models.vae import Decoder
+    from tensorcore.backends.cupy import conv_plan
 
     tc.manual_seed(0)
     decoder = Decoder(4, 3, ("UpDecoderBlock2D",) * 2, block_out_channels=(32, 64), layers_per_block=1,
                       norm_num_groups=8, act_fn="silu").to("cuda").to(dtype=dtype).eval()
-    z = tc.randn(1, 4, 8, 8).to("cuda").to(dtype=dtype)
+    z = tc.randn(1, 4, latent, latent).to("cuda").to(dtype=dtype)
     compiled = tc.compile(decoder)
     with tc.no_grad():
-        got, want = compiled(z).float().numpy(), decoder(z).float().numpy()
+        conv_plan.reset_stats()
+        got = compiled(z).float().numpy()
+        assert (conv_plan.stats()["implicit_gemm"].get("upsample_forward", 0) > 0) == folded
+        want = decoder(z).float().numpy()
         assert compiled.plan_info()[0]["passes"]["fuse_upsample_conv"] == 1
         bound = (2e-5 if dtype == tc.float32 else 1e-2) * np.abs(want).max()
         assert np.abs(got - want).max() <= bound

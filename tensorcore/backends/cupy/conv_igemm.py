@@ -339,11 +339,17 @@ def upsample_forward(x: Any, w: Any, bias: Any = None, act: str = "none", residu
     or u, u + 1 (p = 1) with the 3 taps summed onto those 2: a stride-2 transposed
     convolution of x with the 4x4 kernel ``upsample_phase_weights_kernel`` makes, run as
     ``input_grad`` runs one (one GEMM per output phase of 2x2 taps).  The upsampled
-    image is never made; 4 of the 9 taps' multiply-adds per output remain."""
+    image is never made; 4 of the 9 taps' multiply-adds per output remain.
+
+    Returns None too inside a captured plan where the phase weights it would keep for the
+    plan's life outweigh the upsampled image they spare (a UNet's deep upsamplers: wide
+    weights, small images); the caller then runs the two calls."""
     n, c, h, wd = x.shape
     cout = w.shape[0]
     itemsize = x.dtype.itemsize
     cp = _padded(c, itemsize)
+    if weight_packs.active() is not None and cout * 16 * cp > n * c * 4 * h * wd:
+        return None
     epilogue = tuple(a for a in (bias, residual) if a is not None)
     reason = _reason((x, w, *epilogue), 1, (n * h * wd * cp, cout * 16 * cp, 4 * n * h * wd))
     if not _covered("upsample_forward", reason):
