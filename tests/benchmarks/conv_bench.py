@@ -19,7 +19,9 @@ times instead, in float16, the forward convolutions of the SD-1.5 UNet at batch 
 same structure: base 320, multipliers 1, 2, 4, 4, 64² latents) or of the SD VAE decoder
 (512² images) as the models run them: ours with channels-last weights read in place and
 NCHW activations packed by the kernels, cuDNN on channels-last tensors (what
-``torch.compile`` gives it).  No timing is asserted.
+``torch.compile`` gives it); there ``--tiles`` times the five heaviest convolutions on
+every forward tile (and the first two one stage shallower), each with K walked both
+ways (``Plan.taps_inner``).  No timing is asserted.
 
     PYTHONPATH=. python3 tests/benchmarks/conv_bench.py --model vae
 """
