@@ -18,6 +18,7 @@ rounded to the dtype, so input rounding is not part of the error.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import pytest
@@ -237,6 +238,23 @@ def test_every_weight_grad_tile(mode, plan):
     with conv_plan.forced(conv_plan.WGRAD, plan):
         check_passes(geometry, mode, channels_last=True, passes=("weight_grad",))
         assert conv_plan.last[conv_plan.WGRAD] == plan
+
+
+@pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("kernel", [conv_plan.FPROP, conv_plan.WGRAD])
+def test_wgmma_tiles_that_wait_for_each_multiply(mode, splits, kernel):
+    """The warpgroup-MMA main loop with stages - 1 tile copies ahead (each wgmma group
+    waited for before the next tile) computes what the default one does."""
+    if not loader.has_wgmma():
+        pytest.skip("wgmma needs compute capability 9.0")
+    tile = conv_plan.tiles(kernel, kernel_precision(mode), True)[0]
+    plan = conv_plan.Plan(dataclasses.replace(tile, lookahead=tile.stages - 1), splits)
+    forward = kernel == conv_plan.FPROP
+    with conv_plan.forced(kernel, plan):
+        check_passes(PLAN_GEOMETRY if forward else WGMMA_WGRAD_GEOMETRY, mode, channels_last=not forward,
+                     passes=("forward", "input_grad") if forward else ("weight_grad",))
+        assert conv_plan.last[kernel] == plan
 
 
 @pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16"])

@@ -20,8 +20,9 @@ same structure: base 320, multipliers 1, 2, 4, 4, 64² latents) or of the SD VAE
 (512² images) as the models run them: ours with channels-last weights read in place and
 NCHW activations packed by the kernels, cuDNN on channels-last tensors (what
 ``torch.compile`` gives it); there ``--tiles`` times the five heaviest convolutions on
-every forward tile (and the first two one stage shallower), each with K walked both
-ways (``Plan.taps_inner``).  No timing is asserted.
+every forward tile (and the first two one stage shallower, and with one tile more
+copied ahead: ``Tile.lookahead``, "a" in the labels), each with K walked both ways
+(``Plan.taps_inner``).  No timing is asserted.
 
     PYTHONPATH=. python3 tests/benchmarks/conv_bench.py --model vae
 """
@@ -161,6 +162,7 @@ def model_table(model: str, tiles: bool = False) -> None:
                                    "block / every channel of a tap in turn)", ["conv", "tile: ms"])
         candidates = conv_plan.tiles(conv_plan.FPROP, conv_plan.PREC_16, True)
         candidates += tuple(dataclasses.replace(t, stages=t.stages - 1) for t in candidates[:2])
+        candidates += tuple(dataclasses.replace(t, lookahead=t.stages - 1) for t in candidates[:2])
         for conv, _ in heaviest:
             x = cp.random.standard_normal((batch, conv.cin, conv.size, conv.size), dtype=np.float32).astype(np.float16)
             w = cp.random.standard_normal((conv.cout, conv.cin, conv.kernel, conv.kernel), dtype=np.float32)
@@ -173,7 +175,8 @@ def model_table(model: str, tiles: bool = False) -> None:
                     plan = conv_plan.Plan(tile, 1, taps_inner)
                     with conv_plan.forced(conv_plan.FPROP, plan):
                         times.append(graph_ms(lambda: GPU.conv2d(x, w, *geo), 15))
-                cells.append(f"{tile.bm}x{tile.bn}{'g' if tile.wgmma else ''} s{tile.stages}: "
+                ahead = f" a{tile.ahead}" if tile.wgmma else ""
+                cells.append(f"{tile.bm}x{tile.bn}{'g' if tile.wgmma else ''} s{tile.stages}{ahead}: "
                              f"{times[0]:.4f}/{times[1]:.4f}")
             sweep.row(conv.label(), "  ".join(cells))
 

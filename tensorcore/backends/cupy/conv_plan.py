@@ -49,6 +49,13 @@ class Tile:
     min_blocks: int
     efficiency: float
     wgmma: bool = False  # run by a WGMMA_KERNELS kernel: warps_m = BM / 16, warps_n = 1
+    # wgmma tiles: K tiles copied ahead of the one multiplied, None for stages - 2 (one
+    # wgmma group left in flight behind it); stages - 1 waits for each group instead
+    lookahead: int | None = None
+
+    @property
+    def ahead(self) -> int:
+        return self.stages - 2 if self.lookahead is None else self.lookahead
 
     @property
     def threads(self) -> int:
@@ -71,7 +78,8 @@ class Tile:
 
     def expression(self, kernel: str, ctype: str, prec: int) -> str:
         if self.wgmma:
-            return f"{WGMMA_KERNELS[kernel]}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.stages}>"
+            return (f"{WGMMA_KERNELS[kernel]}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.stages}, "
+                    f"{self.ahead}>")
         return (f"{kernel}<{ctype}, {prec}, {self.bm}, {self.bn}, {self.bk}, {self.warps_m}, "
                 f"{self.warps_n}, {self.stages}, {self.min_blocks}>")
 

@@ -35,7 +35,7 @@
 //   conv_fprop_wgmma_kernel     the same GEMM on Hopper's warpgroup MMA (sm_90a; compiled
 //                               only there): BM / 64 warpgroups of 64 x BN, both tiles
 //                               128-byte-swizzled in shared memory and read by wgmma
-//                               itself, STAGES - 2 tile copies in flight ahead of the
+//                               itself, AHEAD tile copies in flight ahead of the
 //                               multiply.  Same arguments, grid, split-K and epilogue.
 //   conv_wgrad_kernel           dw[j][c][r][s] = sum over pixels of grad[n][p][q][j] *
 //                               x[n][p*sh - ph + r*dh][q*sw - pw + s*dw][c].  GEMM rows are
@@ -657,15 +657,18 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
 // straight from shared memory (128-byte-swizzled K-major tiles; stages from `base`, a
 // 1024-byte boundary), so no thread loads fragments.  `copies.copy(a_dst, b_dst,
 // row_step)` issues this thread's cp.async of the next K tile: chunk tid % 8 of rows
-// tid / 8 + i * (THREADS / 8).  STAGES - 2 tile copies are in flight ahead of the tile
-// being multiplied and one wgmma group behind it: a stage is refilled two tiles after it
-// was multiplied, once the barrier has shown that every warpgroup finished with it.
-template <typename T, int BM, int BN, int STAGES, typename Copies>
+// tid / 8 + i * (THREADS / 8).  AHEAD tile copies are in flight ahead of the tile being
+// multiplied and BEHIND = STAGES - 1 - AHEAD wgmma groups behind it (1: the multiplies
+// of consecutive tiles overlap; 0: each waits for the last, so one more stage is free
+// for copies): a stage is refilled BEHIND + 1 tiles after it was multiplied, once the
+// barrier has shown that every warpgroup finished with it.
+template <typename T, int BM, int BN, int STAGES, int AHEAD, typename Copies>
 __device__ __forceinline__ void wgmma_mainloop(Copies& copies, int nk, unsigned base,
                                                float (&acc)[BN / 2]) {
-    constexpr int THREADS = BM * 2, RPP = THREADS / 8;
+    constexpr int THREADS = BM * 2, RPP = THREADS / 8, BEHIND = STAGES - 1 - AHEAD;
     constexpr unsigned STAGE_BYTES = (BM + BN) * 128, ROW_STEP = RPP * 128;
     static_assert(BM % 64 == 0 && BN % 64 == 0 && BN <= 256 && STAGES >= 3, "tile");
+    static_assert(AHEAD >= 1 && (BEHIND == 0 || BEHIND == 1), "pipeline");
     const int tid = threadIdx.x, col = tid % 8, row0 = tid / 8, wg = tid / 128;
     const unsigned swizzled = row0 * 128 + ((col ^ (row0 & 7)) << 4);  // RPP % 8 == 0
     auto load_tile = [&](int stage) {
@@ -675,14 +678,14 @@ __device__ __forceinline__ void wgmma_mainloop(Copies& copies, int nk, unsigned 
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 #pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < nk) load_tile(s);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
-        cp_async_wait<STAGES - 3>();  // tile kt has landed (this thread's copies) ...
-        fence_async_shared();         // ... where wgmma can see it ...
-        __syncthreads();              // ... for every thread; and tile kt - 2 is done
+        cp_async_wait<AHEAD - 1>();  // tile kt has landed (this thread's copies) ...
+        fence_async_shared();        // ... where wgmma can see it ...
+        __syncthreads();             // ... for every thread; and tile kt - 1 - BEHIND is done
         const unsigned stage = base + (kt % STAGES) * STAGE_BYTES;
         const unsigned a_tile = stage + wg * 64 * 128, b_tile = stage + BM * 128;
         wgmma_fence();
@@ -690,10 +693,10 @@ __device__ __forceinline__ void wgmma_mainloop(Copies& copies, int nk, unsigned 
         for (int ks = 0; ks < 4; ++ks)
             Wgmma<T, BN>::run(acc, wgmma_desc(a_tile + 32 * ks), wgmma_desc(b_tile + 32 * ks));
         wgmma_commit();
-        const int next = kt + STAGES - 2;  // into the stage of tile kt - 2
+        const int next = kt + AHEAD;  // into the stage of tile kt - 1 - BEHIND
         if (next < nk) load_tile(next % STAGES);
         cp_async_commit();
-        wgmma_wait<1>();  // this warpgroup's tile kt - 1 is done
+        wgmma_wait<BEHIND>();  // this warpgroup's tile kt - BEHIND is done
     }
     wgmma_wait<0>();
     wgmma_hold(acc);
@@ -707,7 +710,7 @@ __device__ __forceinline__ unsigned aligned_smem_base(const void* smem) {
 
 // conv_fprop_kernel on Hopper's warpgroup MMA: wgmma_mainloop over the same copies, then
 // the same epilogue.
-template <typename T, int PREC, int BM, int BN, int STAGES>
+template <typename T, int PREC, int BM, int BN, int STAGES, int AHEAD>
 __global__ void __launch_bounds__(BM * 2, 1)
 conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __restrict__ out,
                         float* __restrict__ part, const T* __restrict__ bias,
@@ -730,7 +733,7 @@ conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T*
                                                  kt0, nk);
     const unsigned base = aligned_smem_base(smem_words);
     float acc[BN / 2];
-    wgmma_mainloop<T, BM, BN, STAGES>(copies, nk, base, acc);
+    wgmma_mainloop<T, BM, BN, STAGES, AHEAD>(copies, nk, base, acc);
 
     // the accumulators staged channel-major ([BN][BM + 4] floats) for fprop_store
     constexpr int LDO = BM + 4;
@@ -817,7 +820,7 @@ struct WgradCopy {
 // output channels (BM per block), columns (channel, tap) (BN) -- dw's own order, so the
 // accumulators are stored in pairs of neighbours -- and K the pixels; grid (M tiles,
 // N tiles, splits), split-K partials as in conv_wgrad_kernel.
-template <typename T, int PREC, int BM, int BN, int STAGES>
+template <typename T, int PREC, int BM, int BN, int STAGES, int AHEAD>
 __global__ void __launch_bounds__(BM * 2, 1)
 conv_wgrad_wgmma_kernel(const T* __restrict__ grad, const T* __restrict__ xs, T* __restrict__ dw,
                         float* __restrict__ part, WgradShape p) {
@@ -833,7 +836,7 @@ conv_wgrad_wgmma_kernel(const T* __restrict__ grad, const T* __restrict__ xs, T*
     const int tid = threadIdx.x;
     WgradCopy<T, BM, BN, BK, THREADS / 8> copies(grad, xs, p, m0, n0, tid / 8, tid % 8, kt0);
     float acc[BN / 2];
-    wgmma_mainloop<T, BM, BN, STAGES>(copies, nk, aligned_smem_base(smem_words), acc);
+    wgmma_mainloop<T, BM, BN, STAGES, AHEAD>(copies, nk, aligned_smem_base(smem_words), acc);
 
     // columns j = c * R * S + tap: dw's own layout, row co at co * Ncols
     const int Ncols = p.C * p.R * p.S, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
