@@ -8,6 +8,8 @@
   first fit inside one block (``pools.CaptureArena``), freed ranges merging at once.
 * ``Module.to`` casting and laying weights out on the GPU leaves the pool holding nothing
   it cannot give back.
+* Once captured, a plan drops the eager convolutions' scratch its trace grew (the replays
+  use the plan's own pool); a stream captured into a user's graph keeps its own.
 """
 
 from __future__ import annotations
@@ -53,6 +55,24 @@ def test_channels_last_weights_convolve_like_contiguous_ones_with_no_packed_copy
         compiled(x), compiled_plain(x)  # traced: the next calls replay the plans
         np.testing.assert_array_equal(compiled(x).float().numpy(), compiled_plain(x).float().numpy())
     assert len(_executor(compiled).weight_packs) == 0 < len(_executor(compiled_plain).weight_packs)
+
+
+def test_a_plan_drops_the_eager_scratch_its_trace_grew() -> None:
+    from tensorcore.backends.cupy import conv_igemm
+
+    tc.manual_seed(0)
+    block = _Block(64).to("cuda", tc.float16).eval()
+    x = tc.tensor(np.random.default_rng(1).standard_normal((2, 64, 24, 20)), device="cuda").to(tc.float16)
+    conv_igemm.clear_scratch()
+    with tc.no_grad():
+        want = block(x).float().numpy()
+        assert conv_igemm._scratch  # the eager convolutions keep a buffer per stream
+        compiled = tc.compile(block, cache_dir=False)
+        np.testing.assert_array_equal(compiled(x).float().numpy(), want)  # traced, then captured
+        assert not conv_igemm._scratch
+        np.testing.assert_array_equal(compiled(x).float().numpy(), want)  # replayed
+        np.testing.assert_array_equal(block(x).float().numpy(), want)  # eager again: grown again
+        assert conv_igemm._scratch
 
 
 def test_a_plan_holds_its_largest_live_set_not_every_intermediate() -> None:

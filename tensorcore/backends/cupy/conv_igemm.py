@@ -157,6 +157,16 @@ def _stream_scratch(nbytes: int) -> Any:
     return held[-1]
 
 
+def release_uncaptured_scratch() -> None:
+    """Drop the scratch buffers of the streams never captured into a CUDA graph (the next
+    eager call there grows one again).  A compiled plan calls this once it is captured: its
+    trace grew them to its largest convolution's packs and split-K partials (about 70 MB for
+    SD-1.5's UNet at batch 2), and its replays take theirs from the plan's own pool."""
+    with _scratch_lock:
+        for key in [k for k in _scratch if k not in _captured]:
+            del _scratch[key]
+
+
 def clear_scratch(stream: int | None = None) -> None:
     """Drop the scratch buffers (and GroupNorm counters) of one stream (a handle), or of
     every stream."""

@@ -36,7 +36,7 @@ import numpy as np
 
 from ... import versions
 from ..numpy.executor import own_method, pick
-from . import pools, weight_packs
+from . import conv_igemm, pools, weight_packs
 from .graph_io import GraphIO
 
 
@@ -106,6 +106,7 @@ class CudaGraphReplay:
             finally:
                 self.graph = self.stream.end_capture()
             self.io.upload()
+        conv_igemm.release_uncaptured_scratch()  # what the trace's eager convolutions grew
         # a new set of output arrays is all views of one block (one pool allocation
         # however many outputs; the block lives while any of them does):
         # (shape, dtype, byte offset) of each output the graph copies out, None for those
