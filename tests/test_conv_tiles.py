@@ -25,3 +25,13 @@ def test_every_tile_is_consistent(kernel, wgmma):
             else:  # every warp covers a whole multiple of the 16 x 8 MMA shape
                 assert tile.bm % (16 * tile.warps_m) == 0 and tile.bn % (8 * tile.warps_n) == 0
             assert tile.threads <= 1024
+
+
+@pytest.mark.parametrize("cout, narrow", [(3, True), (4, True), (128, False)])
+def test_a_few_output_channels_take_the_narrow_tile_on_sm90(cout, narrow):
+    """An SD VAE's last convolution (128 -> 3 at 512², float16) wastes 125 of a wgmma
+    tile's 128 columns; the 128 x 32 tile runs it, and 128 output channels stay on wgmma."""
+    m, k = 512 * 512, 9 * 128
+    plan = conv_plan.choose(conv_plan.FPROP, conv_plan.PREC_16, 2, m, cout, k, 1, m * cout, 132, True)
+    assert (plan.tile.bn == 32 and not plan.tile.wgmma) == narrow
+    assert plan.taps_inner != plan.tile.wgmma

@@ -213,14 +213,11 @@ def test_every_forward_tile(mode, plan):
 TAPS_INNER_GEOMETRY = ((2, 128, 13, 11), (64, 128, 3, 3), (2, 2), (1, 1), (1, 1))
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("wgmma", [False, True])
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("mode, plan", list(every_plan(conv_plan.FPROP)))
 @pytest.mark.parametrize("taps_inner", [True, False])
-def test_forward_walks_taps_inside_channel_blocks(mode, wgmma, splits, taps_inner):
-    tile = conv_plan.tiles(conv_plan.FPROP, kernel_precision(mode), wgmma)[0]
-    runs_here(tile)
-    plan = conv_plan.Plan(tile, splits, taps_inner)
+def test_forward_walks_taps_inside_channel_blocks(mode, plan, taps_inner):
+    runs_here(plan.tile)
+    plan = dataclasses.replace(plan, taps_inner=taps_inner)
     with conv_plan.forced(conv_plan.FPROP, plan):
         check_passes(TAPS_INNER_GEOMETRY, mode, passes=("forward", "input_grad"))
         assert conv_plan.last[conv_plan.FPROP] == plan
