@@ -112,10 +112,7 @@ _FPROP_TILES = {
 # on sm_90: wgmma tiles of BM / 64 warpgroups and K tiles of 128 bytes (BK elements), for
 # the weight gradient (stride 1, dilation 1; the others take _WGRAD_TILES) as they are,
 # for the forward / input gradient with the mma.sync kernel's narrowest tile added for a
-# few output channels (a UNet's or VAE's last convolution), where it is faster: in 16
-# bits, walking K with the taps inside, it ran at 0.31-0.45 of the best wgmma tile's
-# rate on the SD VAE's 3x3 convolutions (docs/benchmarks.md, the tile sweep)
-_NARROW_EFFICIENCY = {PREC_TF32: 0.25, PREC_16: 0.35}
+# few output channels (a UNet's or VAE's last convolution), where it is faster
 _WGMMA_WGRAD_TILES = {
     prec: (
         Tile(bm=128, bn=256, bk=bk, warps_m=8, warps_n=1, stages=4, min_blocks=1, efficiency=1.0, wgmma=True),
@@ -125,6 +122,10 @@ _WGMMA_WGRAD_TILES = {
     )
     for prec, bk in ((PREC_TF32, 32), (PREC_16, 64))
 }
+# the narrow tile's efficiency beside them: in 16 bits, walking K with the taps inside,
+# it ran at 0.31-0.45 of the best wgmma tile's rate on the SD VAE's 3x3 convolutions
+# (docs/benchmarks.md, the tile sweep)
+_NARROW_EFFICIENCY = {PREC_TF32: 0.25, PREC_16: 0.35}
 _WGMMA_FPROP_TILES = {
     prec: wgmma + (dataclasses.replace(_FPROP_TILES[prec][-1], efficiency=_NARROW_EFFICIENCY[prec]),)
     for prec, wgmma in _WGMMA_WGRAD_TILES.items()
