@@ -209,8 +209,9 @@ def test_every_forward_tile(mode, plan):
 
 # channels that fill whole K tiles (2 blocks of 64 16-bit values, 4 of 32 floats) and an
 # output gradient of 64 channels: the forward and the strided input gradient walk K with
-# the taps inside each channel block (activation copies through L1)
-TAPS_INNER_GEOMETRY = ((2, 128, 13, 11), (64, 128, 3, 3), (2, 2), (1, 1), (1, 1))
+# the taps inside each channel block (activation copies through L1); the forward's rows
+# of 8 pixels take the epilogue's four-pixel stores, the input gradient's phases not
+TAPS_INNER_GEOMETRY = ((2, 128, 13, 16), (64, 128, 3, 3), (2, 2), (1, 1), (1, 1))
 
 
 @pytest.mark.parametrize("mode, plan", list(every_plan(conv_plan.FPROP)))
