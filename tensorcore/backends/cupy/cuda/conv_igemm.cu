@@ -64,10 +64,10 @@
 #include "conv_igemm.cuh"
 #include "wgmma.cuh"
 
-// Four consecutive outputs, stored as one 8- or 16-byte word.
-template <typename T>
-struct alignas(4 * sizeof(T)) Four {
-    T v[4];
+// N consecutive values, moved as one word (four 16-bit outputs: 8 bytes).
+template <typename T, int N>
+struct alignas(N * sizeof(T)) Word {
+    T v[N];
 };
 
 // One PACK_ROWS-row x 32-channel tile of a pack: rows q = (n, h, w) of dst [rows][Cp] from
@@ -299,12 +299,12 @@ __global__ void conv_splitk_reduce_kernel(const float* __restrict__ part, T* __r
         }
         const float sum[4] = {a.x, a.y, a.z, a.w};
         const long long i = 4 * q, j = (i / plane) % nout;  // one channel for all four
-        Four<T> o;                                           // when plane % 4 == 0
+        Word<T, 4> o;                                        // when plane % 4 == 0
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             o.v[e] = conv_epilogue<T>((A)sum[e], bias, residual, i + e,
                                       plane % 4 ? ((i + e) / plane) % nout : j, (int)act, (A)scale);
-        *reinterpret_cast<Four<T>*>(out + i) = o;
+        *reinterpret_cast<Word<T, 4>*>(out + i) = o;
     }
     for (long long i = 4 * fours + first; i < total; i += step) {
         A v = (A)0;
@@ -479,39 +479,40 @@ __device__ __forceinline__ bool aligned_to(const void* ptr, unsigned bytes) {
     return ((unsigned long long)ptr & (bytes - 1)) == 0;
 }
 
-// fprop_store with four neighbouring pixels per thread (one 8- or 16-byte store per
-// channel, a warp 128 pixels of a channel): for an unphased output whose rows are whole
-// fours, so that the tile's fours never straddle a row, with every array aligned to them.
-template <typename T, int BM, int BN, int THREADS>
-__device__ __forceinline__ void fprop_store_fours(const float* staged, int LDO,
-                                                  const FpropShape& p, const FpropBlock& blk,
-                                                  int m0, int n0, T* __restrict__ out,
-                                                  float* __restrict__ part,
-                                                  const T* __restrict__ bias,
-                                                  const T* __restrict__ residual, int act_code,
-                                                  float scale) {
-    constexpr int GROUPS = BM / 4, CH_LANES = THREADS >= GROUPS ? THREADS / GROUPS : 1;
+// fprop_store's walk with PIX neighbouring output pixels per thread (PIX = 4: one 8- or
+// 16-byte store per channel, only for an unphased output whose rows are whole fours, so
+// that the tile's fours never straddle a row, with every array aligned to them).
+template <typename T, int BM, int BN, int THREADS, int PIX>
+__device__ __forceinline__ void fprop_store_pixels(const float* staged, int LDO,
+                                                   const FpropShape& p, const FpropBlock& blk,
+                                                   int m0, int n0, T* __restrict__ out,
+                                                   float* __restrict__ part,
+                                                   const T* __restrict__ bias,
+                                                   const T* __restrict__ residual,
+                                                   int act_code, float scale) {
+    constexpr int GROUPS = BM / PIX, CH_LANES = THREADS >= GROUPS ? THREADS / GROUPS : 1;
     const long long plane = (long long)p.OH * p.OW;
     const long long total = (long long)p.Nimg * p.Nout * plane;
     const int nch = imin(BN, p.Nout - n0), UV = blk.U * blk.V, tid = threadIdx.x;
     for (int g = tid % GROUPS; g < GROUPS; g += THREADS) {
-        const int mm = 4 * g, m = m0 + mm;
+        const int mm = PIX * g, m = m0 + mm;
         if (m >= blk.Mp) break;
-        const int n = m / UV, rem = m - n * UV;
-        const long long row = ((long long)n * p.Nout + n0) * plane + rem;
+        const int n = m / UV, rem = m - n * UV, u = rem / blk.V, v = rem - u * blk.V;
+        const long long row = ((long long)n * p.Nout + n0) * plane +
+                              (long long)(blk.py + u * p.div_h) * p.OW + (blk.px + v * p.div_w);
         for (int c = tid / GROUPS; c < nch; c += CH_LANES) {
             const long long idx = row + (long long)c * plane;
-            const float4 v = *reinterpret_cast<const float4*>(staged + c * LDO + mm);
+            typedef Word<float, PIX> Staged;
+            const Staged vals = *reinterpret_cast<const Staged*>(staged + c * LDO + mm);
             if (p.splits > 1) {
-                *reinterpret_cast<float4*>(part + blk.split * total + idx) = v;
+                *reinterpret_cast<Staged*>(part + blk.split * total + idx) = vals;
             } else {
-                const float vals[4] = {v.x, v.y, v.z, v.w};
-                Four<T> o;
+                Word<T, PIX> o;
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    o.v[e] = conv_epilogue<T>(vals[e], bias, residual, idx + e, n0 + c, act_code,
+                for (int e = 0; e < PIX; ++e)
+                    o.v[e] = conv_epilogue<T>(vals.v[e], bias, residual, idx + e, n0 + c, act_code,
                                               scale);
-                *reinterpret_cast<Four<T>*>(out + idx) = o;
+                *reinterpret_cast<Word<T, PIX>*>(out + idx) = o;
             }
         }
     }
@@ -519,9 +520,9 @@ __device__ __forceinline__ void fprop_store_fours(const float* staged, int LDO,
 
 // The forward's epilogue from a tile staged channel-major in shared memory
 // (staged[c * LDO + m] for the tile's channel c and pixel m, LDO a multiple of 4): each
-// thread takes one output pixel (four, fprop_store_fours, where they fit) and walks the
-// channels, so a warp writes consecutive pixels of a channel (coalesced stores) and the
-// pixel's (n, y, x) is decoded once.  With splits the float32 partials are written instead.
+// thread takes one output pixel (four where they fit) and walks the channels, so a warp
+// writes consecutive pixels of a channel (coalesced stores) and the pixels' (n, y, x) is
+// decoded once.  With splits the float32 partials are written instead.
 template <typename T, int BM, int BN, int THREADS>
 __device__ __forceinline__ void fprop_store(const float* staged, int LDO, const FpropShape& p,
                                             const FpropBlock& blk, int m0, int n0,
@@ -530,30 +531,12 @@ __device__ __forceinline__ void fprop_store(const float* staged, int LDO, const 
                                             const T* __restrict__ residual, int act_code,
                                             float scale) {
     if (p.div_h == 1 && p.div_w == 1 && p.OW % 4 == 0 && aligned_to(out, 4 * sizeof(T)) &&
-        aligned_to(residual, 4 * sizeof(T)) && aligned_to(part, 16)) {
-        fprop_store_fours<T, BM, BN, THREADS>(staged, LDO, p, blk, m0, n0, out, part, bias,
-                                              residual, act_code, scale);
-        return;
-    }
-    const long long plane = (long long)p.OH * p.OW;
-    const long long total = (long long)p.Nimg * p.Nout * plane;
-    constexpr int CH_LANES = THREADS >= BM ? THREADS / BM : 1;
-    const int nch = imin(BN, p.Nout - n0), UV = blk.U * blk.V, tid = threadIdx.x;
-    for (int mm = tid % BM; mm < BM; mm += THREADS) {
-        const int m = m0 + mm;
-        if (m >= blk.Mp) break;
-        const int n = m / UV, rem = m - n * UV, u = rem / blk.V, v = rem - u * blk.V;
-        const long long row = ((long long)n * p.Nout + n0) * plane +
-                              (long long)(blk.py + u * p.div_h) * p.OW + (blk.px + v * p.div_w);
-        for (int c = tid / BM; c < nch; c += CH_LANES) {
-            const long long idx = row + (long long)c * plane;
-            const float val = staged[c * LDO + mm];
-            if (p.splits > 1)
-                part[blk.split * total + idx] = val;
-            else
-                out[idx] = conv_epilogue<T>(val, bias, residual, idx, n0 + c, act_code, scale);
-        }
-    }
+        aligned_to(residual, 4 * sizeof(T)) && aligned_to(part, 16))
+        fprop_store_pixels<T, BM, BN, THREADS, 4>(staged, LDO, p, blk, m0, n0, out, part, bias,
+                                                  residual, act_code, scale);
+    else
+        fprop_store_pixels<T, BM, BN, THREADS, 1>(staged, LDO, p, blk, m0, n0, out, part, bias,
+                                                  residual, act_code, scale);
 }
 
 // This block's K tiles [kt0, kt0 + nk) of its split.
