@@ -34,4 +34,4 @@ def test_a_few_output_channels_take_the_narrow_tile_on_sm90(cout, narrow):
     m, k = 512 * 512, 9 * 128
     plan = conv_plan.choose(conv_plan.FPROP, conv_plan.PREC_16, 2, m, cout, k, 1, m * cout, 132, True)
     assert (plan.tile.bn == 32 and not plan.tile.wgmma) == narrow
-    assert plan.taps_inner != plan.tile.wgmma
+    assert plan.walks_taps_inner != plan.tile.wgmma

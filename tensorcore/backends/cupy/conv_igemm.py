@@ -267,7 +267,7 @@ def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kerne
         epilogue = (NULL, NULL if bias is None else bias, NULL if residual is None else residual,
                     ACT_CODES[act_name], scale)
     shape = numpy.array((n, ih, iw, cp, nout, oh, ow, *kernel_hw, *step, *base, *tap_delta,
-                         *phases, *tap_step, splits, plan.taps_inner and cp % tile.bk == 0),
+                         *phases, *tap_step, splits, plan.walks_taps_inner and cp % tile.bk == 0),
                         numpy.int32).view(_FPROP_SHAPE)
     _launch(FPROP, plan, out.dtype, prec, grid,
             (act, wpk, out, *epilogue[:3], shape, numpy.int32(epilogue[3]),

@@ -181,13 +181,17 @@ class Plan:
     """A tile, its K split and (the forward) the order K is walked in: ``taps_inner``,
     each K tile's channels through every tap before the next channels, where the padded
     channels fill whole K tiles (the kernels then read a block's shifted windows from L1).
-    The cost model takes it for the ``mma.sync`` tiles (the SD VAE's 3x3 convolutions on
-    the 128 x 32 tile: 18-23% less time on an H100) and not for the ``wgmma`` ones, whose four
-    48 KB stages leave L1 little room (within 3% either way, mostly slower)."""
+    None (the default) takes it for the ``mma.sync`` tiles (the SD VAE's 3x3 convolutions
+    on the 128 x 32 tile: 18-23% less time on an H100) and not for the ``wgmma`` ones,
+    whose four 48 KB stages leave L1 little room (within 3% either way, mostly slower)."""
 
     tile: Tile
     splits: int
-    taps_inner: bool = True
+    taps_inner: bool | None = None
+
+    @property
+    def walks_taps_inner(self) -> bool:
+        return not self.tile.wgmma if self.taps_inner is None else self.taps_inner
 
 
 _forced: dict[str, Plan] = {}
@@ -238,7 +242,7 @@ def _cheapest(kernel: str, prec: int, itemsize: int, m: int, n: int, k: int, pha
             if splits > 1:
                 time += (4.0 * out_elems * (splits + 1)) / _BANDWIDTH + _LAUNCH_S
             if time < best_time:
-                best, best_time = Plan(tile=tile, splits=splits, taps_inner=not tile.wgmma), time
+                best, best_time = Plan(tile=tile, splits=splits), time
     return best
 
 
