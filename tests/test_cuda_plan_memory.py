@@ -68,9 +68,11 @@ def test_a_plan_drops_the_eager_scratch_its_trace_grew() -> None:
         want = block(x).float().numpy()
         assert conv_igemm._scratch  # the eager convolutions keep a buffer per stream
         compiled = tc.compile(block, cache_dir=False)
-        np.testing.assert_array_equal(compiled(x).float().numpy(), want)  # traced, then captured
+        got = compiled(x).float().numpy()  # traced, then captured
         assert not conv_igemm._scratch
-        np.testing.assert_array_equal(compiled(x).float().numpy(), want)  # replayed
+        # the plan folds the residual add into its convolution: one rounding fewer
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+        np.testing.assert_array_equal(compiled(x).float().numpy(), got)  # replayed
         np.testing.assert_array_equal(block(x).float().numpy(), want)  # eager again: grown again
         assert conv_igemm._scratch
 
