@@ -241,13 +241,20 @@ def test_every_weight_grad_tile(mode, plan):
 @pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("kernel", [conv_plan.FPROP, conv_plan.WGRAD])
-def test_wgmma_tiles_that_wait_for_each_multiply(mode, splits, kernel):
-    """The warpgroup-MMA main loop with stages - 1 tile copies ahead (each wgmma group
-    waited for before the next tile) computes what the default one does."""
+@pytest.mark.parametrize("lookahead", ["stages - 1", "producer"])
+@pytest.mark.parametrize("which", [0, 1, 2, 3])
+def test_wgmma_pipelines(mode, splits, kernel, lookahead, which):
+    """The warpgroup-MMA main loops other than the default: stages - 1 tile copies ahead
+    (each wgmma group waited for before the next tile), and the copies on a warpgroup of
+    their own (lookahead 0, mbarriers per stage; every tile, 3 splits leaving some blocks
+    fewer K tiles than stages) compute what the default one does."""
     if not loader.has_wgmma():
         pytest.skip("wgmma needs compute capability 9.0")
-    tile = conv_plan.tiles(kernel, kernel_precision(mode), True)[0]
-    plan = conv_plan.Plan(dataclasses.replace(tile, lookahead=tile.stages - 1), splits)
+    tile = conv_plan.tiles(kernel, kernel_precision(mode), True)[which]
+    if not tile.wgmma or (lookahead == "stages - 1" and which > 0):
+        pytest.skip("one tile is enough for the lookahead")
+    ahead = tile.stages - 1 if lookahead == "stages - 1" else 0
+    plan = conv_plan.Plan(dataclasses.replace(tile, lookahead=ahead), splits)
     forward = kernel == conv_plan.FPROP
     with conv_plan.forced(kernel, plan):
         check_passes(PLAN_GEOMETRY if forward else WGMMA_WGRAD_GEOMETRY, mode, channels_last=not forward,

@@ -20,9 +20,10 @@ same structure: base 320, multipliers 1, 2, 4, 4, 64² latents) or of the SD VAE
 (512² images) as the models run them: ours with channels-last weights read in place and
 NCHW activations packed by the kernels, cuDNN on channels-last tensors (what
 ``torch.compile`` gives it); there ``--tiles`` times the five heaviest convolutions on
-every forward tile (and the first two one stage shallower, and with one tile more
-copied ahead: ``Tile.lookahead``, "a" in the labels), each with K walked both ways
-(``Plan.taps_inner``).  No timing is asserted.
+every forward tile (and the first two with one tile more copied ahead:
+``Tile.lookahead``, "a" in the labels; every warpgroup-MMA tile with a copying
+warpgroup of its own, "a0", the 128 x 128 one also with 6 stages), each with K walked
+both ways (``Plan.taps_inner``).  No timing is asserted.
 
     PYTHONPATH=. python3 tests/benchmarks/conv_bench.py --model vae
 """
@@ -161,8 +162,10 @@ def model_table(model: str, tiles: bool = False) -> None:
         sweep = bench_report.Table(f"{model}: forward tiles, unsplit (ms; K with the taps inside each channel "
                                    "block / every channel of a tap in turn)", ["conv", "tile: ms"])
         candidates = conv_plan.tiles(conv_plan.FPROP, conv_plan.PREC_16, True)
-        candidates += tuple(dataclasses.replace(t, stages=t.stages - 1) for t in candidates[:2])
-        candidates += tuple(dataclasses.replace(t, lookahead=t.stages - 1) for t in candidates[:2])
+        wgmma = tuple(t for t in candidates if t.wgmma)
+        candidates += tuple(dataclasses.replace(t, lookahead=t.stages - 1) for t in wgmma[:2])
+        candidates += tuple(dataclasses.replace(t, lookahead=0) for t in wgmma)
+        candidates += tuple(dataclasses.replace(t, lookahead=0, stages=6) for t in wgmma if t.bm == t.bn == 128)
         for conv, _ in heaviest:
             x = cp.random.standard_normal((batch, conv.cin, conv.size, conv.size), dtype=np.float32).astype(np.float16)
             w = cp.random.standard_normal((conv.cout, conv.cin, conv.kernel, conv.kernel), dtype=np.float32)

@@ -50,7 +50,8 @@ class Tile:
     efficiency: float
     wgmma: bool = False  # run by a WGMMA_KERNELS kernel: warps_m = BM / 16, warps_n = 1
     # wgmma tiles: K tiles copied ahead of the one multiplied, None for stages - 2 (one
-    # wgmma group left in flight behind it); stages - 1 waits for each group instead
+    # wgmma group left in flight behind it); stages - 1 waits for each group instead; 0
+    # copies on a warpgroup of its own, a stage refilled as soon as it has been multiplied
     lookahead: int | None = None
 
     @property
@@ -58,14 +59,20 @@ class Tile:
         return self.stages - 2 if self.lookahead is None else self.lookahead
 
     @property
+    def producer(self) -> bool:
+        """Whether a warpgroup of its own copies the tiles (wgmma, lookahead 0)."""
+        return self.wgmma and self.ahead == 0
+
+    @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return 32 * self.warps_m * self.warps_n + (128 if self.producer else 0)
 
     def smem_bytes(self, kernel: str, itemsize: int) -> int:
         """Dynamic shared memory of one block: STAGES A and B tiles, rows padded (or
-        128-byte swizzled rows from a 1024-byte boundary for wgmma)."""
+        128-byte swizzled rows from a 1024-byte boundary for wgmma, then two 8-byte
+        barriers per stage with a producer warpgroup)."""
         if self.wgmma:
-            return self.stages * (self.bm + self.bn) * 128 + 1024
+            return self.stages * (self.bm + self.bn) * 128 + 1024 + (16 * self.stages if self.producer else 0)
         if kernel == FPROP:  # [rows][BK + 16 bytes]
             return self.stages * (self.bm + self.bn) * (self.bk + 16 // itemsize) * itemsize
         return self.stages * self.bk * (self.bm + self.bn + 16) * itemsize  # [BK][rows + 8]

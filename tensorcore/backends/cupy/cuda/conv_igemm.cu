@@ -686,6 +686,88 @@ __device__ __forceinline__ void wgmma_mainloop(Copies& copies, int nk, unsigned 
     cp_async_wait<0>();
 }
 
+// A copy's row step as a type, for make_copies(RowStep<RPP>(), row0, col).
+template <int RPP> struct RowStep {
+    static constexpr int value = RPP;
+};
+
+// wgmma_mainloop with the copies on a warpgroup of their own (AHEAD = 0): the block's
+// last 128 threads copy, the BM / 64 warpgroups before them multiply.  Stage s has two
+// mbarriers after the stages (from base + STAGES * (BM + BN) * 128): full[s], completed
+// when every copying thread's cp.async of the stage has landed, and empty[s], when every
+// multiplying warpgroup's wgmma of it is done.  A stage is refilled as soon as it is
+// empty, so up to STAGES - 1 tiles are in flight while one is multiplied, and no barrier
+// of the whole block runs inside the loop.  `make_copies(row0, col)` builds a copying
+// thread's copies (rows row0 + i * 16).  The copying threads' acc stay zero.
+template <typename T, int BM, int BN, int STAGES, typename MakeCopies>
+__device__ __forceinline__ void wgmma_mainloop_producer(const MakeCopies& make_copies, int nk,
+                                                        unsigned base, float (&acc)[BN / 2]) {
+    constexpr int CONSUMERS = BM / 64;
+    constexpr unsigned STAGE_BYTES = (BM + BN) * 128, ROW_STEP = 16 * 128;
+    static_assert(BM % 64 == 0 && BN % 64 == 0 && BN <= 256 && STAGES >= 2, "tile");
+    const unsigned full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
+    const int tid = threadIdx.x, wg = tid / 128;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full + 8 * s, 128);
+            mbar_init(empty + 8 * s, CONSUMERS);
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    if (wg == CONSUMERS) {
+        const int col = tid % 8, row0 = (tid % 128) / 8;
+        auto copies = make_copies(RowStep<16>(), row0, col);
+        const unsigned swizzled = row0 * 128 + ((col ^ (row0 & 7)) << 4);  // 16 % 8 == 0
+        for (int kt = 0; kt < nk; ++kt) {
+            const int s = kt % STAGES;
+            if (kt >= STAGES) mbar_wait(empty + 8 * s, ((kt / STAGES) & 1) ^ 1);
+            const unsigned so = base + s * STAGE_BYTES + swizzled;
+            copies.copy(so, so + BM * 128, ROW_STEP);
+            mbar_arrive_on_copies(full + 8 * s);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(full + 8 * s, (kt / STAGES) & 1);  // tile kt has landed ...
+        fence_async_shared();                          // ... where wgmma can see it
+        const unsigned stage = base + s * STAGE_BYTES;
+        const unsigned a_tile = stage + wg * 64 * 128, b_tile = stage + BM * 128;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+            Wgmma<T, BN>::run(acc, wgmma_desc(a_tile + 32 * ks), wgmma_desc(b_tile + 32 * ks));
+        wgmma_commit();
+        wgmma_wait<1>();  // this warpgroup's tile kt - 1 is done: its stage may be refilled
+        if (kt > 0 && tid % 128 == 0) mbar_arrive(empty + 8 * ((kt - 1) % STAGES));
+    }
+    wgmma_wait<0>();
+    wgmma_hold(acc);
+}
+
+// The main loop a wgmma kernel's AHEAD asks for: copies in the multiplying threads
+// (AHEAD > 0, BM * 2 threads) or on a warpgroup of their own (AHEAD = 0, 128 more).
+// make_copies(RowStep<RPP>(), row0, col) builds one thread's copies, rows RPP apart.
+template <int BM, int AHEAD> struct WgmmaThreads {
+    static constexpr int value = BM * 2 + (AHEAD == 0 ? 128 : 0);
+};
+
+template <typename T, int BM, int BN, int STAGES, int AHEAD, typename MakeCopies>
+__device__ __forceinline__ void wgmma_pipeline(const MakeCopies& make_copies, int nk,
+                                               unsigned base, float (&acc)[BN / 2]) {
+    if constexpr (AHEAD == 0) {
+        wgmma_mainloop_producer<T, BM, BN, STAGES>(make_copies, nk, base, acc);
+    } else {
+        const int tid = threadIdx.x;
+        auto copies = make_copies(RowStep<BM * 2 / 8>(), tid / 8, tid % 8);
+        wgmma_mainloop<T, BM, BN, STAGES, AHEAD>(copies, nk, base, acc);
+    }
+}
+
 // The first 1024-byte boundary of the dynamic shared memory (the host adds 1024 bytes).
 __device__ __forceinline__ unsigned aligned_smem_base(const void* smem) {
     return (smem_addr(smem) + 1023) & ~1023u;
@@ -694,13 +776,13 @@ __device__ __forceinline__ unsigned aligned_smem_base(const void* smem) {
 // conv_fprop_kernel on Hopper's warpgroup MMA: wgmma_mainloop over the same copies, then
 // the same epilogue.
 template <typename T, int PREC, int BM, int BN, int STAGES, int AHEAD>
-__global__ void __launch_bounds__(BM * 2, 1)
+__global__ void __launch_bounds__(WgmmaThreads<BM, AHEAD>::value, 1)
 conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __restrict__ out,
                         float* __restrict__ part, const T* __restrict__ bias,
                         const T* __restrict__ residual, FpropShape p, int act_code, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int THREADS = BM * 2;           // BM / 64 warpgroups of 128 threads
-    constexpr int BK = 128 / (int)sizeof(T);  // one 128-byte swizzle row of K
+    constexpr int THREADS = WgmmaThreads<BM, AHEAD>::value;  // BM / 64 multiplying warpgroups
+    constexpr int BK = 128 / (int)sizeof(T);              // one 128-byte swizzle row of K
     static_assert(PREC != PREC_3XTF32, "3xTF32 runs on conv_fprop_kernel");
 
     extern __shared__ uint4 smem_words[];
@@ -712,11 +794,14 @@ conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T*
     split_range(blk.ktiles, p.splits, blk.split, kt0, nk);
 
     const int tid = threadIdx.x;
-    FpropCopy<T, BM, BN, BK, THREADS / 8> copies(act, wpk, p, blk, m0, n0, tid / 8, tid % 8,
-                                                 kt0, nk);
     const unsigned base = aligned_smem_base(smem_words);
     float acc[BN / 2];
-    wgmma_mainloop<T, BM, BN, STAGES, AHEAD>(copies, nk, base, acc);
+    wgmma_pipeline<T, BM, BN, STAGES, AHEAD>(
+        [&](auto rows, int row0, int col) {
+            return FpropCopy<T, BM, BN, BK, decltype(rows)::value>(act, wpk, p, blk, m0, n0, row0,
+                                                                   col, kt0, nk);
+        },
+        nk, base, acc);
 
     // the accumulators staged channel-major ([BN][BM + 4] floats) for fprop_store
     constexpr int LDO = BM + 4;
@@ -725,12 +810,14 @@ conv_fprop_wgmma_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T*
                                              (base - smem_addr(smem_words)));
     const int lane = tid & 31, wg = tid / 128, w = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
     __syncthreads();  // every warpgroup is done reading the stages
+    if (wg < BM / 64) {
 #pragma unroll
-    for (int i = 0; i < BN / 8; ++i)
+        for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            staged[(8 * i + 2 * t4 + (e & 1)) * LDO + wg * 64 + 16 * w + g + 8 * (e >> 1)] =
-                acc[4 * i + e];
+            for (int e = 0; e < 4; ++e)
+                staged[(8 * i + 2 * t4 + (e & 1)) * LDO + wg * 64 + 16 * w + g + 8 * (e >> 1)] =
+                    acc[4 * i + e];
+    }
     __syncthreads();
     fprop_store<T, BM, BN, THREADS>(staged, LDO, p, blk, m0, n0, out, part, bias, residual,
                                     act_code, scale);
@@ -804,11 +891,10 @@ struct WgradCopy {
 // accumulators are stored in pairs of neighbours -- and K the pixels; grid (M tiles,
 // N tiles, splits), split-K partials as in conv_wgrad_kernel.
 template <typename T, int PREC, int BM, int BN, int STAGES, int AHEAD>
-__global__ void __launch_bounds__(BM * 2, 1)
+__global__ void __launch_bounds__(WgmmaThreads<BM, AHEAD>::value, 1)
 conv_wgrad_wgmma_kernel(const T* __restrict__ grad, const T* __restrict__ xs, T* __restrict__ dw,
                         float* __restrict__ part, WgradShape p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int THREADS = BM * 2;
     constexpr int BK = 128 / (int)sizeof(T);
     static_assert(PREC != PREC_3XTF32, "3xTF32 runs on conv_wgrad_kernel");
 
@@ -817,9 +903,14 @@ conv_wgrad_wgmma_kernel(const T* __restrict__ grad, const T* __restrict__ xs, T*
     int kt0, nk;
     split_range(p.Nimg * (p.PQ / BK), p.splits, split, kt0, nk);
     const int tid = threadIdx.x;
-    WgradCopy<T, BM, BN, BK, THREADS / 8> copies(grad, xs, p, m0, n0, tid / 8, tid % 8, kt0);
     float acc[BN / 2];
-    wgmma_mainloop<T, BM, BN, STAGES, AHEAD>(copies, nk, aligned_smem_base(smem_words), acc);
+    wgmma_pipeline<T, BM, BN, STAGES, AHEAD>(
+        [&](auto rows, int row0, int col) {
+            return WgradCopy<T, BM, BN, BK, decltype(rows)::value>(grad, xs, p, m0, n0, row0, col,
+                                                                   kt0);
+        },
+        nk, aligned_smem_base(smem_words), acc);
+    if (tid >= BM * 2) return;  // the copying warpgroup holds no accumulators
 
     // columns j = c * R * S + tap: dw's own layout, row co at co * Ncols
     const int Ncols = p.C * p.R * p.S, lane = tid & 31, g = lane >> 2, t4 = lane & 3;

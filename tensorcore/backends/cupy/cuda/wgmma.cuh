@@ -1,5 +1,5 @@
 // Hopper warpgroup matrix multiply (wgmma, sm_90a): shared-memory matrix descriptors,
-// the ordering fences and one wrapper per (operand type, N) for
+// the ordering fences, shared-memory barriers and one wrapper per (operand type, N) for
 //     d[64 x N] += A[64 x K] * B[N x K]^T,
 // K = 32 bytes of operands (8 TF32 or 16 bf16 / fp16 values), both operands read from
 // shared memory in the 128-byte-swizzle K-major layout: row r of a tile is 128 bytes of
@@ -33,6 +33,26 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Shared-memory mbarriers (8 bytes, 8-byte aligned) at shared address `bar`: initialized
+// for `count` arrivals per phase; an arrival; an arrival triggered once every cp.async
+// this thread issued so far has landed (not counted in advance: .noinc); and a wait for
+// the phase of the given parity to complete (the first phase has parity 0).
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n"
+                 :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_on_copies(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma wait.
 template <int N> __device__ __forceinline__ void wgmma_hold(float (&d)[N]) {
 #pragma unroll
