@@ -25,6 +25,7 @@ from .. import report
 SOURCE = "flash_attention.cu"
 HEAD_WIDTHS = (48, 64, 80, 128, 160)  # D: the head dim rounded up to 16
 KEYS, THREADS = 64, 128  # keys per tile (FA_KEYS: the backward's, the forward's for wide heads), threads per block
+SHORT_KEYS = 96  # the forward's key tile for short key sequences (whole k8 steps of four 8-key tiles)
 CTYPES = {"float16": "half_t", "bfloat16": "bf16_t"}
 
 
@@ -32,9 +33,10 @@ def instances() -> list[str]:
     """Every kernel instantiation the host code may launch: per width, the head dims
     it holds (the width, and 8 less: the kernel skips the padding's MMAs), without and
     with an additive mask."""
-    return [_expression(ctype, d, row_tiles(width), key_tile(width), masked)
-            for ctype in CTYPES.values() for width in HEAD_WIDTHS for d in (width - 8, width)
-            for masked in (False, True)]
+    return list(dict.fromkeys(
+        _expression(ctype, d, row_tiles(width), key_tile(width, lk), masked)
+        for ctype in CTYPES.values() for width in HEAD_WIDTHS for d in (width - 8, width)
+        for lk in (SHORT_KEYS, None) for masked in (False, True)))
 
 
 def width(d: int) -> int:
@@ -47,11 +49,15 @@ def row_tiles(width: int) -> int:
     return 2 if width <= 64 else 1
 
 
-def key_tile(width: int) -> int:
-    """Keys per tile of the forward: 128 up to width 80 (half the per-tile softmax
-    bookkeeping and barriers; 4096² at d 40 on an H100: 0.258 against 0.297 ms with 64),
-    64 above, where 128 keys' scores would spill registers."""
-    return 128 if width <= 80 else KEYS
+def key_tile(width: int, lk: int | None = None) -> int:
+    """Keys per tile of the forward for ``lk`` keys (None: any number): 128 up to width 80
+    (half the per-tile softmax bookkeeping and barriers; 4096² at d 40 on an H100: 0.258
+    against 0.297 ms with 64), or SHORT_KEYS where they hold every key (a text encoder's
+    77 then cost 96 keys' work, not 128); 64 above, where 128 keys' scores would spill
+    registers."""
+    if width > 80:
+        return KEYS
+    return SHORT_KEYS if lk is not None and lk <= SHORT_KEYS else 128
 
 
 def _expression(ctype: str, d: int, tiles: int, keys: int, masked: bool) -> str:
@@ -119,7 +125,7 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: floa
 
     b, h, lq, d = q.shape
     D = width(d)
-    keys = key_tile(D)
+    keys = key_tile(D, k.shape[2])
     expression = _expression(CTYPES[q.dtype.name], d, tiles, keys, mask is not None)
     rows = 4 * 16 * tiles
     smem = (rows + 4 * keys) * (D + 8) * 2  # Q, and two stages each of K and V
