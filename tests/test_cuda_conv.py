@@ -306,6 +306,36 @@ def test_fused_epilogue(mode, act, splits, images, cout, width, wgmma):
     assert_bounded(y, want, magnitude, 24 * 9 + 2, mode, slope=ACT_SLOPE)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("geometry, padding", [
+    (((1, 128, 37, 70), (3, 128, 3, 3)), (1, 1)),   # two channel blocks, partial tiles both ways
+    (((2, 5, 9, 16), (8, 5, 3, 3)), (1, 1)),        # a few channels, zero-filled in the block
+    (((1, 72, 11, 40), (1, 72, 1, 1)), (0, 0)),     # 1 x 1, a partial channel block
+    (((2, 24, 12, 33), (4, 24, 5, 3)), (2, 0)),     # non-square kernel, padding on one axis
+    (((1, 200, 6, 6), (7, 200, 3, 3)), (0, 0)),     # output smaller than the input
+])
+def test_few_output_channels_read_the_input_once(mode, geometry, padding, monkeypatch):
+    """A forward to at most 8 channels (stride 1) runs the halo kernel, fused epilogue
+    included, against float64; 3xTF32 (fp32 at "highest") keeps the GEMM."""
+    from tensorcore.backends.cupy import conv_halo
+
+    launches = []
+    launch = conv_halo.launch
+    monkeypatch.setattr(conv_halo, "launch", lambda *args: (launches.append(1), launch(*args)))
+    xs, ws = geometry
+    geo = ((1, 1), padding, (1, 1), 1)
+    x, w, gx, gw, want = conv_case((xs, ws, *geo[:3]), mode, False)
+    bias = rounded(RNG.standard_normal(ws[0]), mode)
+    residual = rounded(RNG.standard_normal(want.shape), mode)
+    with precision(mode):
+        y = GPU.conv2d(gx, gw, *geo, bias=on_gpu(bias, mode), act="silu", residual=on_gpu(residual, mode),
+                       residual_scale=0.7)
+    want = REF.conv2d(x, w, *geo, bias=bias, act="silu", residual=residual, residual_scale=0.7)
+    magnitude = 0.7 * (REF.conv2d(abs(x), abs(w), *geo) + abs(bias)[None, :, None, None] + abs(residual))
+    assert_bounded(y, want, magnitude, ws[1] * ws[2] * ws[3] + 2, mode, slope=ACT_SLOPE)
+    assert len(launches) == (0 if mode == "fp32" else 1)
+
+
 @pytest.mark.parametrize("mode", ["fp32", "tf32", "bf16"])
 def test_autograd_conv_and_transposed_conv(mode):
     """Conv2d and ConvTranspose2d through autograd on the GPU: every gradient matches the

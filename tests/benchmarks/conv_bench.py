@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import gpu_timing  # tests/benchmarks/gpu_timing.py
 import tensorcore as tc
 from tensorcore import settings
-from tensorcore.backends.cupy import conv_plan
+from tensorcore.backends.cupy import conv_halo, conv_plan
 from tensorcore.backends.cupy.backend import CupyBackend
 import bench_report  # tests/benchmarks/bench_report.py
 from gpu_timing import graph_ms  # tests/benchmarks/gpu_timing.py
@@ -147,13 +147,15 @@ def model_table(model: str, tiles: bool = False) -> None:
         tx, tw = (torch.from_dlpack(a).contiguous(memory_format=torch.channels_last) for a in (x, w))
         pad = conv.kernel // 2
         ms = graph_ms(lambda: GPU.conv2d(x, w, (conv.stride,) * 2, (pad, pad), (1, 1), 1))
-        plan = conv_plan.last.get(conv_plan.FPROP)
+        halo = conv_halo.covers(conv.cout, (conv.kernel,) * 2, (conv.stride,) * 2, (1, 1), "float16", False)
+        plan = None if halo else conv_plan.last.get(conv_plan.FPROP)
         tms = torch_graph_ms(lambda: F.conv2d(tx, tw, stride=conv.stride, padding=pad))
         ours_sum, theirs_sum = ours_sum + count * ms, theirs_sum + count * tms
         flops = conv.flops(batch)
         table.row(conv.label(), count, f"{ms:.4f}", f"{tms:.4f}", f"{tms / ms:.2f}",
                   f"{flops / ms / 1e9:.0f}", f"{flops / tms / 1e9:.0f}",
-                  f"{plan.tile.bm}x{plan.tile.bn}{'g' if plan.tile.wgmma else ''}/{plan.splits}" if plan else "-")
+                  f"{plan.tile.bm}x{plan.tile.bn}{'g' if plan.tile.wgmma else ''}/{plan.splits}" if plan
+                  else "halo" if halo else "-")
     table = bench_report.Table(f"{model}: the forward's convolutions, each times its count",
                                ["tensorcore ms", "torch ms", "speed"])
     table.row(f"{ours_sum:.3f}", f"{theirs_sum:.3f}", f"{theirs_sum / ours_sum:.2f}")

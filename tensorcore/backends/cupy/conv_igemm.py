@@ -21,7 +21,8 @@ add and scale fused in.  Problems whose output tiles would not
 fill the GPU split K into float32 partials, summed (and finished by the epilogue) in a
 reduce kernel.  Float32 without TF32 runs as 3xTF32 (big * big + big * small +
 small * big), accurate to float32.  On Hopper (sm_90) the forward and input-gradient
-GEMMs in TF32 and 16-bit run on warpgroup MMA (``wgmma``) tiles.
+GEMMs in TF32 and 16-bit run on warpgroup MMA (``wgmma``) tiles.  A forward to at most
+8 channels (stride 1) runs conv_halo's kernel on the same packed operands instead.
 
 Scratch memory (packed operands, partials) comes from one buffer per (device, stream),
 so the kernels allocate nothing and can be captured in a CUDA graph once a call of the
@@ -46,7 +47,7 @@ from .. import report
 from . import loader
 from .elementwise import ACT_CODES
 from .util import NULL, contiguous
-from . import conv_norm, conv_plan, counters, pools, weight_packs
+from . import conv_halo, conv_norm, conv_plan, counters, pools, weight_packs
 from .conv_norm import GroupNormIn
 from .conv_plan import FPROP, PREC_16, PREC_3XTF32, PREC_TF32, SOURCE, WGRAD, Plan
 
@@ -296,8 +297,10 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
         return None
     prec = _precision(x.dtype)
     rounded = prec == PREC_TF32
-    plan = conv_plan.choose(FPROP, prec, itemsize, n * ho * wo, cout, r * s * cp, 1,
-                            n * cout * ho * wo, loader.sm_count(), loader.has_wgmma())
+    halo = not conv_plan.is_forced(FPROP) and conv_halo.covers(cout, (r, s), stride, dilation, x.dtype.name,
+                                                               prec == PREC_3XTF32)
+    plan = None if halo else conv_plan.choose(FPROP, prec, itemsize, n * ho * wo, cout, r * s * cp, 1,
+                                              n * cout * ho * wo, loader.sm_count(), loader.has_wgmma())
     w_rsc = w.transpose(0, 2, 3, 1)  # [Cout][R][S][C]: the packed layout when dense
     reuse_w = cp == c and not rounded and w_rsc.flags.c_contiguous and w.data.ptr % 16 == 0
     kept = None if reuse_w else _kept_weight(w, (cout, r, s, cp), rounded)
@@ -306,7 +309,7 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
         out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
     xh, wp, part, *stats = _scratch_arrays(((n, h, wd, cp), x.dtype),
                                            ((cout, r, s, cp) if pack_w else (0,), x.dtype),
-                                           _partials(plan, out.size),
+                                           _partials(plan, out.size) if plan else ((0,), numpy.float32),
                                            *(conv_norm.scratch_layout(x, norm) if norm else ()))
     packed_w = _Pack(w, wp, c, r, s, _strides(w)) if pack_w else None
     if norm is not None:
@@ -319,8 +322,11 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
         wp = kept
     bias = None if bias is None else contiguous(bias)  # the kernels index both densely
     residual = None if residual is None else contiguous(residual)
-    _fprop(xh, wp, out, part, plan, prec, (r, s), stride, (-padding[0], -padding[1]), dilation,
-           (1, 1), (1, 1), bias, act, residual, residual_scale)
+    if halo:
+        conv_halo.launch(xh, wp, out, padding, bias, ACT_CODES[act], residual, residual_scale)
+    else:
+        _fprop(xh, wp, out, part, plan, prec, (r, s), stride, (-padding[0], -padding[1]), dilation,
+               (1, 1), (1, 1), bias, act, residual, residual_scale)
     return out
 
 

@@ -216,6 +216,12 @@ def forced(kernel: str, plan: Plan) -> Iterator[None]:
         del _forced[kernel]
 
 
+def is_forced(kernel: str) -> bool:
+    """Whether a plan is forced for ``kernel`` (the forward then runs its GEMM even where
+    a kernel of its own would take the call)."""
+    return kernel in _forced
+
+
 def choose(kernel: str, prec: int, itemsize: int, m: int, n: int, k: int, phases: int,
            out_elems: int, sms: int, wgmma: bool = False) -> Plan:
     """The tile and K split for a GEMM of m x n outputs (per phase) over k, repeated

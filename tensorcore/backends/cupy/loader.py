@@ -32,6 +32,7 @@ C_TYPES = {"float32": "float", "float64": "double", "float16": "half_t", "bfloat
 # (pure Python, importable without CuPy) whose ``instances()`` lists every instantiation
 # the host code may ask for, so the CPU CI can compile them all.
 INSTANCE_MODULES = {"conv_igemm.cu": "tensorcore.backends.cupy.conv_plan",
+                    "conv_halo.cu": "tensorcore.backends.cupy.conv_halo",
                     "flash_attention.cu": "tensorcore.backends.cupy.flash_attention",
                     "flash_attention_bwd.cu": "tensorcore.backends.cupy.flash_attention_bwd"}
 
