@@ -29,9 +29,27 @@ def test_every_tile_is_consistent(kernel, wgmma):
 
 @pytest.mark.parametrize("cout, narrow", [(3, True), (4, True), (128, False)])
 def test_a_few_output_channels_take_the_narrow_tile_on_sm90(cout, narrow):
-    """An SD VAE's last convolution (128 -> 3 at 512², float16) wastes 125 of a wgmma
-    tile's 128 columns; the 128 x 32 tile runs it, and 128 output channels stay on wgmma."""
+    """A GEMM of 3 columns at an SD VAE's size (its last convolution's shape, 128 -> 3 at
+    512², float16; the forward itself runs conv_halo, the input gradient of a 3-channel
+    input such a GEMM) wastes 125 of a wgmma tile's 128 columns; the 128 x 32 tile runs
+    it, and 128 columns stay on wgmma."""
     m, k = 512 * 512, 9 * 128
     plan = conv_plan.choose(conv_plan.FPROP, conv_plan.PREC_16, 2, m, cout, k, 1, m * cout, 132, True)
     assert (plan.tile.bn == 32 and not plan.tile.wgmma) == narrow
     assert plan.walks_taps_inner != plan.tile.wgmma
+
+
+@pytest.mark.parametrize("kernel", [conv_plan.FPROP, conv_plan.WGRAD])
+def test_every_wgmma_tile_has_a_copying_warpgroup_variant(kernel):
+    """lookahead 0 adds one warpgroup that copies (128 threads) and two 8-byte barriers
+    per stage after the stages; the kernel's template then gets AHEAD 0, and the block
+    still fits an SM's shared memory (227 KiB) and 1024 threads."""
+    for _, prec in conv_plan.VARIANTS:
+        for tile in conv_plan.tiles(kernel, prec, True):
+            if not tile.wgmma:
+                continue
+            producer = dataclasses.replace(tile, lookahead=0)
+            assert producer.producer and not tile.producer
+            assert producer.threads == tile.threads + 128 <= 1024
+            assert producer.smem_bytes(kernel, 2) == tile.smem_bytes(kernel, 2) + 16 * tile.stages <= 227 * 1024
+            assert producer.expression(kernel, "half_t", prec).endswith(f"{tile.stages}, 0>")
