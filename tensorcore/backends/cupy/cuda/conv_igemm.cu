@@ -635,6 +635,18 @@ conv_fprop_kernel(const T* __restrict__ act, const T* __restrict__ wpk, T* __res
                                     act_code, scale);
 }
 
+// Warpgroup wg's multiply of the K tile in the stage at `stage`: its 64 rows of A times
+// B, four wgmma of 32 bytes of K each, committed as one group.
+template <typename T, int BM, int BN>
+__device__ __forceinline__ void wgmma_tile(float (&acc)[BN / 2], unsigned stage, int wg) {
+    const unsigned a_tile = stage + wg * 64 * 128, b_tile = stage + BM * 128;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+        Wgmma<T, BN>::run(acc, wgmma_desc(a_tile + 32 * ks), wgmma_desc(b_tile + 32 * ks));
+    wgmma_commit();
+}
+
 // The main loop of the wgmma kernels (sm_90a): BM / 64 warpgroups, each accumulating a
 // 64 x BN tile of D += A B^T over nk K tiles of 128 bytes, both operands read by wgmma
 // straight from shared memory (128-byte-swizzled K-major tiles; stages from `base`, a
@@ -669,13 +681,7 @@ __device__ __forceinline__ void wgmma_mainloop(Copies& copies, int nk, unsigned 
         cp_async_wait<AHEAD - 1>();  // tile kt has landed (this thread's copies) ...
         fence_async_shared();        // ... where wgmma can see it ...
         __syncthreads();             // ... for every thread; and tile kt - 1 - BEHIND is done
-        const unsigned stage = base + (kt % STAGES) * STAGE_BYTES;
-        const unsigned a_tile = stage + wg * 64 * 128, b_tile = stage + BM * 128;
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-            Wgmma<T, BN>::run(acc, wgmma_desc(a_tile + 32 * ks), wgmma_desc(b_tile + 32 * ks));
-        wgmma_commit();
+        wgmma_tile<T, BM, BN>(acc, base + (kt % STAGES) * STAGE_BYTES, wg);
         const int next = kt + AHEAD;  // into the stage of tile kt - 1 - BEHIND
         if (next < nk) load_tile(next % STAGES);
         cp_async_commit();
@@ -735,13 +741,7 @@ __device__ __forceinline__ void wgmma_mainloop_producer(const MakeCopies& make_c
         const int s = kt % STAGES;
         mbar_wait(full + 8 * s, (kt / STAGES) & 1);  // tile kt has landed ...
         fence_async_shared();                          // ... where wgmma can see it
-        const unsigned stage = base + s * STAGE_BYTES;
-        const unsigned a_tile = stage + wg * 64 * 128, b_tile = stage + BM * 128;
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-            Wgmma<T, BN>::run(acc, wgmma_desc(a_tile + 32 * ks), wgmma_desc(b_tile + 32 * ks));
-        wgmma_commit();
+        wgmma_tile<T, BM, BN>(acc, base + s * STAGE_BYTES, wg);
         wgmma_wait<1>();  // this warpgroup's tile kt - 1 is done: its stage may be refilled
         if (kt > 0 && tid % 128 == 0) mbar_arrive(empty + 8 * ((kt - 1) % STAGES));
     }
