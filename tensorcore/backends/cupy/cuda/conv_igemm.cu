@@ -36,7 +36,10 @@
 //                               only there): BM / 64 warpgroups of 64 x BN, both tiles
 //                               128-byte-swizzled in shared memory and read by wgmma
 //                               itself, AHEAD tile copies in flight ahead of the
-//                               multiply.  Same arguments, grid, split-K and epilogue.
+//                               multiply, or (AHEAD = 0) a warpgroup of its own copying,
+//                               a stage refilled as soon as its mbarrier says every
+//                               multiplying warpgroup is done with it.  Same arguments,
+//                               grid, split-K and epilogue.
 //   conv_wgrad_kernel           dw[j][c][r][s] = sum over pixels of grad[n][p][q][j] *
 //                               x[n][p*sh - ph + r*dh][q*sw - pw + s*dw][c].  GEMM rows are
 //                               output channels, columns (tap, channel), K the N*P*Q
@@ -703,8 +706,8 @@ template <int RPP> struct RowStep {
 // when every copying thread's cp.async of the stage has landed, and empty[s], when every
 // multiplying warpgroup's wgmma of it is done.  A stage is refilled as soon as it is
 // empty, so up to STAGES - 1 tiles are in flight while one is multiplied, and no barrier
-// of the whole block runs inside the loop.  `make_copies(row0, col)` builds a copying
-// thread's copies (rows row0 + i * 16).  The copying threads' acc stay zero.
+// of the whole block runs inside the loop.  make_copies(RowStep<16>(), row0, col) builds
+// a copying thread's copies (rows row0 + i * 16).  The copying threads' acc stay zero.
 template <typename T, int BM, int BN, int STAGES, typename MakeCopies>
 __device__ __forceinline__ void wgmma_mainloop_producer(const MakeCopies& make_copies, int nk,
                                                         unsigned base, float (&acc)[BN / 2]) {
@@ -749,13 +752,15 @@ __device__ __forceinline__ void wgmma_mainloop_producer(const MakeCopies& make_c
     wgmma_hold(acc);
 }
 
-// The main loop a wgmma kernel's AHEAD asks for: copies in the multiplying threads
-// (AHEAD > 0, BM * 2 threads) or on a warpgroup of their own (AHEAD = 0, 128 more).
-// make_copies(RowStep<RPP>(), row0, col) builds one thread's copies, rows RPP apart.
+// A wgmma kernel's threads: BM / 64 multiplying warpgroups, and with AHEAD = 0 one
+// copying warpgroup more.
 template <int BM, int AHEAD> struct WgmmaThreads {
     static constexpr int value = BM * 2 + (AHEAD == 0 ? 128 : 0);
 };
 
+// The main loop a wgmma kernel's AHEAD asks for: copies in the multiplying threads
+// (AHEAD > 0) or on a warpgroup of their own (AHEAD = 0).  make_copies(RowStep<RPP>(),
+// row0, col) builds one thread's copies, rows RPP apart.
 template <typename T, int BM, int BN, int STAGES, int AHEAD, typename MakeCopies>
 __device__ __forceinline__ void wgmma_pipeline(const MakeCopies& make_copies, int nk,
                                                unsigned base, float (&acc)[BN / 2]) {
