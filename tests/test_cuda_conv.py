@@ -242,7 +242,7 @@ def test_every_weight_grad_tile(mode, plan):
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("kernel", [conv_plan.FPROP, conv_plan.WGRAD])
 @pytest.mark.parametrize("lookahead", ["stages - 1", "producer"])
-@pytest.mark.parametrize("which", [0, 1, 2, 3])
+@pytest.mark.parametrize("which", [0, 1, 2, 3, 4])
 def test_wgmma_pipelines(mode, splits, kernel, lookahead, which):
     """The warpgroup-MMA main loops other than the default: stages - 1 tile copies ahead
     (each wgmma group waited for before the next tile), and the copies on a warpgroup of
@@ -250,9 +250,10 @@ def test_wgmma_pipelines(mode, splits, kernel, lookahead, which):
     fewer K tiles than stages) compute what the default one does."""
     if not loader.has_wgmma():
         pytest.skip("wgmma needs compute capability 9.0")
-    tile = conv_plan.tiles(kernel, kernel_precision(mode), True)[which]
-    if not tile.wgmma or (lookahead == "stages - 1" and which > 0):
-        pytest.skip("one tile is enough for the lookahead")
+    tiles = conv_plan.tiles(kernel, kernel_precision(mode), True)
+    if which >= len(tiles) or not tiles[which].wgmma or (lookahead == "stages - 1" and which > 0):
+        pytest.skip("not a wgmma tile; one tile is enough for the lookahead")
+    tile = tiles[which]
     ahead = tile.stages - 1 if lookahead == "stages - 1" else 0
     plan = conv_plan.Plan(dataclasses.replace(tile, lookahead=ahead), splits)
     forward = kernel == conv_plan.FPROP

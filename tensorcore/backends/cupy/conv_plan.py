@@ -133,8 +133,13 @@ _WGMMA_WGRAD_TILES = {
 # it ran at 0.31-0.45 of the best wgmma tile's rate on the SD VAE's 3x3 convolutions
 # (docs/benchmarks.md, the tile sweep)
 _NARROW_EFFICIENCY = {PREC_TF32: 0.25, PREC_16: 0.35}
+# and a tile 160 wide: the SD UNets' 320, 640 and 1280 channels are whole multiples of it
+# (on 128 x 256 a 320-channel output leaves 192 of 512 columns idle), with five stages
+# (its 36 KB stages leave room for one more)
 _WGMMA_FPROP_TILES = {
-    prec: wgmma + (dataclasses.replace(_FPROP_TILES[prec][-1], efficiency=_NARROW_EFFICIENCY[prec]),)
+    prec: wgmma + (Tile(bm=128, bn=160, bk=_WGMMA_WGRAD_TILES[prec][0].bk, warps_m=8, warps_n=1, stages=5,
+                        min_blocks=1, efficiency=0.8, wgmma=True),
+                   dataclasses.replace(_FPROP_TILES[prec][-1], efficiency=_NARROW_EFFICIENCY[prec]))
     for prec, wgmma in _WGMMA_WGRAD_TILES.items()
 }
 # weight gradient: rows are output channels, columns (tap, input channel), K the pixels

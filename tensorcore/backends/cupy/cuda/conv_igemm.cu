@@ -379,6 +379,7 @@ template <typename T, int BM, int BN, int BK, int RPP>
 struct FpropCopy {
     static constexpr int VEC = 16 / (int)sizeof(T);
     static constexpr int A_IT = BM / RPP, B_IT = BN / RPP;
+    static_assert(BM % RPP == 0 && BN % RPP == 0, "whole rows per thread");
     const T* act;
     const T* wpk;
     int a_off[A_IT], a_y[A_IT], a_x[A_IT], b_off[B_IT];
@@ -665,7 +666,7 @@ __device__ __forceinline__ void wgmma_mainloop(Copies& copies, int nk, unsigned 
                                                float (&acc)[BN / 2]) {
     constexpr int THREADS = BM * 2, RPP = THREADS / 8, BEHIND = STAGES - 1 - AHEAD;
     constexpr unsigned STAGE_BYTES = (BM + BN) * 128, ROW_STEP = RPP * 128;
-    static_assert(BM % 64 == 0 && BN % 64 == 0 && BN <= 256 && STAGES >= 3, "tile");
+    static_assert(BM % 64 == 0 && BN % 32 == 0 && BN <= 256 && STAGES >= 3, "tile");
     static_assert(AHEAD >= 1 && (BEHIND == 0 || BEHIND == 1), "pipeline");
     const int tid = threadIdx.x, col = tid % 8, row0 = tid / 8, wg = tid / 128;
     const unsigned swizzled = row0 * 128 + ((col ^ (row0 & 7)) << 4);  // RPP % 8 == 0
@@ -713,7 +714,7 @@ __device__ __forceinline__ void wgmma_mainloop_producer(const MakeCopies& make_c
                                                         unsigned base, float (&acc)[BN / 2]) {
     constexpr int CONSUMERS = BM / 64;
     constexpr unsigned STAGE_BYTES = (BM + BN) * 128, ROW_STEP = 16 * 128;
-    static_assert(BM % 64 == 0 && BN % 64 == 0 && BN <= 256 && STAGES >= 2, "tile");
+    static_assert(BM % 64 == 0 && BN % 32 == 0 && BN <= 256 && STAGES >= 2, "tile");
     const unsigned full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     if (tid == 0) {
@@ -846,6 +847,7 @@ template <typename T, int BM, int BN, int BK, int RPP>
 struct WgradCopy {
     static constexpr int VEC = 16 / (int)sizeof(T);
     static constexpr int A_IT = BM / RPP, B_IT = BN / RPP;
+    static_assert(BM % RPP == 0 && BN % RPP == 0, "whole rows per thread");
     const T* grad;
     const T* xs;
     int a_off[A_IT], b_off[B_IT];  // the row's element offset in image 0, -1: outside

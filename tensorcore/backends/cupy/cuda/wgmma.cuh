@@ -60,11 +60,12 @@ template <int N> __device__ __forceinline__ void wgmma_hold(float (&d)[N]) {
 }
 
 // The accumulator operands of one wgmma: their names in the asm text (%0 ...) and their
-// constraints, for 32, 64 and 128 accumulators (N = 64, 128, 256).
+// constraints, for 32, 64, 80 and 128 accumulators (N = 64, 128, 160, 256).
 #define WGMMA_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
     ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define WGMMA_D64 WGMMA_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
     ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WGMMA_D80 WGMMA_D64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define WGMMA_D128 WGMMA_D64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
     ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
     ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
@@ -78,6 +79,9 @@ template <int N> __device__ __forceinline__ void wgmma_hold(float (&d)[N]) {
     "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define WGMMA_C80 WGMMA_C64, \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
 #define WGMMA_C128 WGMMA_C64, \
     "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
     "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
@@ -98,7 +102,7 @@ template <int N> __device__ __forceinline__ void wgmma_hold(float (&d)[N]) {
                  : CLIST                                                                      \
                  : "l"(a), "l"(b), "r"(1))
 
-// Wgmma<T, N>::run(d, a, b) for N = 64, 128, 256 and one operand type.
+// Wgmma<T, N>::run(d, a, b) for N = 64, 128, 160, 256 and one operand type.
 #define WGMMA_TYPE(CTYPE, K, TYPES, IMMS)                                                      \
     template <> struct Wgmma<CTYPE, 64> {                                                      \
         static __device__ __forceinline__ void run(float (&d)[32], unsigned long long a,        \
@@ -110,6 +114,12 @@ template <int N> __device__ __forceinline__ void wgmma_hold(float (&d)[N]) {
         static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a,        \
                                                    unsigned long long b) {                      \
             WGMMA_RUN("m64n128" K, TYPES, IMMS, WGMMA_D64, WGMMA_C64, 64, 65, 66);              \
+        }                                                                                      \
+    };                                                                                         \
+    template <> struct Wgmma<CTYPE, 160> {                                                     \
+        static __device__ __forceinline__ void run(float (&d)[80], unsigned long long a,        \
+                                                   unsigned long long b) {                      \
+            WGMMA_RUN("m64n160" K, TYPES, IMMS, WGMMA_D80, WGMMA_C80, 80, 81, 82);              \
         }                                                                                      \
     };                                                                                         \
     template <> struct Wgmma<CTYPE, 256> {                                                     \
