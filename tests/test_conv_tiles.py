@@ -53,3 +53,19 @@ def test_every_wgmma_tile_has_a_copying_warpgroup_variant(kernel):
             assert producer.threads == tile.threads + 128 <= 1024
             assert producer.smem_bytes(kernel, 2) == tile.smem_bytes(kernel, 2) + 16 * tile.stages <= 227 * 1024
             assert producer.expression(kernel, "half_t", prec).endswith(f"{tile.stages}, 0>")
+
+
+@pytest.mark.parametrize("prec", [conv_plan.PREC_16, conv_plan.PREC_TF32])
+@pytest.mark.parametrize("m, n, channels, bn", [
+    (2 * 64 * 64, 320, 320, 160),    # SD-1.5 UNet, 320 channels at 64², batch 2: no idle columns
+    (2 * 64 * 64, 320, 960, 160),    # its up block's 960 -> 320
+    (512 * 512, 128, 128, 128),      # the SD VAE's 128 channels at 512²: 256 x 128
+    (128 * 128, 512, 512, 256),      # its 512 channels at 128²: 128 x 256
+])
+def test_the_160_wide_tile_takes_channels_it_divides(prec, m, n, channels, bn):
+    """On sm_90 the forward's 128 x 160 wgmma tile runs 320-channel outputs (128 x 256
+    would leave 192 of 512 columns idle); channel counts that 128 or 256 divide keep
+    those tiles."""
+    plan = conv_plan.choose(conv_plan.FPROP, prec, 2 if prec == conv_plan.PREC_16 else 4, m, n,
+                            9 * channels, 1, m * n, 132, True)
+    assert plan.tile.wgmma and plan.tile.bn == bn
