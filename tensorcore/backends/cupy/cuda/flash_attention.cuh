@@ -45,15 +45,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // 2^lo, 2^hi as one 16-bit pair (lo in the low half), already an MMA fragment register.
 // float16: the arguments rounded to float16, then one ex2 for both -- half the
 // special-function work of two float ex2 (relative error below 2^-9.9, the arguments'
-// rounding 2^-12 of |x| at most).  bfloat16: two float ex2, then the pair rounded
-// (bfloat16's 8-bit arguments would cost up to 1% on probabilities of 1/256 to 1/16).
+// rounding 2^-12 of |x| at most).  bfloat16: the same float16 ex2, its two halves then
+// widened and rounded to bfloat16 (three conversions, cheaper than a second ex2; the
+// float16 result's error stays below bfloat16's own 2^-9 rounding, and bfloat16's
+// 8-bit arguments, up to 1% on probabilities of 1/256 to 1/16, are never used).
 __device__ __forceinline__ unsigned exp2_pair(float lo, float hi, half_t) {
     unsigned r;
     asm("ex2.approx.f16x2 %0, %1;" : "=r"(r) : "r"(pack_pair(lo, hi, half_t())));
     return r;
 }
 __device__ __forceinline__ unsigned exp2_pair(float lo, float hi, bf16_t) {
-    return pack_pair(fast_exp2(lo), fast_exp2(hi), bf16_t());
+    const unsigned h = exp2_pair(lo, hi, half_t());
+    float f_lo, f_hi;
+    asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}"
+        : "=f"(f_lo), "=f"(f_hi) : "r"(h));
+    return pack_pair(f_lo, f_hi, bf16_t());
 }
 
 // The pair (1, 1): a B fragment of ones, whose product with P sums P's rows.
