@@ -246,9 +246,9 @@ def _int32(*values: int) -> tuple:
     return tuple(numpy.int32(v) for v in values)
 
 
-def _partials(plan: Plan, out_size: int) -> tuple[tuple[int, int], Any]:
-    """The (shape, dtype) of the split-K partials (empty without a split)."""
-    return (plan.splits if plan.splits > 1 else 0, out_size), numpy.float32
+def _partials(plan: Plan | None, out_size: int) -> tuple[tuple[int, int], Any]:
+    """The (shape, dtype) of the split-K partials (empty without a split or a GEMM)."""
+    return (plan.splits if plan is not None and plan.splits > 1 else 0, out_size), numpy.float32
 
 
 def _fprop(act: Any, wpk: Any, out: Any, part: Any, plan: Plan, prec: int, kernel_hw: Pair,
@@ -309,7 +309,7 @@ def forward(x: Any, w: Any, out_hw: Pair, stride: Pair, padding: Pair, dilation:
         out = cupy.empty((n, cout, ho, wo), dtype=x.dtype)
     xh, wp, part, *stats = _scratch_arrays(((n, h, wd, cp), x.dtype),
                                            ((cout, r, s, cp) if pack_w else (0,), x.dtype),
-                                           _partials(plan, out.size) if plan else ((0,), numpy.float32),
+                                           _partials(plan, out.size),
                                            *(conv_norm.scratch_layout(x, norm) if norm else ()))
     packed_w = _Pack(w, wp, c, r, s, _strides(w)) if pack_w else None
     if norm is not None:

@@ -135,7 +135,8 @@ _WGMMA_WGRAD_TILES = {
 _NARROW_EFFICIENCY = {PREC_TF32: 0.25, PREC_16: 0.35}
 # and a tile 160 wide: the SD UNets' 320, 640 and 1280 channels are whole multiples of it
 # (on 128 x 256 a 320-channel output leaves 192 of 512 columns idle), with five stages
-# (its 36 KB stages leave room for one more)
+# (its 36 KB stages leave room for one more); its efficiency, below the others' until a
+# sweep fits it, gives it only the outputs where the wider tiles would idle columns
 _WGMMA_FPROP_TILES = {
     prec: wgmma + (Tile(bm=128, bn=160, bk=_WGMMA_WGRAD_TILES[prec][0].bk, warps_m=8, warps_n=1, stages=5,
                         min_blocks=1, efficiency=0.8, wgmma=True),
