@@ -311,7 +311,7 @@ def test_fused_epilogue(mode, act, splits, images, cout, width, wgmma):
 @pytest.mark.parametrize("geometry, padding", [
     (((1, 128, 37, 70), (3, 128, 3, 3)), (1, 1)),   # two channel blocks, partial tiles both ways
     (((2, 5, 9, 16), (8, 5, 3, 3)), (1, 1)),        # a few channels, zero-filled in the block
-    (((1, 72, 11, 40), (1, 72, 1, 1)), (0, 0)),     # 1 x 1, a partial channel block
+    (((1, 72, 11, 40), (1, 72, 1, 1)), (1, 0)),     # 1 x 1 with padding (unpadded: cuBLAS), a partial channel block
     (((2, 24, 12, 33), (4, 24, 5, 3)), (2, 0)),     # non-square kernel, padding on one axis
     (((1, 200, 6, 6), (7, 200, 3, 3)), (0, 0)),     # output smaller than the input
 ])
