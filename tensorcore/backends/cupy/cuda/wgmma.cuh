@@ -102,32 +102,21 @@ template <int N> __device__ __forceinline__ void wgmma_hold(float (&d)[N]) {
                  : CLIST                                                                      \
                  : "l"(a), "l"(b), "r"(1))
 
-// Wgmma<T, N>::run(d, a, b) for N = 64, 128, 160, 256 and one operand type.
-#define WGMMA_TYPE(CTYPE, K, TYPES, IMMS)                                                      \
-    template <> struct Wgmma<CTYPE, 64> {                                                      \
-        static __device__ __forceinline__ void run(float (&d)[32], unsigned long long a,        \
+// Wgmma<CTYPE, N>::run(d, a, b) for one N (D = N / 2 accumulators, WGMMA_D<D> and
+// WGMMA_C<D> their names; A, B, S: the operand numbers after them), and for every N of
+// one operand type.  The lists' names are pasted here, so each reaches WGMMA_RUN whole.
+#define WGMMA_SHAPE(CTYPE, N, D, A, B, S, K, TYPES, IMMS)                                     \
+    template <> struct Wgmma<CTYPE, N> {                                                       \
+        static __device__ __forceinline__ void run(float (&d)[D], unsigned long long a,         \
                                                    unsigned long long b) {                      \
-            WGMMA_RUN("m64n64" K, TYPES, IMMS, WGMMA_D32, WGMMA_C32, 32, 33, 34);               \
-        }                                                                                      \
-    };                                                                                         \
-    template <> struct Wgmma<CTYPE, 128> {                                                     \
-        static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a,        \
-                                                   unsigned long long b) {                      \
-            WGMMA_RUN("m64n128" K, TYPES, IMMS, WGMMA_D64, WGMMA_C64, 64, 65, 66);              \
-        }                                                                                      \
-    };                                                                                         \
-    template <> struct Wgmma<CTYPE, 160> {                                                     \
-        static __device__ __forceinline__ void run(float (&d)[80], unsigned long long a,        \
-                                                   unsigned long long b) {                      \
-            WGMMA_RUN("m64n160" K, TYPES, IMMS, WGMMA_D80, WGMMA_C80, 80, 81, 82);              \
-        }                                                                                      \
-    };                                                                                         \
-    template <> struct Wgmma<CTYPE, 256> {                                                     \
-        static __device__ __forceinline__ void run(float (&d)[128], unsigned long long a,       \
-                                                   unsigned long long b) {                      \
-            WGMMA_RUN("m64n256" K, TYPES, IMMS, WGMMA_D128, WGMMA_C128, 128, 129, 130);         \
+            WGMMA_RUN("m64n" #N K, TYPES, IMMS, WGMMA_D##D, WGMMA_C##D, A, B, S);               \
         }                                                                                      \
     };
+#define WGMMA_TYPE(CTYPE, K, TYPES, IMMS)                                                      \
+    WGMMA_SHAPE(CTYPE, 64, 32, 32, 33, 34, K, TYPES, IMMS)                                     \
+    WGMMA_SHAPE(CTYPE, 128, 64, 64, 65, 66, K, TYPES, IMMS)                                    \
+    WGMMA_SHAPE(CTYPE, 160, 80, 80, 81, 82, K, TYPES, IMMS)                                    \
+    WGMMA_SHAPE(CTYPE, 256, 128, 128, 129, 130, K, TYPES, IMMS)
 
 template <typename T, int N> struct Wgmma;
 WGMMA_TYPE(float, "k8", "f32.tf32.tf32", "1, 1")
