@@ -30,7 +30,7 @@ from tensorcore import settings
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-from tensorcore.backends.cupy import conv_plan, loader  # noqa: E402
+from tensorcore.backends.cupy import conv_halo, conv_plan, loader  # noqa: E402
 from tensorcore.backends.cupy.backend import CupyBackend  # noqa: E402
 from tensorcore.backends.numpy.backend import NumpyBackend  # noqa: E402
 
@@ -318,8 +318,6 @@ def test_fused_epilogue(mode, act, splits, images, cout, width, wgmma):
 def test_few_output_channels_read_the_input_once(mode, geometry, padding, monkeypatch):
     """A forward to at most 8 channels (stride 1) runs the halo kernel, fused epilogue
     included, against float64; 3xTF32 (fp32 at "highest") keeps the GEMM."""
-    from tensorcore.backends.cupy import conv_halo
-
     launches = []
     launch = conv_halo.launch
     monkeypatch.setattr(conv_halo, "launch", lambda *args: (launches.append(1), launch(*args)))
