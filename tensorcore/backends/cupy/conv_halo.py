@@ -12,15 +12,16 @@ CPU CI compiles its instances).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
+
+from . import loader
 
 SOURCE = "conv_halo.cu"
 TILE_H, TILE_W = 4, 32  # output pixels per block: 8 warps of 16
 MAX_OUTPUTS = 8  # output channels: one n8 MMA tile (HALO_OUTPUTS)
 _ROW_BYTES = 144  # HALO_ROW: a 128-byte channel block and 16 bytes of padding
 SMEM_LIMIT = 113 * 1024  # two blocks per SM (228 KiB, 1 KiB reserved per block)
-_CTYPES = {"float32": "float", "float16": "half_t", "bfloat16": "bf16_t"}
+_DTYPES = ("float32", "float16", "bfloat16")
 # cuda/conv_halo.cu's HaloShape, passed by value: int32 extents
 _SHAPE = [("extents", "int32", (10,))]
 
@@ -36,7 +37,7 @@ def covers(cout: int, kernel_hw: tuple[int, int], stride: tuple[int, int],
     """Whether the kernel runs this forward: few outputs, stride and dilation 1, a 16-bit
     or TF32 (not 3xTF32: ``three_pass``) product, shared memory within the limit."""
     return (cout <= MAX_OUTPUTS and stride == (1, 1) and dilation == (1, 1)
-            and dtype_name in _CTYPES and not three_pass and smem_bytes(kernel_hw) <= SMEM_LIMIT)
+            and dtype_name in _DTYPES and not three_pass and smem_bytes(kernel_hw) <= SMEM_LIMIT)
 
 
 def _expression(ctype: str) -> str:
@@ -45,16 +46,7 @@ def _expression(ctype: str) -> str:
 
 def instances() -> list[str]:
     """Every kernel instantiation the host code may launch."""
-    return [_expression(ctype) for ctype in _CTYPES.values()]
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(expression: str, smem: int, device: int) -> Any:
-    from . import loader
-
-    raw = loader.raw_instance(SOURCE, expression)
-    raw.max_dynamic_shared_size_bytes = smem
-    return raw.kernel
+    return [_expression(loader.C_TYPES[name]) for name in _DTYPES]
 
 
 def launch(act: Any, wpk: Any, out: Any, padding: tuple[int, int], bias: Any, act_code: int,
@@ -62,7 +54,6 @@ def launch(act: Any, wpk: Any, out: Any, padding: tuple[int, int], bias: Any, ac
     """out [N][Nout][OH][OW] = epilogue(conv(act, wpk)): act the packed input
     [N][IH][IW][Cp], wpk the packed weight [Nout][R][S][Cp] (dense rows), bias and
     residual dense or None."""
-    import cupy
     import numpy
 
     from .. import report
@@ -72,12 +63,12 @@ def launch(act: Any, wpk: Any, out: Any, padding: tuple[int, int], bias: Any, ac
     nout, r, s = wpk.shape[:3]
     oh, ow = out.shape[2:]
     smem = smem_bytes((r, s))
-    expression = _expression(_CTYPES[out.dtype.name])
+    expression = _expression(loader.ctype_of(out.dtype))
     if report.active:
         report.note_kernel(expression)
     shape = numpy.array((ih, iw, cp, nout, oh, ow, r, s, *padding), numpy.int32).view(_SHAPE)
     grid = (-(-ow // TILE_W), -(-oh // TILE_H), n)
-    _kernel(expression, smem, cupy.cuda.runtime.getDevice())(
+    loader.sized_instance(SOURCE, expression, smem)(
         grid, (TILE_H * TILE_W // 16 * 32,),
         (act, wpk, out, NULL if bias is None else bias, NULL if residual is None else residual,
          shape, numpy.int32(act_code), numpy.float32(scale)), shared_mem=smem)

@@ -215,21 +215,13 @@ def _pack(first: _Pack, second: _Pack | None, round_tf32: bool, norm: tuple = ()
         (blocks,), (32, 8), (*first.args(), *norm, *rest, int(round_tf32)))
 
 
-@functools.lru_cache(maxsize=None)
-def _gemm_kernel(expression: str, smem: int, device: int) -> Any:
-    """One GEMM kernel instantiation, allowed its dynamic shared memory."""
-    raw = loader.raw_instance(SOURCE, expression)
-    raw.max_dynamic_shared_size_bytes = smem
-    return raw.kernel
-
-
 def _launch(kernel: str, plan: Plan, dtype: Any, prec: int, grid: tuple, args: tuple) -> None:
     tile = plan.tile
     smem = tile.smem_bytes(kernel, dtype.itemsize)
     expression = tile.expression(kernel, _CTYPES[dtype.name], prec)
     if report.active:
         report.note_kernel(expression)
-    _gemm_kernel(expression, smem, cupy.cuda.runtime.getDevice())(
+    loader.sized_instance(SOURCE, expression, smem)(
         grid, (tile.threads,), args, shared_mem=smem)
 
 

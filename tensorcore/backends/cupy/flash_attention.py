@@ -13,7 +13,6 @@ the text encoder's causal-and-padding mask, or a padding mask broadcast from
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -119,8 +118,6 @@ def forward(q: Any, k: Any, v: Any, causal: bool, scale: float, with_lse: bool =
 def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: float, tiles: int,
            mask: Any = None) -> None:
     """One kernel launch with ``tiles`` 16-row tiles per warp (``forward`` picks them)."""
-    import cupy
-
     from .util import ptr
 
     b, h, lq, d = q.shape
@@ -134,17 +131,10 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: floa
     item = q.dtype.itemsize
     strides = [s // item for t in (q, k, v) for s in t.strides[:3]]
     mask_strides = (0, 0, 0) if mask is None else tuple(s // item for s in mask.strides[:3])
-    loaded_instance(SOURCE, expression, smem, cupy.cuda.runtime.getDevice())(
+    loader.sized_instance(SOURCE, expression, smem)(
         (-(-lq // rows), b * h), (THREADS,),
         (q, k, v, out, ptr(lse), np.int32(h), np.int32(lq), np.int32(k.shape[2]), np.int32(d),
          np.float32(scale * math.log2(math.e)), np.int32(bool(causal)), *(np.int64(s) for s in strides),
          ptr(mask), *(np.int64(s) for s in mask_strides), np.float32(1 / scale)),
         shared_mem=smem)
 
-
-@functools.lru_cache(maxsize=None)
-def loaded_instance(source: str, expression: str, smem: int, device: int) -> Any:
-    """One instantiation of ``source`` on ``device``, allowed its dynamic shared memory."""
-    raw = loader.raw_instance(source, expression)
-    raw.max_dynamic_shared_size_bytes = smem
-    return raw.kernel

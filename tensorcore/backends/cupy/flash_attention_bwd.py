@@ -17,7 +17,7 @@ import numpy as np
 
 from . import loader
 from .. import report
-from .flash_attention import CTYPES, HEAD_WIDTHS, KEYS, THREADS, loaded_instance, readable, width
+from .flash_attention import CTYPES, HEAD_WIDTHS, KEYS, THREADS, readable, width
 
 SOURCE = "flash_attention_bwd.cu"
 QUERY_ROWS = 64  # queries per tile (as in the kernel)
@@ -64,7 +64,7 @@ def backward(grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool
     # K and V, two stages each of Q and dout, dSᵀ [keys][queries + 8], two stages of lse and delta
     smem = (2 * KEYS + 4 * QUERY_ROWS) * (D + 8) * 2 + KEYS * (QUERY_ROWS + 8) * 2 + 4 * QUERY_ROWS * 4
     strides = [s // item for t in (q, k, v, grad) for s in t.strides[:3]]
-    loaded_instance(SOURCE, expression, smem, cupy.cuda.runtime.getDevice())(
+    loader.sized_instance(SOURCE, expression, smem)(
         (-(-lk // KEYS), b * h), (THREADS,),
         (q, k, v, grad, lse, delta, dq_acc, dk, dv, np.int32(h), np.int32(lq), np.int32(lk), np.int32(d),
          np.float32(scale * math.log2(math.e)), np.float32(scale), np.int32(bool(causal)),

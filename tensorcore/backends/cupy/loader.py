@@ -135,6 +135,19 @@ def _raw_instance(filename: str, expression: str, sm90a: bool) -> Any:
     return module.get_function(expression)
 
 
+def sized_instance(filename: str, expression: str, smem: int) -> Any:
+    """The ``raw_instance`` of ``expression`` loaded on the current device and allowed
+    ``smem`` bytes of dynamic shared memory, called like ``kernel``'s result."""
+    return _sized_instance(filename, expression, smem, _current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sized_instance(filename: str, expression: str, smem: int, device: int) -> Any:
+    raw = raw_instance(filename, expression)
+    raw.max_dynamic_shared_size_bytes = smem
+    return raw.kernel
+
+
 @functools.lru_cache(maxsize=None)
 def _function(filename: str, name: str, dtype: Any, device: int) -> Any:
     return raw_kernel(filename, name, dtype).kernel  # loaded on the current device
